@@ -1,0 +1,56 @@
+# make test  — the whole suite: lint, types, tests on Django 5.2 and (where Python 3.13 is
+#              found) again on Django 6.1. Each bootstraps its own virtualenv.
+# make demo  — the example project against Redis.
+
+PYTHON ?= python3
+VENV := .venv
+VENV_NEXT := .venv-django61
+PY313 := $(shell scripts/find-python 3.13)
+PYTEST_ARGS ?=
+
+.PHONY: test test-main test-next lint demo redis-check clean
+
+test: redis-check lint test-main test-next
+
+redis-check:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "redis-server is not on PATH. The tests start their own Redis servers and need it:"; \
+	  echo "  Debian/Ubuntu: sudo apt-get install redis-server    macOS: brew install redis"; \
+	  exit 1; }
+	@command -v redis-cli >/dev/null 2>&1 || { echo "redis-cli is not on PATH (it comes with redis-server)."; exit 1; }
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[test,lint]" "Django>=5.2,<6.0"
+	touch $@
+
+$(VENV_NEXT)/.installed: pyproject.toml
+	$(PY313) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/pip install --quiet --upgrade pip
+	$(VENV_NEXT)/bin/pip install --quiet -e ".[test]" "Django>=6.1,<6.2"
+	touch $@
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy delayqueue_django tests
+
+test-main: $(VENV)/.installed
+	@echo "== pytest: $$($(VENV)/bin/python --version), Django $$($(VENV)/bin/python -m django --version)"
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+ifeq ($(PY313),)
+test-next:
+	@echo "== SKIPPED the Django 6.1 run: no Python 3.13 found (pyenv install 3.13, or put python3.13 on PATH)."
+else
+test-next: $(VENV_NEXT)/.installed
+	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
+	$(VENV_NEXT)/bin/pytest $(PYTEST_ARGS)
+endif
+
+demo: redis-check $(VENV)/.installed
+	$(VENV)/bin/python example_project/demo.py
+
+clean:
+	rm -rf $(VENV) $(VENV_NEXT) .tox .mypy_cache .ruff_cache .pytest_cache .demo

@@ -1,0 +1,45 @@
+"""delayqueue_django: a reliable, precise delay queue for Django on Redis.
+
+import delayqueue_django as delayqueue
+
+message_id = delayqueue.send({"order": 42}, delay=timedelta(minutes=30))
+delayqueue.cancel(message_id)
+"""
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from delayqueue_django.message import Message
+from delayqueue_django.outgoing import Outgoing
+
+if TYPE_CHECKING:
+    from delayqueue_django.queue import Queue
+
+__all__ = ["Message", "Outgoing", "cancel", "get_queue", "send"]
+
+
+def get_queue(name: str = "default") -> "Queue":
+    """The queue configured as ``DELAYQUEUES[name]``."""
+    from delayqueue_django.registry import get_queue as lookup
+
+    return lookup(name)
+
+
+def send(
+    payload: Any,
+    *,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    queue: str = "default",
+    retry_count: int | None = None,
+) -> str:
+    """Schedule ``payload`` for delivery after ``delay`` seconds (or at ``at``); returns its id.
+
+    With neither, the message is due now. ``retry_count`` overrides the queue's RETRY_COUNT.
+    """
+    return get_queue(queue).send(payload, delay=delay, at=at, retry_count=retry_count)
+
+
+def cancel(message_id: str, *, queue: str = "default") -> bool:
+    """True if the message was waiting and will now never be delivered; else False."""
+    return get_queue(queue).cancel(message_id)

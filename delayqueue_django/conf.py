@@ -1,0 +1,343 @@
+"""The ``DELAYQUEUES`` setting: defaults, validation and the parsed per-queue options.
+
+Settings are read lazily, on first use, and read again after ``setting_changed``
+(``override_settings`` and pytest-django's ``settings`` fixture just work). One validator
+serves both the system checks and the ``ImproperlyConfigured`` raised on use, so the two
+always agree.
+"""
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cache
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from delayqueue_django.exceptions import QueueConfigurationError
+
+SETTING = "DELAYQUEUES"
+
+DEFAULTS: dict[str, Any] = {
+    "REDIS": None,
+    "URL": None,
+    "OPTIONS": {},
+    "HANDLER": None,
+    "RETRY_COUNT": 3,
+    "MAX_CONSUME_DURATION": 30,
+    "NACK_REDELIVERY_DELAY": (5, 30, 120),
+    "KEY_PREFIX": "delayqueue",
+    "GARBAGE_RETENTION": timedelta(days=7),
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "FETCH_BATCH_SIZE": 100,
+    "STAGE_BATCH_SIZE": 1000,
+    "SEND_BATCH_SIZE": 1000,
+}
+
+URL_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_URL_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+# Batch sizes beyond this would make single script calls long (and Lua's stack is small).
+MAX_BATCH_SIZE = 10_000
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+DOTTED_PATH_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the setting, as a system check and an exception will word it."""
+
+    id: str
+    msg: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The options of one queue, validated, with defaults filled in and durations in ms."""
+
+    name: str
+    redis_alias: str | None
+    url: str | None
+    options: Mapping[str, Any]
+    handler: str | None
+    retry_count: int
+    max_consume_ms: int
+    nack_delays_ms: tuple[int, ...]
+    key_prefix: str
+    garbage_retention_ms: int | None
+    max_payload_bytes: int
+    fetch_batch_size: int
+    stage_batch_size: int
+    send_batch_size: int
+    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    def nack_delay_ms(self, attempt: int) -> int:
+        """The wait before retrying a delivery that failed on ``attempt`` (1-based)."""
+        delays = self.nack_delays_ms
+        return delays[min(max(attempt, 1), len(delays)) - 1]
+
+
+def _seconds_to_ms(value: Any) -> int | None:
+    """Seconds (int, float or timedelta) as whole ms, or None if not a finite number."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value):
+        return None
+    return round(value * 1000)
+
+
+def _is_int_in(value: Any, low: int, high: int | None = None) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value <= high)
+    )
+
+
+def _check_connection(name: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
+    alias, url = options["REDIS"], options["URL"]
+    where = f"{SETTING}[{name!r}]"
+    if (alias is None) == (url is None):
+        problems.append(
+            Problem(
+                "delayqueue_django.E005",
+                f"{where} must set exactly one of REDIS (a django-redis cache alias) and URL.",
+                hint='e.g. "REDIS": "default" or "URL": "redis://127.0.0.1:6379/0"',
+            )
+        )
+        return
+    if alias is not None:
+        caches = getattr(settings, "CACHES", {})
+        backend = caches.get(alias, {}).get("BACKEND", "") if isinstance(alias, str) else ""
+        if not isinstance(alias, str) or alias not in caches:
+            problems.append(
+                Problem(
+                    "delayqueue_django.E006",
+                    f"{where}['REDIS'] is {alias!r}, which is not an alias in CACHES.",
+                    hint=f"Cache aliases configured: {', '.join(map(repr, caches)) or 'none'}.",
+                )
+            )
+        elif not backend.startswith("django_redis."):
+            problems.append(
+                Problem(
+                    "delayqueue_django.E006",
+                    f"{where}['REDIS'] names cache {alias!r}, whose BACKEND {backend!r} "
+                    "is not django-redis.",
+                    hint='Use "BACKEND": "django_redis.cache.RedisCache", or give the queue '
+                    "a URL instead.",
+                )
+            )
+        if options["OPTIONS"]:
+            problems.append(
+                Problem(
+                    "delayqueue_django.E013",
+                    f"{where}['OPTIONS'] only applies with URL; a REDIS alias uses the "
+                    "cache's own connection options.",
+                )
+            )
+        return
+    scheme = urlsplit(url).scheme if isinstance(url, str) else ""
+    if scheme not in URL_SCHEMES + CLUSTER_URL_SCHEMES:
+        allowed = ", ".join(f"{s}://" for s in URL_SCHEMES + CLUSTER_URL_SCHEMES)
+        problems.append(
+            Problem(
+                "delayqueue_django.E007",
+                f"{where}['URL'] is {url!r}; it must start with one of {allowed}.",
+                hint="redis+cluster://host:port connects to a Redis Cluster.",
+            )
+        )
+    if not isinstance(options["OPTIONS"], Mapping):
+        problems.append(
+            Problem(
+                "delayqueue_django.E013",
+                f"{where}['OPTIONS'] must be a dict of redis-py connection arguments, "
+                f"not {type(options['OPTIONS']).__name__}.",
+            )
+        )
+
+
+def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
+    where = f"{SETTING}[{name!r}]"
+    if not _is_int_in(options["RETRY_COUNT"], 0, 1000):
+        problems.append(
+            Problem(
+                "delayqueue_django.E009",
+                f"{where}['RETRY_COUNT'] must be an int from 0 to 1000, "
+                f"not {options['RETRY_COUNT']!r}.",
+            )
+        )
+    if not _is_int_in(options["MAX_PAYLOAD_BYTES"], 1, 512 * 1024 * 1024):
+        problems.append(
+            Problem(
+                "delayqueue_django.E009",
+                f"{where}['MAX_PAYLOAD_BYTES'] must be a positive int (at most 512 MiB), "
+                f"not {options['MAX_PAYLOAD_BYTES']!r}.",
+            )
+        )
+    for option in ("FETCH_BATCH_SIZE", "STAGE_BATCH_SIZE", "SEND_BATCH_SIZE"):
+        if not _is_int_in(options[option], 1, MAX_BATCH_SIZE):
+            problems.append(
+                Problem(
+                    "delayqueue_django.E009",
+                    f"{where}[{option!r}] must be an int from 1 to {MAX_BATCH_SIZE}, "
+                    f"not {options[option]!r}.",
+                )
+            )
+    consume_ms = _seconds_to_ms(options["MAX_CONSUME_DURATION"])
+    if consume_ms is None or consume_ms < 1:
+        problems.append(
+            Problem(
+                "delayqueue_django.E010",
+                f"{where}['MAX_CONSUME_DURATION'] must be a positive number of seconds "
+                f"or a timedelta, not {options['MAX_CONSUME_DURATION']!r}.",
+            )
+        )
+    retention = options["GARBAGE_RETENTION"]
+    retention_ms = _seconds_to_ms(retention)
+    if retention is not None and (retention_ms is None or retention_ms < 0):
+        problems.append(
+            Problem(
+                "delayqueue_django.E010",
+                f"{where}['GARBAGE_RETENTION'] must be a number of seconds, a timedelta, "
+                f"or None to keep dead letters until removed by hand; not {retention!r}.",
+            )
+        )
+    if _nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) is None:
+        problems.append(
+            Problem(
+                "delayqueue_django.E011",
+                f"{where}['NACK_REDELIVERY_DELAY'] must be seconds (number or timedelta, "
+                "zero or more) or a non-empty list of them, one per retry (the last one "
+                f"repeats); not {options['NACK_REDELIVERY_DELAY']!r}.",
+            )
+        )
+
+
+def _nack_delays_ms(value: Any) -> tuple[int, ...] | None:
+    steps = value if isinstance(value, list | tuple) else [value]
+    delays = tuple(_seconds_to_ms(step) for step in steps)
+    if not delays or any(delay is None or delay < 0 for delay in delays):
+        return None
+    return delays  # type: ignore[return-value]  # Nones were refused above.
+
+
+def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | None:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        problems.append(
+            Problem(
+                "delayqueue_django.E002",
+                f"{SETTING} has a queue named {name!r}; names are 1 to 100 letters, digits "
+                "and _ . : -",
+            )
+        )
+        return None
+    where = f"{SETTING}[{name!r}]"
+    if not isinstance(raw, Mapping):
+        problems.append(
+            Problem(
+                "delayqueue_django.E003",
+                f"{where} must be a dict of options, not {type(raw).__name__}.",
+            )
+        )
+        return None
+    unknown = sorted(str(key) for key in raw if key not in DEFAULTS)
+    if unknown:
+        problems.append(
+            Problem(
+                "delayqueue_django.E004",
+                f"{where} has unknown option(s) {', '.join(map(repr, unknown))}.",
+                hint=f"Known options: {', '.join(DEFAULTS)}.",
+            )
+        )
+    options = {**DEFAULTS, **raw}
+    before = len(problems)
+    _check_connection(name, options, problems)
+    _check_numbers(name, options, problems)
+    handler = options["HANDLER"]
+    if handler is not None and not (
+        isinstance(handler, str) and DOTTED_PATH_PATTERN.match(handler)
+    ):
+        problems.append(
+            Problem(
+                "delayqueue_django.E008",
+                f"{where}['HANDLER'] must be the dotted path of a callable, "
+                f"like 'shop.handlers.on_message'; not {handler!r}.",
+            )
+        )
+    prefix = options["KEY_PREFIX"]
+    if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
+        problems.append(
+            Problem(
+                "delayqueue_django.E012",
+                f"{where}['KEY_PREFIX'] is {prefix!r}; it must be 1 to 100 letters, digits "
+                "and _ . : - (braces would break the Redis Cluster hash tag).",
+            )
+        )
+    if len(problems) > before or unknown:
+        return None
+    retention = options["GARBAGE_RETENTION"]
+    return QueueConfig(
+        name=name,
+        redis_alias=options["REDIS"],
+        url=options["URL"],
+        options=dict(options["OPTIONS"]),
+        handler=handler,
+        retry_count=options["RETRY_COUNT"],
+        max_consume_ms=_seconds_to_ms(options["MAX_CONSUME_DURATION"]) or 1,
+        nack_delays_ms=_nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) or (0,),
+        key_prefix=prefix,
+        garbage_retention_ms=None if retention is None else _seconds_to_ms(retention),
+        max_payload_bytes=options["MAX_PAYLOAD_BYTES"],
+        fetch_batch_size=options["FETCH_BATCH_SIZE"],
+        stage_batch_size=options["STAGE_BATCH_SIZE"],
+        send_batch_size=options["SEND_BATCH_SIZE"],
+        raw=dict(raw),
+    )
+
+
+def parse(value: Any) -> tuple[dict[str, QueueConfig], list[Problem]]:
+    """Validate a ``DELAYQUEUES`` value; returns the valid queues and every problem found."""
+    problems: list[Problem] = []
+    if not isinstance(value, Mapping):
+        problems.append(
+            Problem(
+                "delayqueue_django.E001",
+                f"{SETTING} must be a dict mapping queue names to options, "
+                f"not {type(value).__name__}.",
+            )
+        )
+        return {}, problems
+    configs = {}
+    for name, raw in value.items():
+        config = _check_queue(name, raw, problems)
+        if config is not None:
+            configs[name] = config
+    return configs, problems
+
+
+def raw_setting() -> Any:
+    return getattr(settings, SETTING, {})
+
+
+@cache
+def queue_configs() -> dict[str, QueueConfig]:
+    """Every configured queue; raises QueueConfigurationError if the setting is invalid."""
+    configs, problems = parse(raw_setting())
+    if problems:
+        listing = "\n".join(f"{p.id}: {p.msg}" for p in problems)
+        raise QueueConfigurationError(f"{SETTING} is invalid:\n{listing}")
+    return configs
+
+
+def reset() -> None:
+    """Forget the parsed setting (called when settings change)."""
+    queue_configs.cache_clear()

@@ -1,0 +1,118 @@
+"""Turning what ``send`` is given into what the store keeps: JSON text, due times, ids."""
+
+import json
+import math
+import secrets
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
+
+from delayqueue_django.exceptions import InvalidDelay, PayloadEncodingError, PayloadTooLarge
+
+# Zset scores are doubles: due times must stay exact integers of ms.
+LATEST_DUE_MS = 2**53 - 1
+
+
+def new_message_id() -> str:
+    """16 URL-safe characters (96 random bits): short in Redis, unique in practice."""
+    return secrets.token_urlsafe(12)
+
+
+def encode_payload(payload: Any, *, max_bytes: int, queue: str) -> str:
+    """JSON text for the payload, or a clear error naming what is wrong with it."""
+    try:
+        text = json.dumps(
+            payload,
+            cls=DjangoJSONEncoder,
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=(",", ":"),
+        )
+    except TypeError as error:
+        raise PayloadEncodingError(
+            f"payload for queue {queue!r} is not JSON serializable: {error}"
+        ) from None
+    except RecursionError:
+        raise PayloadEncodingError(
+            f"payload for queue {queue!r} is nested too deeply to encode"
+        ) from None
+    except ValueError as error:  # NaN/Infinity, circular references
+        raise PayloadEncodingError(
+            f"payload for queue {queue!r} cannot be encoded: {error}"
+        ) from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        surrogate = error.object[error.start : error.end]
+        raise PayloadEncodingError(
+            f"payload for queue {queue!r} holds a lone surrogate ({surrogate!r}), "
+            "which UTF-8 cannot carry"
+        ) from None
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"payload for queue {queue!r} is {size} bytes encoded; MAX_PAYLOAD_BYTES is {max_bytes}"
+        )
+    return text
+
+
+def decode_payload(text: str) -> Any:
+    return json.loads(text)
+
+
+def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
+    """``(at_ms, delay_ms)`` for the store: an absolute time, or a delay from Redis's clock.
+
+    A delay is counted from the Redis server's clock, never this machine's, so producers with
+    skewed clocks still deliver on time. An ``at`` in the past means "due now".
+    """
+    if delay is not None and at is not None:
+        raise InvalidDelay("give either delay or at, not both")
+    if at is not None:
+        return _at_ms(at), 0
+    if delay is None:
+        return None, 0
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise InvalidDelay(
+            f"delay must be a number of seconds or a timedelta, not {type(delay).__name__}"
+        )
+    else:
+        seconds = float(delay)
+    if not math.isfinite(seconds):
+        raise InvalidDelay(f"delay must be a finite number of seconds, not {delay!r}")
+    if seconds < 0:
+        raise InvalidDelay(f"delay must not be negative (got {delay!r})")
+    delay_ms = round(seconds * 1000)
+    if delay_ms > LATEST_DUE_MS // 2:
+        raise InvalidDelay(f"delay {delay!r} is too far in the future")
+    return None, delay_ms
+
+
+def _at_ms(at: Any) -> int:
+    if not isinstance(at, datetime):
+        raise InvalidDelay(f"at must be a datetime, not {type(at).__name__}")
+    if timezone.is_naive(at):
+        if settings.USE_TZ:
+            raise InvalidDelay(
+                f"at={at!r} is a naive datetime while USE_TZ is True; give an aware datetime "
+                "(e.g. django.utils.timezone.now() + timedelta(...))"
+            )
+        at = timezone.make_aware(at, timezone.get_default_timezone())
+    due_ms: int = max(round(at.timestamp() * 1000), 0)
+    return due_ms
+
+
+def retry_budget(retry_count: Any, default: int) -> int:
+    if retry_count is None:
+        return default
+    if (
+        isinstance(retry_count, bool)
+        or not isinstance(retry_count, int)
+        or not 0 <= retry_count <= 1000
+    ):
+        raise ValueError(f"retry_count must be an int from 0 to 1000, not {retry_count!r}")
+    return retry_count

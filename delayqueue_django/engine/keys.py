@@ -1,0 +1,36 @@
+"""Names of the Redis keys of one queue.
+
+Every key of a queue carries the same hash tag, ``{prefix:queue}``, so Redis Cluster keeps
+them in one slot and each Lua script touches a single slot.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    prefix: str
+    queue: str
+
+    @property
+    def tag(self) -> str:
+        return "{" + f"{self.prefix}:{self.queue}" + "}"
+
+    def key(self, part: str) -> str:
+        return f"{self.tag}:{part}"
+
+    @property
+    def layout(self) -> list[str]:
+        """KEYS as every script receives them, in the order _prelude.lua documents."""
+        parts = ("pending", "ready", "unack", "retry", "garbage")
+        return [self.key(part) for part in parts] + [
+            self.key("payload"),
+            self.key("meta"),
+            self.key("exhausted"),
+            self.key("quarantine"),
+        ]
+
+    @property
+    def wakeup_channel(self) -> str:
+        """Pub/sub channel on which scripts announce that work is due earlier than planned."""
+        return self.key("wakeup")

@@ -1,0 +1,127 @@
+--[[
+  Shared prelude, prepended to every script of this folder when it is loaded.
+
+  Every script receives the same KEYS, all sharing the queue's hash tag so that a
+  script touches a single Redis Cluster slot:
+    KEYS[1] pending    zset  id -> due time (ms, server clock)
+    KEYS[2] ready      list  ids due for their first delivery (bounded staging list)
+    KEYS[3] unack      zset  id -> redelivery deadline (ms)
+    KEYS[4] retry      list  ids due for redelivery (bounded staging list)
+    KEYS[5] garbage    zset  id -> time its retries ran out (ms)
+    KEYS[6] payload    hash  id -> JSON payload
+    KEYS[7] meta       hash  id -> "lease:attempt:budget"
+    KEYS[8] exhausted  zset  id -> earliest time its exhaustion may be announced (ms)
+    KEYS[9] quarantine any   where a structure of the wrong type is moved aside
+
+  meta fields: lease   the delivery token, bumped on every state change of a delivery,
+                       so a late ack or nack from an older delivery never matches;
+               attempt deliveries counted against the budget (1 on first delivery);
+               budget  retries allowed after the first delivery.
+]]
+
+local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local garbage, payloads, metas, exhausted = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local quarantine = KEYS[9]
+
+-- Problems met on the way ({id-or-key, reason} pairs); every script returns them
+-- last so the client can log them. Damage never stops the queue.
+local warnings = {}
+
+-- In a fixed order, so that the outcome never depends on table iteration order.
+local EXPECTED_TYPES = {
+  {pending, 'zset'}, {ready, 'list'}, {unack, 'zset'}, {retry, 'list'},
+  {garbage, 'zset'}, {payloads, 'hash'}, {metas, 'hash'}, {exhausted, 'zset'},
+}
+
+-- Scores and other numbers go to Redis through "%d": Lua's default conversion keeps
+-- only 14 significant digits, which would round far-future times.
+local function int(n)
+  return string.format('%d', n)
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A key holding the wrong type would make every later command on it fail and stop
+-- the queue; mutating scripts rename it aside instead and carry on with an empty one.
+local function quarantine_foreign_keys()
+  for _, entry in ipairs(EXPECTED_TYPES) do
+    local key, expected = entry[1], entry[2]
+    local actual = redis.call('TYPE', key)['ok']
+    if actual ~= 'none' and actual ~= expected then
+      redis.call('RENAME', key, quarantine)
+      table.insert(warnings, {key, 'held a ' .. actual .. ' instead of a ' .. expected ..
+        '; renamed to ' .. quarantine})
+    end
+  end
+end
+
+-- Read-only scripts do not move anything: they report the key and treat it as empty.
+local function foreign_keys()
+  local foreign = {}
+  for _, entry in ipairs(EXPECTED_TYPES) do
+    local key, expected = entry[1], entry[2]
+    local actual = redis.call('TYPE', key)['ok']
+    if actual ~= 'none' and actual ~= expected then
+      foreign[key] = true
+      table.insert(warnings, {key, 'holds a ' .. actual .. ' instead of a ' .. expected})
+    end
+  end
+  return foreign
+end
+
+-- Returns lease, attempt, budget as numbers, or nil when the record is missing or damaged.
+local function read_meta(id)
+  local raw = redis.call('HGET', metas, id)
+  if not raw then
+    return nil
+  end
+  local lease, attempt, budget = string.match(raw, '^(%d+):(%d+):(%d+)$')
+  if not lease then
+    return nil
+  end
+  return tonumber(lease), tonumber(attempt), tonumber(budget)
+end
+
+local function write_meta(id, lease, attempt, budget)
+  redis.call('HSET', metas, id, int(lease) .. ':' .. int(attempt) .. ':' .. int(budget))
+end
+
+-- Retries used up: park the message as a dead letter and record that its exhaustion
+-- still has to be announced, so a worker dying right after this cannot lose the news.
+local function bury(id, now)
+  redis.call('ZADD', garbage, int(now), id)
+  redis.call('ZADD', exhausted, int(now), id)
+end
+
+-- A message whose payload or meta record is missing or unreadable cannot be delivered:
+-- park it in garbage (not announced as exhausted: it never ran) and say why.
+local function set_aside(id, now, reason)
+  redis.call('ZADD', garbage, int(now), id)
+  table.insert(warnings, {id, reason})
+end
+
+local function damage_of(id, has_payload, lease)
+  if not lease then
+    return 'meta record missing or unreadable; moved to garbage'
+  end
+  if not has_payload then
+    return 'payload missing; moved to garbage'
+  end
+  return nil
+end
+
+-- Wakes idle workers when the earliest due time moved earlier (or work is waiting).
+local function wake(channel, due)
+  redis.call('PUBLISH', channel, int(due))
+end
+
+local function head_score(key)
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if head[2] then
+    return tonumber(head[2])
+  end
+  return nil
+end

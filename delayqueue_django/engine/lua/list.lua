@@ -1,0 +1,80 @@
+--[[
+  list: one page of the messages in a state, in queue order (read-only). Ranges are
+  bounded by `limit`, so a page costs the same with a million messages as with ten.
+
+  KEYS: the queue's key layout (see _prelude.lua); reads the state's key, payload, meta.
+  ARGV[1]  state: pending, ready, unack, retry or garbage
+  ARGV[2]  offset, ARGV[3] limit
+  ARGV[4]  preview_bytes: payloads longer than this are cut to at most this many bytes,
+          on a UTF-8 character boundary
+
+  Returns {entries, warnings}; entries is a flat list of
+    id, score (due time, deadline or burial time in ms; -1 for the lists),
+    payload (possibly cut; false if missing), payload size in bytes, meta (false if missing)
+]]
+
+local state, offset, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local preview_bytes = tonumber(ARGV[4])
+
+-- Cut on a UTF-8 character boundary, so the preview is still valid text.
+local function preview(text)
+  if string.len(text) <= preview_bytes then
+    return text
+  end
+  local cut = preview_bytes
+  -- Step back over continuation bytes (10xxxxxx) to the lead byte of the last character.
+  local lead = cut
+  while lead > 0 and lead > cut - 3 do
+    local byte = string.byte(text, lead)
+    if byte < 0x80 or byte >= 0xC0 then
+      break
+    end
+    lead = lead - 1
+  end
+  if lead > 0 then
+    local byte = string.byte(text, lead)
+    local width = 1
+    if byte >= 0xF0 then width = 4 elseif byte >= 0xE0 then width = 3 elseif byte >= 0xC0 then width = 2 end
+    if lead + width - 1 > cut then
+      cut = lead - 1
+    end
+  end
+  return string.sub(text, 1, cut)
+end
+local foreign = foreign_keys()
+local key = ({pending = pending, ready = ready, unack = unack, retry = retry,
+              garbage = garbage})[state]
+local entries = {}
+if key and not foreign[key] and limit > 0 then
+  local ids, scores = {}, {}
+  if key == ready or key == retry then
+    ids = redis.call('LRANGE', key, offset, offset + limit - 1)
+  else
+    local flat = redis.call('ZRANGE', key, offset, offset + limit - 1, 'WITHSCORES')
+    for i = 1, #flat, 2 do
+      table.insert(ids, flat[i])
+      scores[#ids] = tonumber(flat[i + 1])
+    end
+  end
+  for i, id in ipairs(ids) do
+    local payload = false
+    local size = 0
+    if not foreign[payloads] then
+      payload = redis.call('HGET', payloads, id)
+      if payload then
+        size = string.len(payload)
+        payload = preview(payload)
+      end
+    end
+    local meta = false
+    if not foreign[metas] then
+      meta = redis.call('HGET', metas, id)
+    end
+    table.insert(entries, id)
+    table.insert(entries, scores[i] or -1)
+    table.insert(entries, payload)
+    table.insert(entries, size)
+    table.insert(entries, meta)
+  end
+end
+return {entries, warnings}

@@ -1,0 +1,40 @@
+--[[
+  peek: where one message is and what it holds (read-only).
+
+  KEYS: the queue's key layout (see _prelude.lua); reads all but quarantine.
+  ARGV[1]  id
+
+  Returns {state, score, payload, meta, unannounced, warnings}:
+    state        pending, ready, unack, retry, garbage, or "" if unknown
+    score        due time, deadline or burial time in ms (-1 for ready and retry)
+    payload      the JSON text, or false; meta "lease:attempt:budget", or false
+    unannounced  1 if its exhaustion is still to be announced
+]]
+
+local id = ARGV[1]
+local foreign = foreign_keys()
+local state, score = '', -1
+for _, entry in ipairs({{'pending', pending}, {'unack', unack}, {'garbage', garbage}}) do
+  if state == '' and not foreign[entry[2]] then
+    local found = redis.call('ZSCORE', entry[2], id)
+    if found then
+      state, score = entry[1], tonumber(found)
+    end
+  end
+end
+for _, entry in ipairs({{'ready', ready}, {'retry', retry}}) do
+  if state == '' and not foreign[entry[2]] and redis.call('LPOS', entry[2], id) then
+    state = entry[1]
+  end
+end
+local payload, meta, unannounced = false, false, 0
+if not foreign[payloads] then
+  payload = redis.call('HGET', payloads, id)
+end
+if not foreign[metas] then
+  meta = redis.call('HGET', metas, id)
+end
+if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
+  unannounced = 1
+end
+return {state, score, payload, meta, unannounced, warnings}

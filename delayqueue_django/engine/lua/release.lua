@@ -1,0 +1,35 @@
+--[[
+  release: hand back deliveries that were fetched but never started (a worker shutting
+  down, or a local buffer held too long). No retry is used: the attempt is given back,
+  and the messages go to the front of their staging list, in the order given.
+
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, ready, retry, meta.
+  ARGV[1]  wake-up channel
+  ARGV[2]  n, then n pairs: id, lease
+
+  Pairs whose lease does not match are ignored (see ack).
+  Returns {released_ids, warnings}. Publishes now when anything was released.
+]]
+
+local channel, n = ARGV[1], tonumber(ARGV[2])
+quarantine_foreign_keys()
+local released = {}
+-- Walk backwards and push to the front, so the first id given ends up first.
+for i = n - 1, 0, -1 do
+  local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
+  local lease, attempt, budget = read_meta(id)
+  if lease == token and redis.call('ZSCORE', unack, id) then
+    redis.call('ZREM', unack, id)
+    write_meta(id, lease + 1, attempt - 1, budget)
+    if attempt - 1 > 0 then
+      redis.call('LPUSH', retry, id)
+    else
+      redis.call('LPUSH', ready, id)
+    end
+    table.insert(released, 1, id)
+  end
+end
+if #released > 0 then
+  wake(channel, now_ms())
+end
+return {released, warnings}

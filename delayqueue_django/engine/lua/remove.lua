@@ -1,0 +1,38 @@
+--[[
+  remove: take one message out of the queue for good.
+    mode "cancel": only if it is waiting (pending, ready or retry), so that it will
+                   never be delivered; an in-flight or dead message is left alone.
+    mode "delete": from any state, garbage and unack included (an operator's action;
+                   the in-flight delivery's ack then simply finds nothing).
+
+  KEYS: the queue's key layout (see _prelude.lua).
+  ARGV[1]  id
+  ARGV[2]  mode, "cancel" or "delete"
+
+  Returns {state, warnings}: the state it was removed from, or "" if nothing was removed.
+  LREM on ready and retry is bounded: fetch keeps those lists short (stage_limit).
+]]
+
+local id, mode = ARGV[1], ARGV[2]
+quarantine_foreign_keys()
+
+local removed = ''
+if redis.call('ZREM', pending, id) == 1 then
+  removed = 'pending'
+elseif redis.call('LREM', ready, 1, id) == 1 then
+  removed = 'ready'
+elseif redis.call('LREM', retry, 1, id) == 1 then
+  removed = 'retry'
+elseif mode == 'delete' then
+  if redis.call('ZREM', garbage, id) == 1 then
+    removed = 'garbage'
+  elseif redis.call('ZREM', unack, id) == 1 then
+    removed = 'unack'
+  end
+end
+if removed ~= '' then
+  redis.call('HDEL', payloads, id)
+  redis.call('HDEL', metas, id)
+  redis.call('ZREM', exhausted, id)
+end
+return {removed, warnings}

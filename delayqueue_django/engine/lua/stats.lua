@@ -1,0 +1,37 @@
+--[[
+  stats: every count of the queue, read in one consistent step (read-only).
+
+  KEYS: the queue's key layout (see _prelude.lua); reads all but quarantine.
+  ARGV: none.
+
+  Returns {pending, ready, unack, retry, garbage, due, unannounced, now_ms,
+  next_due_ms, lag_ms, warnings}:
+    due          pending messages whose time has come but not yet staged by a worker
+    unannounced  exhausted messages whose message_exhausted signal is still owed
+    next_due_ms  the earliest due time in pending (-1 when pending is empty)
+    lag_ms       how long the oldest due pending message has been waiting (0 if none)
+]]
+
+local foreign = foreign_keys()
+local now = now_ms()
+
+local function size(key, command)
+  if foreign[key] then
+    return 0
+  end
+  return redis.call(command, key)
+end
+
+local next_due, due, lag = -1, 0, 0
+if not foreign[pending] then
+  next_due = head_score(pending) or -1
+  due = redis.call('ZCOUNT', pending, '-inf', int(now))
+  if next_due >= 0 and next_due <= now then
+    lag = now - next_due
+  end
+end
+
+return {
+  size(pending, 'ZCARD'), size(ready, 'LLEN'), size(unack, 'ZCARD'), size(retry, 'LLEN'),
+  size(garbage, 'ZCARD'), due, size(exhausted, 'ZCARD'), now, next_due, lag, warnings,
+}

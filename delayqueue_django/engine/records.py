@@ -1,0 +1,72 @@
+"""Plain records passed in and out of the store."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to schedule. Exactly one of ``at_ms`` and ``delay_ms`` applies."""
+
+    id: str
+    payload: str
+    budget: int
+    at_ms: int | None = None
+    delay_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message handed out by fetch; ``lease`` is the token its ack or nack must carry."""
+
+    id: str
+    payload: str
+    attempt: int
+    lease: int
+    budget: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    now_ms: int
+    # When to fetch again: now_ms if work is waiting, None if the queue is empty.
+    next_ms: int | None
+    expired: int
+    deliveries: list[Delivery]
+
+
+@dataclass(frozen=True, slots=True)
+class NackOutcome:
+    id: str
+    exhausted: bool
+    # The retry's due time, or the time the message was buried.
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExhaustedClaim:
+    id: str
+    payload: str | None
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """What the queue holds about one message, for listings and inspection."""
+
+    id: str
+    state: str
+    # Due time (pending), deadline (unack) or burial time (garbage); None in the lists.
+    score_ms: int | None
+    payload: str | None
+    payload_size: int
+    lease: int | None
+    attempt: int | None
+    budget: int | None
+    unannounced: bool = False
+
+    @property
+    def retries_left(self) -> int | None:
+        if self.attempt is None or self.budget is None:
+            return None
+        return max(self.budget - max(self.attempt - 1, 0), 0)

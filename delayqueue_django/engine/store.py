@@ -1,0 +1,337 @@
+"""The store: one queue's state in Redis, changed only through the Lua scripts.
+
+Every public method is one round trip (a bulk send on Redis Cluster is one per chunk) and
+one atomic step per script call; no client-side locks, so any number of producers and
+consumers may share a queue.
+"""
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from redis import Redis
+from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from delayqueue_django.engine.errors import DuplicateMessageId, UnsupportedRedisVersion
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.records import (
+    Delivery,
+    ExhaustedClaim,
+    FetchResult,
+    NackOutcome,
+    NewMessage,
+    StoredMessage,
+)
+from delayqueue_django.engine.scripts import Scripts
+
+logger = logging.getLogger("delayqueue_django.engine")
+
+RedisClient: TypeAlias = "Redis | RedisCluster"
+
+STATES = ("pending", "ready", "unack", "retry", "garbage")
+
+# LPOP with a count and ZRANGE ... BYSCORE LIMIT arrived in Redis 6.2.
+MINIMUM_REDIS_VERSION = (6, 2)
+
+# A nack with this delay buries the message at once, whatever its retry budget.
+BURY = -1
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Bounds that keep every script call short."""
+
+    # How long a delivery may stay unacked before it is redelivered.
+    consume_ms: int = 30_000
+    # The most messages one fetch moves (expired + due) and the staging lists' length.
+    stage_limit: int = 1000
+    # Messages per send script call; a bulk send is cut into calls of this size.
+    send_batch_size: int = 1000
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _optional_text(value: bytes | str | None) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def parse_meta(raw: str | None) -> tuple[int, int, int] | None:
+    """``"lease:attempt:budget"`` as three ints, or None when missing or damaged."""
+    if raw is None:
+        return None
+    parts = raw.split(":")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return None
+    lease, attempt, budget = (int(part) for part in parts)
+    return lease, attempt, budget
+
+
+def redis_version(client: RedisClient) -> tuple[int, ...]:
+    """The server's version; on a cluster, the oldest node's."""
+    info: dict[str, Any] = client.info("server")
+    if "redis_version" in info:
+        versions = [info["redis_version"]]
+    else:  # RedisCluster answers with one dict per node.
+        versions = [node["redis_version"] for node in info.values() if isinstance(node, dict)]
+    return min(tuple(int(part) for part in str(v).split(".")[:3]) for v in versions)
+
+
+class RedisStore:
+    """One queue's state in Redis."""
+
+    def __init__(self, client: RedisClient, keys: QueueKeys, limits: StoreLimits) -> None:
+        self.client = client
+        self.keys = keys
+        self.limits = limits
+        self._layout = keys.layout
+        self._channel = keys.wakeup_channel
+        self._scripts = Scripts(client)
+        self._version_checked = False
+        self._version_lock = threading.Lock()
+
+    @property
+    def is_cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
+    def check_server(self) -> None:
+        """Refuse a Redis too old for the scripts (asked once per store)."""
+        if self._version_checked:
+            return
+        with self._version_lock:
+            if self._version_checked:
+                return
+            version = redis_version(self.client)
+            if version < MINIMUM_REDIS_VERSION:
+                found = ".".join(map(str, version))
+                needed = ".".join(map(str, MINIMUM_REDIS_VERSION))
+                raise UnsupportedRedisVersion(
+                    f"delayqueue_django needs Redis {needed} or newer; "
+                    f"queue {self.keys.queue!r} is on Redis {found}"
+                )
+            self._version_checked = True
+
+    def _run(self, name: str, args: Sequence[Any], client: Any = None) -> Any:
+        self.check_server()
+        reply = self._scripts[name](keys=self._layout, args=args, client=client)
+        if client is None:
+            self._log_warnings(reply[-1])
+        return reply
+
+    def _log_warnings(self, warnings: Sequence[Sequence[bytes | str]]) -> None:
+        for subject, reason in warnings:
+            logger.warning(
+                "damaged queue state queue=%s subject=%s: %s",
+                self.keys.queue,
+                _text(subject),
+                _text(reason),
+            )
+
+    # Producers
+
+    def send(self, messages: Sequence[NewMessage]) -> list[int]:
+        """Schedule messages; returns each one's due time in ms (server clock)."""
+        calls = [self._send_args(chunk) for chunk in _chunks(messages, self.limits.send_batch_size)]
+        try:
+            if len(calls) <= 1 or self.is_cluster:
+                # Redis Cluster pipelines refuse EVALSHA, so a cluster sends chunk by chunk.
+                replies = [self._run("send", args) for args in calls]
+            else:
+                self.check_server()
+                pipe = self.client.pipeline(transaction=False)
+                for args in calls:
+                    self._run("send", args, client=pipe)
+                replies = pipe.execute()
+                for reply in replies:
+                    self._log_warnings(reply[-1])
+        except ResponseError as error:
+            if str(error).startswith("DUPLICATE "):
+                raise DuplicateMessageId(
+                    f"message id {str(error).split(' ', 1)[1]!r} already exists in queue "
+                    f"{self.keys.queue!r}; nothing in its batch was written"
+                ) from None
+            raise
+        return [int(due) for reply in replies for due in reply[:-1]]
+
+    def _send_args(self, chunk: Sequence[NewMessage]) -> list[Any]:
+        args: list[Any] = [self._channel, len(chunk)]
+        for message in chunk:
+            at = "" if message.at_ms is None else message.at_ms
+            args += [message.id, at, message.delay_ms, message.budget, message.payload]
+        return args
+
+    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+        """Remove a message; returns the state it left, or None if nothing was removed.
+
+        By default only a waiting message (pending, ready, retry) is removed: that is a
+        cancel, after which the message is never delivered.
+        """
+        mode = "delete" if include_in_flight_and_dead else "cancel"
+        state = _text(self._run("remove", [message_id, mode])[0])
+        return state or None
+
+    # Consumers
+
+    def fetch(self, count: int) -> FetchResult:
+        """Hand out up to ``count`` due messages, leased until now + consume_ms."""
+        limits = self.limits
+        now, next_ms, expired, flat, _ = self._run(
+            "fetch", [self._channel, count, limits.consume_ms, limits.stage_limit]
+        )
+        deadline = now + limits.consume_ms
+        deliveries = [
+            Delivery(
+                id=_text(flat[i]),
+                payload=_text(flat[i + 1]),
+                attempt=int(flat[i + 2]),
+                lease=int(flat[i + 3]),
+                budget=int(flat[i + 4]),
+                deadline_ms=deadline,
+            )
+            for i in range(0, len(flat), 5)
+        ]
+        return FetchResult(
+            int(now), None if next_ms < 0 else int(next_ms), int(expired), deliveries
+        )
+
+    def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
+        """Forget delivered messages; returns the ids whose lease still held."""
+        if not leases:
+            return set()
+        acked, _ = self._run("ack", [len(leases), *_flatten(leases)])
+        return {_text(message_id) for message_id in acked}
+
+    def nack(self, refusals: Sequence[tuple[str, int, int]]) -> list[NackOutcome]:
+        """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
+
+        Returns the outcome of each refusal whose lease still held.
+        """
+        if not refusals:
+            return []
+        flat, _ = self._run("nack", [self._channel, len(refusals), *_flatten(refusals)])
+        return [
+            NackOutcome(_text(flat[i]), int(flat[i + 1]) == 2, int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
+        """Hand back deliveries that were never started, without using a retry."""
+        if not leases:
+            return []
+        released, _ = self._run("release", [self._channel, len(leases), *_flatten(leases)])
+        return [_text(message_id) for message_id in released]
+
+    def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:
+        """Push deadlines to now + consume_ms; returns the new deadline and the ids extended."""
+        if not leases:
+            return 0, []
+        deadline, extended, _ = self._run(
+            "extend", [self.limits.consume_ms, len(leases), *_flatten(leases)]
+        )
+        return int(deadline), [_text(message_id) for message_id in extended]
+
+    def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
+        """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
+        flat, _ = self._run("claim_exhausted", [count, claim_ms])
+        return [
+            ExhaustedClaim(_text(flat[i]), _optional_text(flat[i + 1]), int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
+        """Record that these exhaustions were announced."""
+        if not message_ids:
+            return 0
+        return int(self.client.zrem(self.keys.key("exhausted"), *message_ids))
+
+    # Operators
+
+    def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:
+        """Move dead letters back to pending, due now, with a fresh retry budget."""
+        if not message_ids:
+            return []
+        requeued, _ = self._run("requeue", [self._channel, default_budget, *message_ids])
+        return [_text(message_id) for message_id in requeued]
+
+    def promote(self, message_ids: Sequence[str]) -> list[str]:
+        """Make pending messages due now."""
+        if not message_ids:
+            return []
+        promoted, _ = self._run("promote", [self._channel, *message_ids])
+        return [_text(message_id) for message_id in promoted]
+
+    def drop_garbage(
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool
+    ) -> tuple[int, bool]:
+        """Delete dead letters (all, or buried at least older_than_ms ago), at most limit."""
+        age = -1 if older_than_ms is None else older_than_ms
+        dropped, more, _ = self._run("drop_garbage", [age, limit, int(keep_unannounced)])
+        return int(dropped), bool(more)
+
+    def stats(self) -> dict[str, int]:
+        reply = self._run("stats", [])
+        names = (
+            *("pending", "ready", "unack", "retry", "garbage", "due", "unannounced"),
+            *("server_time_ms", "next_due_ms", "lag_ms"),
+        )
+        return {name: int(value) for name, value in zip(names, reply[:-1], strict=True)}
+
+    def list(
+        self, state: str, *, offset: int, limit: int, preview_bytes: int
+    ) -> list[StoredMessage]:
+        """One page of the messages in ``state``, in queue order."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; the states are {', '.join(STATES)}")
+        flat, _ = self._run("list", [state, offset, limit, preview_bytes])
+        return [
+            _stored(flat[i], state, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], False)
+            for i in range(0, len(flat), 5)
+        ]
+
+    def peek(self, message_id: str) -> StoredMessage | None:
+        """Where a message is and what it holds, or None if the queue does not know it."""
+        state, score, payload, meta, unannounced, _ = self._run("peek", [message_id])
+        state = _text(state)
+        if not state and payload is None and meta is None:
+            return None
+        size = 0 if payload is None else len(payload)
+        return _stored(
+            message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
+        )
+
+
+def _flatten(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+    return [value for row in rows for value in row]
+
+
+def _stored(
+    message_id: bytes | str,
+    state: str,
+    score: int,
+    payload: bytes | str | None,
+    size: int,
+    meta: bytes | str | None,
+    unannounced: bool,
+) -> StoredMessage:
+    parsed = parse_meta(_optional_text(meta))
+    lease, attempt, budget = parsed if parsed else (None, None, None)
+    return StoredMessage(
+        id=_text(message_id),
+        state=state,
+        score_ms=None if int(score) < 0 else int(score),
+        payload=_optional_text(payload),
+        payload_size=int(size),
+        lease=lease,
+        attempt=attempt,
+        budget=budget,
+        unannounced=unannounced,
+    )

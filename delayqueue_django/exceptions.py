@@ -1,0 +1,49 @@
+"""The exceptions delayqueue_django raises.
+
+Every one derives from ``DelayQueueError``; each also derives from the built-in exception a
+caller would naturally catch (``ValueError`` for a bad argument, ``TypeError`` for a payload
+JSON cannot carry, ``LookupError`` for an unknown queue), and configuration errors from
+Django's ``ImproperlyConfigured``.
+"""
+
+from django.core.exceptions import ImproperlyConfigured
+
+from delayqueue_django.engine.errors import (
+    DelayQueueError,
+    DuplicateMessageId,
+    UnsupportedRedisVersion,
+)
+
+__all__ = [
+    "DelayQueueError",
+    "DuplicateMessageId",
+    "InvalidDelay",
+    "PayloadEncodingError",
+    "PayloadTooLarge",
+    "QueueConfigurationError",
+    "UnknownQueue",
+    "UnsupportedRedisVersion",
+]
+
+
+class QueueConfigurationError(DelayQueueError, ImproperlyConfigured):
+    """The DELAYQUEUES setting is invalid."""
+
+
+class UnknownQueue(DelayQueueError, LookupError):
+    """No queue of that name is configured in DELAYQUEUES."""
+
+    def __str__(self) -> str:  # LookupError would quote the message.
+        return str(self.args[0]) if self.args else ""
+
+
+class PayloadEncodingError(DelayQueueError, TypeError):
+    """The payload holds a value JSON cannot carry."""
+
+
+class PayloadTooLarge(DelayQueueError, ValueError):
+    """The encoded payload is larger than the queue's MAX_PAYLOAD_BYTES."""
+
+
+class InvalidDelay(DelayQueueError, ValueError):
+    """The delay or due time given to send is not usable."""

@@ -1,0 +1,268 @@
+"""``Queue``: one configured queue, as producers, workers and the admin use it.
+
+It validates and encodes what it is given, then leaves every change of state to the store's
+Lua scripts. Bad input raises before anything is written.
+"""
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from delayqueue_django.conf import QueueConfig
+from delayqueue_django.encoding import (
+    decode_payload,
+    due_spec,
+    encode_payload,
+    new_message_id,
+    retry_budget,
+)
+from delayqueue_django.engine import (
+    NackOutcome,
+    NewMessage,
+    QueueKeys,
+    RedisStore,
+    StoredMessage,
+    StoreLimits,
+)
+from delayqueue_django.engine.store import BURY, RedisClient
+from delayqueue_django.message import Message
+from delayqueue_django.outgoing import Outgoing
+
+logger = logging.getLogger("delayqueue_django")
+
+# How many dead letters one purge or retention call deletes per script call.
+GARBAGE_DROP_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What one fetch brought: messages, and when the queue next has work."""
+
+    messages: list[Message]
+    now_ms: int
+    # now_ms if more work is waiting; the next due time or deadline; None if nothing is.
+    next_ms: int | None
+    expired: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """An exhausted message whose announcement was claimed (see ``claim_exhausted``)."""
+
+    id: str
+    queue: str
+    payload: Any
+    attempt: int
+
+
+def _check_id(message_id: Any) -> str:
+    if not isinstance(message_id, str) or not message_id:
+        raise TypeError(f"message id must be a non-empty str, not {message_id!r}")
+    return message_id
+
+
+class Queue:
+    def __init__(self, config: QueueConfig, client: RedisClient) -> None:
+        self.config = config
+        self.name = config.name
+        limits = StoreLimits(
+            consume_ms=config.max_consume_ms,
+            stage_limit=config.stage_batch_size,
+            send_batch_size=config.send_batch_size,
+        )
+        self.store = RedisStore(client, QueueKeys(config.key_prefix, config.name), limits)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r}>"
+
+    # Producing
+
+    def send(
+        self,
+        payload: Any,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+    ) -> str:
+        """Schedule one message; returns its id. One round trip."""
+        return self.send_many([payload], delay=delay, at=at, retry_count=retry_count)[0]
+
+    def send_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+    ) -> list[str]:
+        """Schedule many messages in one round trip; returns their ids in order.
+
+        Items are payloads sharing the timing given here, or ``Outgoing`` objects carrying
+        their own. Every item is validated before anything is written.
+        """
+        prepared = [
+            self._prepare(item)
+            if isinstance(item, Outgoing)
+            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
+            for item in messages
+        ]
+        if prepared:
+            self.store.send(prepared)
+        return [message.id for message in prepared]
+
+    def _prepare(self, outgoing: Outgoing) -> NewMessage:
+        config = self.config
+        at_ms, delay_ms = due_spec(outgoing.delay, outgoing.at)
+        return NewMessage(
+            id=new_message_id(),
+            payload=encode_payload(
+                outgoing.payload, max_bytes=config.max_payload_bytes, queue=self.name
+            ),
+            budget=retry_budget(outgoing.retry_count, config.retry_count),
+            at_ms=at_ms,
+            delay_ms=delay_ms,
+        )
+
+    def cancel(self, message_id: str) -> bool:
+        """True if the message was waiting and now will never be delivered.
+
+        False if the queue does not know it, or it is in flight, already handled or dead.
+        """
+        return self.store.remove(_check_id(message_id)) is not None
+
+    # Consuming
+
+    def fetch(self, count: int | None = None) -> Fetched:
+        """Take up to ``count`` due messages (default FETCH_BATCH_SIZE), leased to the caller."""
+        result = self.store.fetch(self.config.fetch_batch_size if count is None else count)
+        messages: list[Message] = []
+        undecodable = []
+        for delivery in result.deliveries:
+            try:
+                payload = decode_payload(delivery.payload)
+            except ValueError as error:
+                logger.warning(
+                    "undecodable payload, burying message id=%s queue=%s: %s",
+                    delivery.id,
+                    self.name,
+                    error,
+                )
+                undecodable.append((delivery.id, delivery.lease, BURY))
+                continue
+            messages.append(
+                Message(
+                    id=delivery.id,
+                    queue=self.name,
+                    payload=payload,
+                    attempt=delivery.attempt,
+                    retry_count=delivery.budget,
+                    lease=delivery.lease,
+                    deadline_ms=delivery.deadline_ms,
+                )
+            )
+        self.store.nack(undecodable)
+        return Fetched(messages, result.now_ms, result.next_ms, result.expired)
+
+    def ack(self, messages: Iterable[Message]) -> set[str]:
+        """Messages handled: forget them. Returns the ids acked (a stale lease is skipped)."""
+        return self.store.ack([(m.id, m.lease) for m in messages])
+
+    def nack(
+        self, messages: Iterable[Message], *, delay: float | timedelta | None = None
+    ) -> list[NackOutcome]:
+        """Messages refused: retry each after NACK_REDELIVERY_DELAY (or ``delay``) while
+        retries are left, else bury it in garbage."""
+        refusals = []
+        for message in messages:
+            if delay is None:
+                delay_ms = self.config.nack_delay_ms(message.attempt)
+            else:
+                delay_ms = due_spec(delay, None)[1]
+            refusals.append((message.id, message.lease, delay_ms))
+        return self.store.nack(refusals)
+
+    def bury(self, messages: Iterable[Message]) -> list[NackOutcome]:
+        """Messages that must never be retried: straight to garbage, retries left or not."""
+        return self.store.nack([(m.id, m.lease, BURY) for m in messages])
+
+    def release(self, messages: Sequence[Message]) -> list[str]:
+        """Hand back messages fetched but never started; no retry is used."""
+        return self.store.release([(m.id, m.lease) for m in messages])
+
+    def extend(self, messages: Sequence[Message]) -> tuple[int, list[str]]:
+        """Give messages still being handled a new deadline of now + MAX_CONSUME_DURATION."""
+        return self.store.extend([(m.id, m.lease) for m in messages])
+
+    def claim_exhausted(self, count: int = 100, *, claim_seconds: float = 60) -> list[Exhausted]:
+        """Claim exhausted messages whose announcement is owed; confirm each afterwards."""
+        claims = self.store.claim_exhausted(count, round(claim_seconds * 1000))
+        exhausted = []
+        for claim in claims:
+            try:
+                payload = None if claim.payload is None else decode_payload(claim.payload)
+            except ValueError:
+                payload = None
+            exhausted.append(Exhausted(claim.id, self.name, payload, claim.attempt))
+        return exhausted
+
+    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
+        return self.store.confirm_exhausted(message_ids)
+
+    # Inspecting and operating
+
+    def stats(self) -> dict[str, int]:
+        """Counts per state and timing, in one round trip.
+
+        Keys: pending, ready, unack, retry, garbage, due (pending and already due),
+        unannounced (exhaustions not yet signalled), server_time_ms, next_due_ms (-1 when
+        nothing is pending), lag_ms (age of the oldest due pending message).
+        """
+        return self.store.stats()
+
+    def list_messages(
+        self, state: str, *, offset: int = 0, limit: int = 50, preview_bytes: int = 1000
+    ) -> list[StoredMessage]:
+        """One page of messages in a state (pending, ready, unack, retry or garbage)."""
+        if offset < 0 or not 0 <= limit <= 1000:
+            raise ValueError(f"offset must be >= 0 and limit 0..1000 (got {offset}, {limit})")
+        return self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
+
+    def peek(self, message_id: str) -> StoredMessage | None:
+        return self.store.peek(_check_id(message_id))
+
+    def delete(self, message_id: str) -> str | None:
+        """Delete a message from whatever state it is in; returns that state or None."""
+        return self.store.remove(_check_id(message_id), include_in_flight_and_dead=True)
+
+    def requeue(self, message_ids: Sequence[str]) -> list[str]:
+        """Dead letters back to pending, due now, with a fresh retry budget."""
+        return self.store.requeue([_check_id(i) for i in message_ids], self.config.retry_count)
+
+    def deliver_now(self, message_ids: Sequence[str]) -> list[str]:
+        """Pending messages made due now."""
+        return self.store.promote([_check_id(i) for i in message_ids])
+
+    def purge_garbage(self) -> int:
+        """Delete every dead letter; returns how many."""
+        return self._drop_garbage(older_than_ms=None, keep_unannounced=False)
+
+    def expire_garbage(self) -> int:
+        """Delete dead letters older than GARBAGE_RETENTION whose exhaustion was announced."""
+        retention = self.config.garbage_retention_ms
+        if retention is None:
+            return 0
+        return self._drop_garbage(older_than_ms=retention, keep_unannounced=True)
+
+    def _drop_garbage(self, *, older_than_ms: int | None, keep_unannounced: bool) -> int:
+        total, more = 0, True
+        while more:
+            dropped, more = self.store.drop_garbage(
+                older_than_ms=older_than_ms,
+                limit=GARBAGE_DROP_BATCH,
+                keep_unannounced=keep_unannounced,
+            )
+            total += dropped
+        return total

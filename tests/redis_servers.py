@@ -1,0 +1,137 @@
+"""Private redis-server processes for the test suite, on free ports, in temporary folders.
+
+The suite only ever flushes or restarts servers started here, never the machine's own.
+"""
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+
+def free_port(highest: int = 65535) -> int:
+    """A port nobody listens on; a cluster node also needs port + 10000 for its bus."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port <= highest:
+            return port
+    raise RuntimeError(f"no free port at or below {highest}")
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+class RedisServer:
+    """One redis-server process; ``restart`` keeps its port (and its data, if persisted)."""
+
+    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        cluster = "--cluster-enabled" in extra_args
+        self.port = port or free_port(highest=55535 if cluster else 65535)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"dq-redis-{self.port}-"))
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        args = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "no",
+            "--logfile", str(self.dir / "redis.log"),
+            *self.extra_args,
+        ]  # fmt: skip
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = process
+        client = self.client(socket_timeout=1)
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server on port {self.port} exited:\n{log}")
+            return bool(client.ping())
+
+        _wait_until(answers, f"redis-server on port {self.port}")
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` masters (and ``replicas`` replicas each) on free ports."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        count = masters * (1 + replicas)
+        self.nodes = [
+            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+            for _ in range(count)
+        ]
+        # cluster-config-file lands in each node's own --dir.
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *addresses,
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        for node in self.nodes:
+            client = node.client(socket_timeout=1)
+            _wait_until(
+                lambda c=client: c.cluster("info")["cluster_state"] == "ok",  # type: ignore[misc]
+                f"cluster node {node.port} to report cluster_state:ok",
+                timeout=30,
+            )
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            client = node.client()
+            if client.info("replication")["role"] == "master":
+                client.flushall()
+            client.close()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()

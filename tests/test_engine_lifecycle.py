@@ -1,0 +1,283 @@
+"""The message life cycle, on a single Redis and on a Redis Cluster (the ``queue`` fixture)."""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from delayqueue_django.queue import Queue
+from tests.helpers import fetch_when_due, redis_time_ms, states_of, wait_for
+
+
+def test_message_waits_until_due_then_is_delivered_once_and_forgotten_on_ack(queue: Queue) -> None:
+    message_id = queue.send({"order": 42}, delay=0.2)
+
+    early = queue.fetch()
+    assert early.messages == []
+    assert early.next_ms is not None
+    assert early.next_ms > early.now_ms
+
+    [message] = fetch_when_due(queue)
+    assert (message.id, message.payload, message.attempt) == (message_id, {"order": 42}, 1)
+    assert message.queue == "default"
+    assert states_of(queue, message_id) == ["unack"]
+    assert queue.fetch().messages == []
+
+    assert queue.ack([message]) == {message_id}
+    assert states_of(queue, message_id) == []
+    assert queue.peek(message_id) is None
+    stats = queue.stats()
+    assert [stats[s] for s in ("pending", "ready", "unack", "retry", "garbage")] == [0] * 5
+
+
+def test_due_time_is_counted_from_the_redis_clock_in_milliseconds(queue: Queue, raw: Any) -> None:
+    before = redis_time_ms(queue)
+    message_id = queue.send("x", delay=90.5)
+    after = redis_time_ms(queue)
+    due = raw.zscore(queue.store.keys.key("pending"), message_id)
+    assert before + 90_500 <= due <= after + 90_500
+
+
+def test_nack_schedules_retries_with_the_configured_backoff_then_buries(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(NACK_REDELIVERY_DELAY=[0.05, 0.1], RETRY_COUNT=2)
+    message_id = queue.send({"n": 1})
+
+    attempts = []
+    for expected_delay in (50, 100):
+        [message] = fetch_when_due(queue)
+        attempts.append(message.attempt)
+        [outcome] = queue.nack([message])
+        assert not outcome.exhausted
+        assert outcome.at_ms - redis_time_ms(queue) <= expected_delay
+        assert states_of(queue, message_id) == ["pending"]
+    [message] = fetch_when_due(queue)
+    attempts.append(message.attempt)
+    assert message.is_last_attempt
+    assert message.retries_left == 0
+
+    [outcome] = queue.nack([message])
+    assert outcome.exhausted
+    assert attempts == [1, 2, 3]
+    assert states_of(queue, message_id) == ["garbage"]
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert stored.state == "garbage"
+    assert stored.unannounced
+    assert stored.payload == '{"n":1}'
+    assert queue.stats()["unannounced"] == 1
+
+
+def test_retry_count_zero_buries_on_first_failure(queue: Queue) -> None:
+    message_id = queue.send("once", retry_count=0)
+    [message] = fetch_when_due(queue)
+    assert message.retry_count == 0
+    assert message.is_last_attempt
+    [outcome] = queue.nack([message])
+    assert outcome.exhausted
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_unacked_delivery_is_redelivered_after_its_deadline_using_one_retry(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.1)
+    message_id = queue.send("slow")
+    [first] = fetch_when_due(queue)
+    before_deadline = queue.fetch()
+    assert before_deadline.messages == []
+    assert before_deadline.next_ms == first.deadline_ms
+
+    [second] = fetch_when_due(queue)
+    assert second.id == message_id
+    assert second.attempt == 2
+    assert second.lease != first.lease
+
+
+def test_late_ack_from_a_timed_out_delivery_does_not_touch_the_new_one(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.1)
+    message_id = queue.send("slow")
+    [first] = fetch_when_due(queue)
+    [second] = fetch_when_due(queue)  # after the deadline: redelivered
+    assert second.attempt == 2
+
+    assert queue.ack([first]) == set()
+    assert queue.nack([first]) == []
+    assert queue.release([first]) == []
+    assert queue.extend([first])[1] == []
+    assert states_of(queue, message_id) == ["unack"]
+    assert queue.peek(message_id) is not None
+
+    assert queue.ack([second]) == {message_id}
+    assert states_of(queue, message_id) == []
+
+
+def test_late_nack_after_timeout_does_not_put_a_second_copy_into_retry(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.05)
+    message_id = queue.send("slow")
+    [first] = fetch_when_due(queue)
+    time.sleep(0.1)
+    queue.fetch(0)  # housekeeping only: the expired delivery moves to retry
+    assert states_of(queue, message_id) == ["retry"]
+
+    assert queue.nack([first], delay=0) == []
+    assert states_of(queue, message_id) == ["retry"]
+
+
+def test_duplicate_ack_and_nack_after_ack_are_harmless(queue: Queue) -> None:
+    message_id = queue.send("x")
+    [message] = fetch_when_due(queue)
+    assert queue.ack([message]) == {message_id}
+    assert queue.ack([message]) == set()
+    assert queue.nack([message]) == []
+    assert states_of(queue, message_id) == []
+
+
+def test_ack_after_nack_of_the_same_delivery_is_ignored(queue: Queue) -> None:
+    message_id = queue.send("x")
+    [message] = fetch_when_due(queue)
+    queue.nack([message], delay=60)
+    assert queue.ack([message]) == set()
+    assert states_of(queue, message_id) == ["pending"]
+    assert queue.peek(message_id) is not None
+
+
+def test_release_hands_back_without_using_a_retry_and_keeps_order(queue: Queue) -> None:
+    ids = queue.send_many(["a", "b", "c"])
+    fetched = fetch_when_due(queue, count=3)
+    assert sorted(m.id for m in fetched) == sorted(ids)
+
+    assert queue.release(fetched) == [m.id for m in fetched]
+    again = queue.fetch(3).messages
+    assert [m.id for m in again] == [m.id for m in fetched]
+    assert [m.attempt for m in again] == [1, 1, 1]
+
+
+def test_released_retry_keeps_its_attempt_number(queue: Queue) -> None:
+    queue.send("x")
+    [message] = fetch_when_due(queue)
+    queue.nack([message], delay=0)
+    [retry] = fetch_when_due(queue)
+    assert retry.attempt == 2
+    queue.release([retry])
+    [again] = queue.fetch().messages
+    assert again.attempt == 2
+
+
+def test_extend_pushes_the_deadline(configure: Callable[..., Queue]) -> None:
+    queue = configure(MAX_CONSUME_DURATION=60)
+    message_id = queue.send("long")
+    [message] = fetch_when_due(queue)
+    deadline, extended = queue.extend([message])
+    assert extended == [message_id]
+    assert deadline >= message.deadline_ms
+    assert queue.store.client.zscore(queue.store.keys.key("unack"), message_id) == deadline
+
+
+def test_exhaustion_is_claimed_and_confirmed(queue: Queue) -> None:
+    message_id = queue.send({"k": "v"}, retry_count=0)
+    [message] = fetch_when_due(queue)
+    queue.nack([message])
+
+    [claim] = queue.claim_exhausted(10, claim_seconds=60)
+    assert (claim.id, claim.payload, claim.attempt, claim.queue) == (
+        message_id,
+        {"k": "v"},
+        1,
+        "default",
+    )
+    assert queue.claim_exhausted(10) == []  # claimed: nobody else announces it meanwhile
+    assert queue.confirm_exhausted([message_id]) == 1
+    assert queue.stats()["unannounced"] == 0
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_unconfirmed_exhaustion_claim_is_claimed_again_after_it_lapses(queue: Queue) -> None:
+    queue.send("x", retry_count=0)
+    [message] = fetch_when_due(queue)
+    queue.nack([message])
+    [claim] = queue.claim_exhausted(10, claim_seconds=0.05)
+    [again] = wait_for(lambda: queue.claim_exhausted(10), what="the claim to lapse")
+    assert again.id == claim.id
+
+
+def test_bury_skips_the_remaining_retries(queue: Queue) -> None:
+    message_id = queue.send("poison", retry_count=5)
+    [message] = fetch_when_due(queue)
+    [outcome] = queue.bury([message])
+    assert outcome.exhausted
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_no_key_of_the_queue_ever_has_a_ttl(queue: Queue, raw: Any) -> None:
+    queue.send("months away", delay=90 * 24 * 3600)
+    queue.send("retrying")
+    [message] = fetch_when_due(queue)
+    queue.nack([message], delay=30 * 24 * 3600)
+    queue.send("dead", retry_count=0)
+    [dead] = fetch_when_due(queue)
+    queue.nack([dead])
+    for key in queue.store.keys.layout:
+        assert raw.ttl(key) in (-1, -2), key
+    assert raw.ttl(queue.store.keys.key("payload")) == -1
+
+
+def test_all_keys_of_a_queue_share_one_hash_slot(queue: Queue) -> None:
+    from redis.crc import key_slot
+
+    keys = queue.store.keys
+    slots = {key_slot(key.encode()) for key in [*keys.layout, keys.wakeup_channel]}
+    assert len(slots) == 1
+    assert keys.tag == "{delayqueue:default}"
+
+
+def test_far_future_due_time_keeps_millisecond_precision(queue: Queue, raw: Any) -> None:
+    from datetime import UTC, datetime
+
+    at = datetime(9999, 12, 31, 23, 59, 59, 123000, tzinfo=UTC)
+    message_id = queue.send("far", at=at)
+    assert raw.zscore(queue.store.keys.key("pending"), message_id) == 253402300799123
+
+
+@pytest.mark.parametrize("state", ["pending", "ready", "retry"])
+def test_cancel_removes_a_waiting_message_for_good(queue: Queue, state: str) -> None:
+    message_id = queue.send("x", delay=0 if state != "pending" else 60)
+    if state == "ready":
+        queue.fetch(0)  # stage it
+    if state == "retry":
+        [message] = fetch_when_due(queue)
+        queue.nack([message], delay=0)
+        queue.fetch(0)
+    assert states_of(queue, message_id) == [state]
+
+    assert queue.cancel(message_id) is True
+    assert states_of(queue, message_id) == []
+    assert queue.peek(message_id) is None
+    assert queue.cancel(message_id) is False
+    time.sleep(0.01)
+    assert queue.fetch().messages == []
+
+
+def test_cancel_refuses_in_flight_handled_dead_and_unknown_messages(queue: Queue) -> None:
+    in_flight = queue.send("x")
+    fetch_when_due(queue)
+    assert queue.cancel(in_flight) is False
+    assert states_of(queue, in_flight) == ["unack"]
+
+    dead = queue.send("y", retry_count=0)
+    [message] = fetch_when_due(queue)
+    queue.nack([message])
+    assert queue.cancel(dead) is False
+    assert states_of(queue, dead) == ["garbage"]
+
+    handled = queue.send("z")
+    [message] = fetch_when_due(queue)
+    queue.ack([message])
+    assert queue.cancel(handled) is False
+    assert queue.cancel("no-such-id") is False
