@@ -1,7 +1,7 @@
 """Redis clients for queues: a django-redis cache's pool, or one built from a URL.
 
 Clients built from URLs are shared by every queue with the same URL and OPTIONS, and
-dropped when settings change.
+forgotten when settings change.
 """
 
 import threading
@@ -40,9 +40,10 @@ def _from_url(url: str, options: dict[str, Any]) -> RedisClient:
 
 
 def reset() -> None:
-    """Close and forget the clients built from URLs (called when settings change)."""
+    """Forget the clients built from URLs (called when settings change).
+
+    They are not closed: code may still hold a Queue using one, and a closed RedisCluster
+    client cannot be used again. Their pools are released when the last user drops them.
+    """
     with _lock:
-        clients = list(_clients.values())
         _clients.clear()
-    for client in clients:
-        client.close()

@@ -1,0 +1,255 @@
+"""The public API: send, cancel, get_queue; bad input raises and writes nothing."""
+
+import decimal
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import delayqueue_django as delayqueue
+from delayqueue_django.engine import store as store_module
+from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.exceptions import (
+    DelayQueueError,
+    DuplicateMessageId,
+    InvalidDelay,
+    PayloadEncodingError,
+    PayloadTooLarge,
+    QueueConfigurationError,
+    UnknownQueue,
+    UnsupportedRedisVersion,
+)
+from tests.helpers import fetch_when_due
+from tests.redis_servers import RedisServer
+
+
+@pytest.fixture
+def nothing_written(redis_server: RedisServer) -> Any:
+    yield
+    assert redis_server.client().dbsize() == 0
+
+
+def test_send_and_cancel_through_the_module(redis_server: RedisServer) -> None:
+    message_id = delayqueue.send({"order": 1}, delay=timedelta(minutes=5))
+    assert isinstance(message_id, str)
+    assert len(message_id) == 16
+    assert delayqueue.get_queue().stats()["pending"] == 1
+    assert delayqueue.cancel(message_id) is True
+    assert delayqueue.cancel(message_id) is False
+    assert redis_server.client().dbsize() == 0
+
+
+def test_send_to_a_named_queue_with_a_retry_count() -> None:
+    message_id = delayqueue.send("x", queue="other", retry_count=7)
+    [entry] = delayqueue.get_queue("other").list_messages("pending")
+    assert (entry.id, entry.budget) == (message_id, 7)
+    assert delayqueue.get_queue("default").stats()["pending"] == 0
+    assert delayqueue.cancel(message_id, queue="default") is False
+    assert delayqueue.cancel(message_id, queue="other") is True
+
+
+def test_payloads_use_djangos_json_encoder() -> None:
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    key = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    delayqueue.send({"when": when, "price": decimal.Decimal("9.99"), "key": key, "é": "ü"})
+    [message] = fetch_when_due(delayqueue.get_queue())
+    assert message.payload == {
+        "when": "2030-01-02T03:04:05Z",
+        "price": "9.99",
+        "key": "12345678-1234-5678-1234-567812345678",
+        "é": "ü",
+    }
+
+
+@pytest.mark.parametrize(
+    ("payload", "error", "words"),
+    [
+        ({1, 2}, PayloadEncodingError, "Object of type set is not JSON serializable"),
+        (object(), PayloadEncodingError, "Object of type object"),
+        (float("nan"), PayloadEncodingError, "Out of range float values"),
+        ({"x": float("inf")}, PayloadEncodingError, "Out of range float values"),
+        ("\ud800", PayloadEncodingError, "lone surrogate"),
+    ],
+)
+def test_payloads_json_cannot_carry_are_refused(
+    nothing_written: None, payload: Any, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        delayqueue.send(payload)
+
+
+def test_a_payload_nested_too_deeply_is_refused(nothing_written: None) -> None:
+    payload: list[Any] = []
+    for _ in range(100_000):
+        payload = [payload]
+    with pytest.raises(PayloadEncodingError, match="nested too deeply"):
+        delayqueue.send(payload)
+
+
+def test_a_circular_payload_is_refused(nothing_written: None) -> None:
+    payload: dict[str, Any] = {}
+    payload["self"] = payload
+    with pytest.raises(PayloadEncodingError, match="Circular reference"):
+        delayqueue.send(payload)
+
+
+def test_encoding_errors_are_type_errors() -> None:
+    assert issubclass(PayloadEncodingError, TypeError)
+    assert issubclass(PayloadEncodingError, DelayQueueError)
+
+
+@pytest.fixture
+def small_payload_limit(settings: Any, redis_server: RedisServer) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "MAX_PAYLOAD_BYTES": 100}}
+
+
+def test_a_payload_over_the_size_limit_is_refused(
+    small_payload_limit: None, nothing_written: None
+) -> None:
+    with pytest.raises(PayloadTooLarge, match="is 101 bytes encoded; MAX_PAYLOAD_BYTES is 100"):
+        delayqueue.send("x" * 99)  # 99 characters and two quotes
+    assert issubclass(PayloadTooLarge, ValueError)
+
+
+def test_a_payload_at_the_size_limit_is_accepted(small_payload_limit: None) -> None:
+    delayqueue.send("x" * 98)
+    assert delayqueue.get_queue().stats()["pending"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"delay": -1}, "must not be negative"),
+        ({"delay": timedelta(seconds=-1)}, "must not be negative"),
+        ({"delay": "5"}, "delay must be a number of seconds or a timedelta, not str"),
+        ({"delay": True}, "not bool"),
+        ({"delay": float("nan")}, "finite"),
+        ({"delay": float("inf")}, "finite"),
+        ({"delay": 1e300}, "too far in the future"),
+        ({"delay": 1, "at": datetime.now(UTC)}, "either delay or at, not both"),
+        ({"at": datetime(2030, 1, 1)}, "naive datetime while USE_TZ is True"),
+        ({"at": date(2030, 1, 1)}, "at must be a datetime, not date"),
+        ({"at": "2030-01-01"}, "at must be a datetime, not str"),
+    ],
+)
+def test_bad_timing_is_refused(nothing_written: None, kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidDelay, match=words):
+        delayqueue.send("x", **kwargs)
+
+
+def test_invalid_delay_is_a_value_error() -> None:
+    assert issubclass(InvalidDelay, ValueError)
+
+
+@pytest.mark.parametrize("retry_count", [-1, 1001, "3", 2.5, True])
+def test_bad_retry_count_is_refused(nothing_written: None, retry_count: Any) -> None:
+    with pytest.raises(ValueError, match="retry_count must be an int from 0 to 1000"):
+        delayqueue.send("x", retry_count=retry_count)
+
+
+def test_a_naive_datetime_is_local_time_when_use_tz_is_off(settings: Any) -> None:
+    settings.USE_TZ = False
+    settings.TIME_ZONE = "Europe/Paris"
+    delayqueue.send("x", at=datetime(2030, 7, 1, 12, 0))
+    [entry] = delayqueue.get_queue().list_messages("pending")
+    assert entry.score_ms == int(datetime(2030, 7, 1, 10, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+def test_an_unknown_queue_names_the_configured_ones(nothing_written: None) -> None:
+    with pytest.raises(UnknownQueue) as caught:
+        delayqueue.send("x", queue="emails")
+    assert str(caught.value) == (
+        "no queue named 'emails' in DELAYQUEUES; configured: 'default', 'other'"
+    )
+    assert isinstance(caught.value, LookupError)
+
+
+def test_cancel_needs_a_string_id() -> None:
+    with pytest.raises(TypeError, match="message id must be a non-empty str"):
+        delayqueue.cancel(123)  # type: ignore[arg-type]
+
+
+def test_a_duplicate_id_is_refused_and_the_batch_not_written() -> None:
+    store = delayqueue.get_queue().store
+    store.send([NewMessage(id="same", payload='"a"', budget=3)])
+    with pytest.raises(DuplicateMessageId, match="'same' already exists in queue 'default'"):
+        store.send([NewMessage(id="fresh", payload='"b"', budget=3), NewMessage("same", '"c"', 3)])
+    assert delayqueue.get_queue().peek("fresh") is None
+
+
+def test_changed_settings_take_effect_at_once(settings: Any) -> None:
+    delayqueue.send("x")
+    assert delayqueue.get_queue().config.retry_count == 3
+    settings.DELAYQUEUES = {
+        "default": {**settings.DELAYQUEUES["default"], "RETRY_COUNT": 9},
+    }
+    assert delayqueue.get_queue().config.retry_count == 9
+    with pytest.raises(UnknownQueue):
+        delayqueue.get_queue("other")
+
+
+def test_invalid_settings_raise_improperly_configured_on_use(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "http://example.com", "RETRY_COUNT": -1}}
+    with pytest.raises(QueueConfigurationError) as caught:
+        delayqueue.send("x")
+    message = str(caught.value)
+    assert "delayqueue_django.E007" in message
+    assert "delayqueue_django.E009" in message
+    from django.core.exceptions import ImproperlyConfigured
+
+    assert isinstance(caught.value, ImproperlyConfigured)
+
+
+def test_a_django_redis_cache_alias_shares_the_caches_connection_pool(settings: Any) -> None:
+    from django_redis import get_redis_connection
+
+    settings.DELAYQUEUES = {"default": {"REDIS": "redis"}}
+    queue = delayqueue.get_queue()
+    assert queue.store.client is get_redis_connection("redis")
+    message_id = delayqueue.send("through the cache's pool")
+    [message] = fetch_when_due(queue)
+    assert message.id == message_id
+
+
+def test_a_client_that_decodes_responses_works_too(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": redis_server.url, "OPTIONS": {"decode_responses": True}}
+    }
+    queue = delayqueue.get_queue()
+    message_id = queue.send({"text": "ünïcode"})
+    [message] = fetch_when_due(queue)
+    assert (message.id, message.payload) == (message_id, {"text": "ünïcode"})
+    assert queue.ack([message]) == {message_id}
+    assert queue.list_messages("pending") == []
+
+
+def test_a_redis_older_than_the_minimum_is_refused_clearly(
+    nothing_written: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MINIMUM_REDIS_VERSION", (99, 0))
+    with pytest.raises(UnsupportedRedisVersion) as caught:
+        delayqueue.send("x")
+    assert "delayqueue_django needs Redis 99.0 or newer; queue 'default' is on Redis 7." in str(
+        caught.value
+    )
+
+
+def test_the_redis_server_version_is_read_once_per_queue(redis_server: RedisServer) -> None:
+    queue = delayqueue.get_queue()
+    queue.stats()
+    before = redis_server.client().info("commandstats").get("cmdstat_info", {}).get("calls", 0)
+    queue.stats()
+    queue.send("x")
+    after = redis_server.client().info("commandstats").get("cmdstat_info", {}).get("calls", 0)
+    assert after == before + 1  # only the line above itself
+
+
+def test_a_queue_held_across_a_settings_change_keeps_working(settings: Any) -> None:
+    held = delayqueue.get_queue()
+    settings.DELAYQUEUES = {**settings.DELAYQUEUES, "extra": settings.DELAYQUEUES["default"]}
+    assert delayqueue.get_queue() is not held
+    held.send("still usable")
+    assert held.stats()["pending"] == 1

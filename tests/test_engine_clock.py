@@ -1,0 +1,43 @@
+"""Time comes from the Redis server: clients whose clocks are an hour off still deliver on time."""
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from delayqueue_django.queue import Queue
+from tests.helpers import redis_time_ms, wait_for
+
+
+@pytest.mark.parametrize("skew", [timedelta(hours=1), timedelta(hours=-1)])
+def test_delays_are_counted_on_the_redis_clock_whatever_the_client_clock_says(
+    queue: Queue, skew: timedelta
+) -> None:
+    with time_machine.travel(datetime.now(UTC) + skew, tick=True):
+        assert abs(time.time() * 1000 - redis_time_ms(queue)) > 3_500_000  # really skewed
+        before = redis_time_ms(queue)
+        message_id = queue.send("on time", delay=0.3)
+        [entry] = queue.list_messages("pending")
+        assert entry.score_ms is not None
+        assert 300 <= entry.score_ms - before < 1300
+
+        assert queue.fetch().messages == []  # a skewed consumer does not take it early
+        started = time.perf_counter()
+        [message] = wait_for(lambda: queue.fetch().messages, timeout=5, what="delivery")
+        waited = time.perf_counter() - started
+    assert message.id == message_id
+    assert waited < 5  # on time by the real clock, not an hour early or late
+
+
+def test_absolute_due_time_is_kept_to_the_millisecond(queue: Queue) -> None:
+    at = datetime(2031, 5, 17, 8, 30, 15, 250_000, tzinfo=UTC)
+    queue.send("at", at=at)
+    [entry] = queue.list_messages("pending")
+    assert entry.score_ms == int(at.timestamp() * 1000)
+
+
+def test_an_absolute_time_in_the_past_is_due_now(queue: Queue) -> None:
+    message_id = queue.send("overdue", at=datetime(2001, 1, 1, tzinfo=UTC))
+    [message] = queue.fetch().messages
+    assert message.id == message_id

@@ -1,0 +1,197 @@
+"""What operators and the admin do: inspect, list, delete, requeue, deliver now, purge."""
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from delayqueue_django.queue import Queue
+from tests.helpers import fetch_when_due, redis_time_ms, states_of
+
+
+def bury_one(queue: Queue, payload: object = "dead") -> str:
+    message_id = queue.send(payload, retry_count=0)
+    [message] = [m for m in fetch_when_due(queue) if m.id == message_id]
+    queue.nack([message])
+    return message_id
+
+
+def test_stats_counts_every_state_in_one_call(queue: Queue) -> None:
+    queue.send("later", delay=60)
+    bury_one(queue)
+    queue.send("in flight")
+    assert len(queue.fetch(1).messages) == 1
+    queue.send("retrying")
+    [retrying] = queue.fetch(1).messages
+    queue.nack([retrying], delay=0)
+    queue.send("staged")
+    queue.fetch(0)
+    queue.send("due but unstaged")
+
+    stats = queue.stats()
+    counts = {s: stats[s] for s in ("pending", "ready", "unack", "retry", "garbage")}
+    assert counts == {"pending": 2, "ready": 1, "unack": 1, "retry": 1, "garbage": 1}
+    assert stats["due"] == 1
+    assert stats["unannounced"] == 1
+    assert stats["next_due_ms"] <= stats["server_time_ms"]
+    assert stats["lag_ms"] >= 0
+    assert abs(stats["server_time_ms"] - redis_time_ms(queue)) < 1000
+
+
+def test_stats_of_an_empty_queue(queue: Queue) -> None:
+    stats = queue.stats()
+    assert stats["next_due_ms"] == -1
+    assert stats["lag_ms"] == 0
+    assert {k: v for k, v in stats.items() if k not in ("server_time_ms", "next_due_ms")} == {
+        "pending": 0,
+        "ready": 0,
+        "unack": 0,
+        "retry": 0,
+        "garbage": 0,
+        "due": 0,
+        "unannounced": 0,
+        "lag_ms": 0,
+    }
+
+
+def test_lag_measures_how_long_the_oldest_due_message_has_waited(queue: Queue) -> None:
+    queue.send("x")
+    time.sleep(0.05)
+    assert queue.stats()["lag_ms"] >= 50
+
+
+def test_list_pages_through_a_state_in_due_order(queue: Queue) -> None:
+    ids = [queue.send(i, delay=100 + i) for i in range(25)]
+    page1 = queue.list_messages("pending", offset=0, limit=10)
+    page3 = queue.list_messages("pending", offset=20, limit=10)
+    assert [m.id for m in page1] == ids[:10]
+    assert [m.id for m in page3] == ids[20:]
+    first = page1[0]
+    assert (first.state, first.payload, first.attempt, first.budget) == ("pending", "0", 0, 3)
+    assert first.retries_left == 3
+    assert queue.list_messages("pending", offset=30, limit=10) == []
+
+
+def test_list_cuts_long_payloads_on_a_character_boundary(queue: Queue) -> None:
+    message_id = queue.send("é" * 100)
+    [entry] = queue.list_messages("pending", preview_bytes=10)
+    assert entry.id == message_id
+    assert entry.payload is not None
+    assert entry.payload.startswith('"é')
+    assert len(entry.payload.encode()) <= 10
+    assert entry.payload_size == len(('"' + "é" * 100 + '"').encode())
+
+
+def test_list_rejects_unknown_states_and_bad_ranges(queue: Queue) -> None:
+    with pytest.raises(ValueError, match="unknown state 'done'"):
+        queue.list_messages("done")
+    with pytest.raises(ValueError, match="offset"):
+        queue.list_messages("pending", offset=-1)
+    with pytest.raises(ValueError, match="limit"):
+        queue.list_messages("pending", limit=5000)
+
+
+@pytest.mark.parametrize("state", ["pending", "ready", "unack", "retry", "garbage"])
+def test_list_and_peek_show_each_state(queue: Queue, state: str) -> None:
+    if state == "garbage":
+        message_id = bury_one(queue, {"p": 1})
+    else:
+        message_id = queue.send({"p": 1}, delay=60 if state == "pending" else 0)
+    if state == "ready":
+        queue.fetch(0)
+    if state in ("unack", "retry"):
+        [message] = fetch_when_due(queue)
+    if state == "retry":
+        queue.nack([message], delay=0)
+        queue.fetch(0)
+
+    [listed] = queue.list_messages(state)
+    peeked = queue.peek(message_id)
+    assert listed.id == message_id
+    assert peeked is not None
+    assert peeked.state == listed.state == state
+    assert peeked.payload == listed.payload == '{"p":1}'
+    assert (peeked.score_ms is None) == (state in ("ready", "retry"))
+
+
+def test_delete_removes_a_message_from_any_state(queue: Queue) -> None:
+    dead = bury_one(queue)
+    in_flight = queue.send("x")
+    fetch_when_due(queue)
+    later = queue.send("y", delay=60)
+
+    assert queue.delete(dead) == "garbage"
+    assert queue.delete(in_flight) == "unack"
+    assert queue.delete(later) == "pending"
+    assert queue.delete(later) is None
+    for message_id in (dead, in_flight, later):
+        assert states_of(queue, message_id) == []
+        assert queue.peek(message_id) is None
+    assert queue.stats()["unannounced"] == 0
+
+
+def test_requeue_gives_a_dead_letter_a_fresh_retry_budget(queue: Queue) -> None:
+    message_id = queue.send("again", retry_count=1)
+    for _ in range(2):
+        [message] = fetch_when_due(queue)
+        queue.nack([message], delay=0)
+    assert states_of(queue, message_id) == ["garbage"]
+
+    assert queue.requeue([message_id, "unknown"]) == [message_id]
+    assert states_of(queue, message_id) == ["pending"]
+    assert queue.stats()["unannounced"] == 0
+    [message] = fetch_when_due(queue)
+    assert (message.id, message.attempt, message.retries_left) == (message_id, 1, 1)
+    assert queue.requeue([message_id]) == []  # in flight now, not garbage
+
+
+def test_requeue_refuses_a_dead_letter_whose_payload_is_gone(queue: Queue) -> None:
+    message_id = bury_one(queue)
+    queue.store.client.hdel(queue.store.keys.key("payload"), message_id)
+    assert queue.requeue([message_id]) == []
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_deliver_now_makes_a_pending_message_due(queue: Queue) -> None:
+    message_id = queue.send("later", delay=3600)
+    other = queue.send("other", delay=3600)
+    assert queue.deliver_now([message_id, "unknown"]) == [message_id]
+    [message] = fetch_when_due(queue)
+    assert message.id == message_id
+    assert states_of(queue, other) == ["pending"]
+
+
+def test_purge_garbage_deletes_every_dead_letter(configure: Callable[..., Queue]) -> None:
+    queue = configure(RETRY_COUNT=0)
+    queue.send_many(range(2500))
+    while fetched := queue.fetch(1000).messages:
+        queue.nack(fetched)
+    assert queue.stats()["garbage"] == 2500
+
+    assert queue.purge_garbage() == 2500
+    stats = queue.stats()
+    assert (stats["garbage"], stats["unannounced"]) == (0, 0)
+    assert queue.store.client.hlen(queue.store.keys.key("payload")) == 0
+    assert queue.store.client.hlen(queue.store.keys.key("meta")) == 0
+
+
+def test_retention_expires_only_announced_dead_letters_past_their_time(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(GARBAGE_RETENTION=0.05)
+    announced, unannounced = bury_one(queue), bury_one(queue)
+    queue.confirm_exhausted([announced])
+    assert queue.expire_garbage() == 0  # not old enough yet
+
+    time.sleep(0.06)
+    assert queue.expire_garbage() == 1
+    assert queue.peek(announced) is None
+    assert states_of(queue, unannounced) == ["garbage"]
+
+
+def test_retention_none_keeps_dead_letters(configure: Callable[..., Queue]) -> None:
+    queue = configure(GARBAGE_RETENTION=None)
+    message_id = bury_one(queue)
+    queue.confirm_exhausted([message_id])
+    assert queue.expire_garbage() == 0
+    assert states_of(queue, message_id) == ["garbage"]
