@@ -34,7 +34,7 @@ $(VENV_NEXT)/.installed: pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy delayqueue_django tests
+	$(VENV)/bin/mypy delayqueue_django tests example_project
 
 test-main: $(VENV)/.installed
 	@echo "== pytest: $$($(VENV)/bin/python --version), Django $$($(VENV)/bin/python -m django --version)"
