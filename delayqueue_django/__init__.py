@@ -9,13 +9,14 @@ delayqueue.cancel(message_id)
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from delayqueue_django.handlers import handler
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
 
 if TYPE_CHECKING:
     from delayqueue_django.queue import Queue
 
-__all__ = ["Message", "Outgoing", "cancel", "get_queue", "send"]
+__all__ = ["Message", "Outgoing", "cancel", "get_queue", "handler", "send"]
 
 
 def get_queue(name: str = "default") -> "Queue":

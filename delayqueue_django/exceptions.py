@@ -21,6 +21,7 @@ __all__ = [
     "PayloadEncodingError",
     "PayloadTooLarge",
     "QueueConfigurationError",
+    "Reject",
     "UnknownQueue",
     "UnsupportedRedisVersion",
 ]
@@ -47,3 +48,7 @@ class PayloadTooLarge(DelayQueueError, ValueError):
 
 class InvalidDelay(DelayQueueError, ValueError):
     """The delay or due time given to send is not usable."""
+
+
+class Reject(DelayQueueError):
+    """Raised by a handler: the message can never succeed; bury it now, skipping its retries."""

@@ -45,6 +45,8 @@ class Fetched:
     # now_ms if more work is waiting; the next due time or deadline; None if nothing is.
     next_ms: int | None
     expired: int
+    # An exhausted message's announcement is owed: claim_exhausted has work.
+    exhaustions_owed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +166,9 @@ class Queue:
                 )
             )
         self.store.nack(undecodable)
-        return Fetched(messages, result.now_ms, result.next_ms, result.expired)
+        return Fetched(
+            messages, result.now_ms, result.next_ms, result.expired, result.exhaustions_owed
+        )
 
     def ack(self, messages: Iterable[Message]) -> set[str]:
         """Messages handled: forget them. Returns the ids acked (a stale lease is skipped)."""

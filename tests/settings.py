@@ -1,6 +1,8 @@
 """Settings for the test suite. Queues point at the private redis-server that conftest
 starts; the placeholder URL below is replaced before any test runs."""
 
+from typing import Any
+
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -40,4 +42,4 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memor
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-DELAYQUEUES = {"default": {"URL": "redis://127.0.0.1:1/0"}}
+DELAYQUEUES: dict[str, dict[str, Any]] = {"default": {"URL": "redis://127.0.0.1:1/0"}}

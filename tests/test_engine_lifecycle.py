@@ -281,3 +281,15 @@ def test_cancel_refuses_in_flight_handled_dead_and_unknown_messages(queue: Queue
     queue.ack([message])
     assert queue.cancel(handled) is False
     assert queue.cancel("no-such-id") is False
+
+
+def test_fetch_says_when_an_exhaustion_announcement_is_owed(queue: Queue) -> None:
+    queue.send("x", retry_count=0)
+    [message] = fetch_when_due(queue)
+    assert queue.fetch(0).exhaustions_owed is False
+    queue.nack([message])
+    assert queue.fetch(0).exhaustions_owed is True
+    [claim] = queue.claim_exhausted(10)
+    assert queue.fetch(0).exhaustions_owed is False  # claimed: owed again only if it lapses
+    queue.confirm_exhausted([claim.id])
+    assert queue.fetch(0).exhaustions_owed is False

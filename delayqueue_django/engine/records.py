@@ -33,6 +33,8 @@ class FetchResult:
     next_ms: int | None
     expired: int
     deliveries: list[Delivery]
+    # An exhaustion is waiting to be announced (claim_exhausted would return it).
+    exhaustions_owed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,7 +184,7 @@ class RedisStore:
     def fetch(self, count: int) -> FetchResult:
         """Hand out up to ``count`` due messages, leased until now + consume_ms."""
         limits = self.limits
-        now, next_ms, expired, flat, _ = self._run(
+        now, next_ms, expired, flat, owed, _ = self._run(
             "fetch", [self._channel, count, limits.consume_ms, limits.stage_limit]
         )
         deadline = now + limits.consume_ms
@@ -200,7 +200,11 @@ class RedisStore:
             for i in range(0, len(flat), 5)
         ]
         return FetchResult(
-            int(now), None if next_ms < 0 else int(next_ms), int(expired), deliveries
+            now_ms=int(now),
+            next_ms=None if next_ms < 0 else int(next_ms),
+            expired=int(expired),
+            deliveries=deliveries,
+            exhaustions_owed=bool(owed),
         )
 
     def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:

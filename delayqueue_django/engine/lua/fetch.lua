@@ -15,12 +15,13 @@
   ARGV[3]  consume_ms, how long a delivery may stay unacked before redelivery
   ARGV[4]  stage_limit, the bound on ids moved and on the staging lists' length
 
-  Returns {now_ms, next_ms, expired, deliveries, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 the earliest pending due time or unack deadline, or -1 if none
     expired     how many deliveries timed out in step 1
     deliveries  flat list: id, payload, attempt, lease, budget for each message handed out
+    owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -120,4 +121,9 @@ else
   end
 end
 
-return {now, next_ms, expired, deliveries, warnings}
+local owed = 0
+if #redis.call('ZRANGE', exhausted, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 1) > 0 then
+  owed = 1
+end
+
+return {now, next_ms, expired, deliveries, owed, warnings}

@@ -1,0 +1,351 @@
+"""One queue's consumer loop: fetch, hand to the pool, flush verdicts, sleep until due.
+
+It runs in its own thread. Verdicts from the handler threads are flushed in batches (one
+round trip per kind), then the signals are sent, so ``message_acked`` always follows a
+committed ack. It sleeps until the queue's next due time (timed on the client, from the
+Redis clock) or a wake-up, and never gives up because Redis is away: it logs, backs off and
+tries again.
+"""
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.dispatch import Signal
+from redis.exceptions import RedisError
+
+from delayqueue_django import signals
+from delayqueue_django.handlers import Handler
+from delayqueue_django.message import Message
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import heartbeat
+from delayqueue_django.worker.backoff import Backoff
+from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from delayqueue_django.worker.wakeup import WakeupListener
+
+if TYPE_CHECKING:
+    from delayqueue_django.worker.worker import Worker
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+# Even with nothing due, look again this often, in case a wake-up was lost.
+IDLE_RECHECK_SECONDS = 30.0
+GARBAGE_EXPIRY_SECONDS = 60.0
+EXHAUSTED_CLAIM_BATCH = 100
+
+
+def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
+    """Send a signal; a receiver that raises is logged and never reaches the worker."""
+    for receiver, result in signal.send_robust(sender=Queue, queue=queue, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "signal receiver %r failed queue=%s",
+                receiver,
+                queue,
+                exc_info=(type(result), result, result.__traceback__),
+            )
+
+
+class QueueConsumer(threading.Thread):
+    def __init__(self, worker: "Worker", queue: Queue, handler: Handler) -> None:
+        super().__init__(name=f"delayqueue-consumer-{queue.name}", daemon=True)
+        self.worker = worker
+        self.queue = queue
+        self.handler = handler
+        self.finished = threading.Event()
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._outcomes: list[Outcome] = []
+        self._in_flight = 0
+        # A buffered message not started within this many seconds of its fetch goes back.
+        self.slack = min(1.0, queue.config.max_consume_ms / 1000 / 10)
+        limit = worker.batch_size or queue.config.fetch_batch_size
+        self._batch_limit = limit
+        self._batch = min(limit, worker.concurrency)
+        # Redis clock = local monotonic clock + offset (ms), set at every fetch.
+        self._clock_offset_ms: float | None = None
+        self._next_fetch = 0.0
+        # Set by wake(); a wake-up that lands while a fetch is under way must not be lost
+        # to the sleep time that fetch computes, so it is a flag, not a time.
+        self._woken = True
+        self._next_beat = 0.0
+        self._next_expiry = 0.0
+        self.listener = WakeupListener(queue, self.wake, worker.stopping)
+
+    # Called from other threads
+
+    def wake(self) -> None:
+        """Look at the queue again now (a wake-up, a free handler, a stop request)."""
+        self._woken = True
+        self._event.set()
+
+    def report(self, outcome: Outcome) -> None:
+        """A handler thread is done with a message: flush its verdict, and fetch again since
+        a thread is free."""
+        with self._lock:
+            self._outcomes.append(outcome)
+        self.wake()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages fetched whose verdict is not committed yet."""
+        with self._lock:
+            return self._in_flight
+
+    def is_stale(self, fetched_at: float) -> bool:
+        return time.monotonic() - fetched_at > self.slack
+
+    def handle(self, message: Message) -> Outcome:
+        outcome = call_handler(self.handler, message)
+        overrun_ms = self.redis_now_ms() - message.deadline_ms
+        if overrun_ms > 0:
+            logger.warning(
+                "handler overran MAX_CONSUME_DURATION by %d ms; message id=%s queue=%s "
+                "may already have been delivered again",
+                overrun_ms,
+                message.id,
+                message.queue,
+            )
+        return outcome
+
+    def redis_now_ms(self) -> float:
+        offset = self._clock_offset_ms or 0.0
+        return time.monotonic() * 1000 + offset
+
+    # The loop
+
+    def run(self) -> None:
+        try:
+            self.listener.start()
+            self.listener.subscribed.wait(timeout=2.0)
+            self._loop()
+        except BaseException:
+            logger.exception("consumer crashed queue=%s", self.queue.name)
+            raise
+        finally:
+            self.finished.set()
+
+    def _loop(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                self._flush()
+                if self.worker.stopping.is_set():
+                    self._hand_back(self.worker.pool.take_back(self))
+                    if self._idle() or self.worker.abandoning.is_set():
+                        self._goodbye()
+                        return
+                    self._wait(0.1)
+                    continue
+                self._housekeeping()
+                wait = self._fetch_if_due()
+                backoff.reset()
+            except RedisError as error:
+                delay = backoff.next()
+                logger.warning(
+                    "redis unavailable queue=%s: %s; retrying in %.1f s",
+                    self.queue.name,
+                    error,
+                    delay,
+                )
+                self._wait(delay)
+                continue
+            if wait is None:
+                return
+            self._wait(wait)
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return self._in_flight == 0 and not self._outcomes
+
+    def _wait(self, seconds: float) -> None:
+        deadline = min(self._next_beat, self._next_expiry) - time.monotonic()
+        self._event.wait(timeout=max(min(seconds, deadline), 0.0))
+        self._event.clear()
+
+    def _fetch_if_due(self) -> float | None:
+        """Fetch if it is time; returns how long to sleep, or None when a burst run is done."""
+        now = time.monotonic()
+        if not self._woken and now < self._next_fetch:
+            return self._next_fetch - now
+        self._woken = False
+        free = self.worker.pool.free_slots()
+        quota = self.worker.quota()
+        if free <= 0 or quota == 0:
+            # Nothing can start now: a handler finishing wakes us (report).
+            return IDLE_RECHECK_SECONDS
+        self._release_stale_buffer()
+        count = max(min(self._batch, quota if quota is not None else self._batch), 1)
+        fetched = self.queue.fetch(count)
+        self._clock_offset_ms = fetched.now_ms - time.monotonic() * 1000
+        if fetched.expired:
+            logger.info(
+                "%d deliveries passed their deadline and were requeued queue=%s",
+                fetched.expired,
+                self.queue.name,
+            )
+        if fetched.exhaustions_owed:
+            self._announce_exhaustions()
+        if fetched.messages:
+            with self._lock:
+                self._in_flight += len(fetched.messages)
+            self.worker.pool.submit(self, fetched.messages)
+        full = len(fetched.messages) == count
+        if fetched.next_ms is None:
+            self._next_fetch = now + IDLE_RECHECK_SECONDS
+        elif fetched.next_ms <= fetched.now_ms:
+            # More is due: fetch again at once while handlers are free (else report wakes us).
+            self._next_fetch = now if full else now + 0.001
+        else:
+            # +1 ms: wake just after the due time, not a hair before it by our clock estimate.
+            self._next_fetch = now + (fetched.next_ms - fetched.now_ms + 1) / 1000
+        if self.worker.burst:
+            nothing_due = fetched.next_ms is None or fetched.next_ms > fetched.now_ms
+            if not fetched.messages and nothing_due and self._idle():
+                return None
+        return max(self._next_fetch - now, 0.0)
+
+    def _release_stale_buffer(self) -> None:
+        pool = self.worker.pool
+        stale = pool.take_back(self, keep=lambda job: not self.is_stale(job.fetched_at))
+        if stale:
+            self._shrink_batch()
+            self._hand_back(stale)
+        elif not pool.buffered(self) and self._batch < self._batch_limit:
+            # The last batch was all started in time: handlers keep up, fetch more at once.
+            self._batch = min(self._batch * 2, self._batch_limit)
+
+    def _shrink_batch(self) -> None:
+        """Handlers are slower than the buffer: fetch about what can start at once."""
+        self._batch = max(self.worker.concurrency, self._batch // 2)
+
+    def _hand_back(self, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        with self._lock:
+            self._in_flight -= len(messages)
+        self.queue.release(messages)
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_beat:
+            heartbeat.beat(
+                self.queue,
+                self.worker.worker_id,
+                self.worker.details(),
+                ttl_seconds=self.worker.heartbeat_interval * 3,
+            )
+            self._next_beat = now + self.worker.heartbeat_interval
+        if now >= self._next_expiry:
+            expired = self.queue.expire_garbage()
+            if expired:
+                logger.info(
+                    "deleted %d dead letters past GARBAGE_RETENTION queue=%s",
+                    expired,
+                    self.queue.name,
+                )
+            self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
+
+    def _goodbye(self) -> None:
+        # If Redis is away, the heartbeat expires on its own.
+        with contextlib.suppress(RedisError):
+            heartbeat.forget(self.queue, self.worker.worker_id)
+
+    # Verdicts
+
+    def _flush(self) -> None:
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
+        if not outcomes:
+            return
+        by_verdict: dict[Verdict, list[Outcome]] = {verdict: [] for verdict in Verdict}
+        for outcome in outcomes:
+            by_verdict[outcome.verdict].append(outcome)
+        if by_verdict[Verdict.RELEASE]:
+            self._shrink_batch()
+        done: list[Outcome] = []
+        try:
+            for verdict in (Verdict.RELEASE, Verdict.ACK, Verdict.NACK, Verdict.BURY):
+                batch = by_verdict[verdict]
+                if batch:
+                    self._commit(verdict, batch)
+                    done += batch
+        except RedisError:
+            # Keep what was not committed, to retry once Redis is back.
+            with self._lock:
+                self._outcomes[:0] = [o for o in outcomes if o not in done]
+            raise
+        with self._lock:
+            self._in_flight -= len(outcomes)
+        # What the last fetch saw (deadlines of these deliveries, nothing due) is stale now.
+        self._woken = True
+        self.worker.count(
+            handled=sum(o.verdict is not Verdict.RELEASE for o in outcomes),
+            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in outcomes),
+        )
+
+    def _commit(self, verdict: Verdict, outcomes: list[Outcome]) -> None:
+        messages = [outcome.message for outcome in outcomes]
+        name = self.queue.name
+        if verdict is Verdict.RELEASE:
+            self.queue.release(messages)
+            return
+        if verdict is Verdict.ACK:
+            acked = self.queue.ack(messages)
+            for message in messages:
+                if message.id in acked:
+                    send_robust(signals.message_acked, name, message=message)
+                else:
+                    self._log_lost_lease(message, "ack")
+            return
+        if verdict is Verdict.NACK:
+            results = {r.id: r for r in self.queue.nack(messages)}
+        else:
+            results = {r.id: r for r in self.queue.bury(messages)}
+        for outcome in outcomes:
+            message = outcome.message
+            result = results.get(message.id)
+            if result is None:
+                self._log_lost_lease(message, "nack")
+                continue
+            send_robust(
+                signals.message_nacked,
+                name,
+                message=message,
+                error=outcome.error,
+                retry_at_ms=None if result.exhausted else result.at_ms,
+            )
+        if any(result.exhausted for result in results.values()):
+            self._announce_exhaustions()
+
+    def _log_lost_lease(self, message: Message, what: str) -> None:
+        logger.warning(
+            "%s of message id=%s queue=%s attempt=%s came after its delivery timed out; "
+            "the message is being delivered again",
+            what,
+            message.id,
+            message.queue,
+            message.attempt,
+        )
+
+    def _announce_exhaustions(self) -> None:
+        while True:
+            # Announcing is consumed like a delivery: if this worker dies before confirming,
+            # the claim lapses after MAX_CONSUME_DURATION and another worker announces it.
+            claims = self.queue.claim_exhausted(
+                EXHAUSTED_CLAIM_BATCH, claim_seconds=self.queue.config.max_consume_ms / 1000
+            )
+            for claim in claims:
+                logger.warning(
+                    "message exhausted its retries id=%s queue=%s attempts=%s",
+                    claim.id,
+                    claim.queue,
+                    claim.attempt,
+                )
+                send_robust(signals.message_exhausted, self.queue.name, message=claim)
+            self.queue.confirm_exhausted([claim.id for claim in claims])
+            if len(claims) < EXHAUSTED_CLAIM_BATCH:
+                return

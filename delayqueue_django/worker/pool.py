@@ -1,0 +1,96 @@
+"""The handler threads and the small local buffer that feeds them.
+
+Consumers fetch in batches, so fast handlers cost few round trips; messages wait here until a
+thread is free. A message's redelivery deadline starts at fetch, so a message that waited
+here longer than its consumer's slack is not started: it is handed back (released, no retry
+used) for any worker to take, and the consumer fetches smaller batches from then on.
+"""
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from delayqueue_django.message import Message
+from delayqueue_django.worker.handling import Outcome, Verdict
+
+if TYPE_CHECKING:
+    from delayqueue_django.worker.consumer import QueueConsumer
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    consumer: "QueueConsumer"
+    message: Message
+    fetched_at: float  # time.monotonic()
+
+
+class HandlerPool:
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self._jobs: deque[Job] = deque()
+        self._running = 0
+        self._closed = False
+        self._lock = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"delayqueue-handler-{n}", daemon=True)
+            for n in range(concurrency)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - self._running - len(self._jobs)
+
+    def submit(self, consumer: "QueueConsumer", messages: list[Message]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._jobs.extend(Job(consumer, message, now) for message in messages)
+            self._lock.notify(len(messages))
+
+    def buffered(self, consumer: "QueueConsumer") -> int:
+        """How many of the consumer's messages wait here, not started yet."""
+        with self._lock:
+            return sum(job.consumer is consumer for job in self._jobs)
+
+    def take_back(
+        self, consumer: "QueueConsumer", keep: Callable[[Job], bool] = lambda job: False
+    ) -> list[Message]:
+        """Remove and return the consumer's buffered messages, except those ``keep`` keeps."""
+        with self._lock:
+            taken = [job for job in self._jobs if job.consumer is consumer and not keep(job)]
+            for job in taken:
+                self._jobs.remove(job)
+        return [job.message for job in taken]
+
+    def close(self) -> None:
+        """Let the threads finish what is buffered and running, then end."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs and not self._closed:
+                    self._lock.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._running += 1
+            try:
+                if job.consumer.is_stale(job.fetched_at):
+                    outcome = Outcome(job.message, Verdict.RELEASE)
+                else:
+                    outcome = job.consumer.handle(job.message)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self._lock.notify_all()
+            # Only now: the consumer this wakes must already see the slot as free.
+            job.consumer.report(outcome)

@@ -1,0 +1,55 @@
+"""Listening for wake-ups: scripts publish on the queue's channel when work comes due
+earlier than sleeping workers planned. Waiting on a subscription costs Redis nothing, and
+the wait is timed on the client (Redis's own blocking timeouts are up to 100 ms late)."""
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker.backoff import Backoff
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+
+class WakeupListener(threading.Thread):
+    def __init__(self, queue: Queue, on_wake: Callable[[], None], stop: threading.Event) -> None:
+        super().__init__(name=f"delayqueue-wakeup-{queue.name}", daemon=True)
+        self.queue = queue
+        self.on_wake = on_wake
+        self.stop = stop
+        # Set once subscribed, so the first fetch cannot miss a wake-up sent meanwhile.
+        self.subscribed = threading.Event()
+
+    def run(self) -> None:
+        backoff = Backoff()
+        while not self.stop.is_set():
+            pubsub: Any = None
+            try:
+                client: Any = self.queue.store.client
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.queue.store.keys.wakeup_channel)
+                self.subscribed.set()
+                # Anything sent while we were not listening: look again.
+                self.on_wake()
+                backoff.reset()
+                while not self.stop.is_set():
+                    if pubsub.get_message(timeout=1.0) is not None:
+                        self.on_wake()
+            except (RedisError, OSError) as error:
+                delay = backoff.next()
+                logger.warning(
+                    "wake-up subscription lost queue=%s: %s; retrying in %.1f s",
+                    self.queue.name,
+                    error,
+                    delay,
+                )
+                self.stop.wait(delay)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        pubsub.close()

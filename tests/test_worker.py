@@ -1,0 +1,370 @@
+"""The worker in-process: ``call_command("run_delayqueue", burst=True)`` and a Worker thread."""
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from delayqueue_django import get_queue, signals
+from delayqueue_django.message import Message
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import Worker, heartbeat
+from tests.helpers import wait_for
+from tests.redis_servers import RedisServer
+from tests.worker_handlers import handle, read_log
+
+# A lost wake-up must fail a test, not hide behind the periodic recheck: with the recheck an
+# hour away, any lost wake-up runs into the timeout.
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture(autouse=True)
+def _no_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
+    from delayqueue_django.worker import consumer
+
+    monkeypatch.setattr(consumer, "IDLE_RECHECK_SECONDS", 3600.0)
+
+
+@pytest.fixture
+def worker_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue]:
+    def configure(**options: Any) -> Queue:
+        settings.DELAYQUEUES = {
+            "default": {
+                "URL": redis_server.url,
+                "HANDLER": "tests.worker_handlers.handle",
+                "NACK_REDELIVERY_DELAY": 0,
+                **options,
+            }
+        }
+        return get_queue()
+
+    return configure
+
+
+def run_burst(*args: str, **options: Any) -> str:
+    out = StringIO()
+    call_command("run_delayqueue", *args, burst=True, stdout=out, **options)
+    return out.getvalue()
+
+
+def events(kind: str) -> list[dict[str, Any]]:
+    return [entry for entry in read_log() if entry["event"] == kind]
+
+
+def test_burst_handles_everything_due_and_exits(worker_queue: Callable[..., Queue]) -> None:
+    queue = worker_queue()
+    ids = queue.send_many([{"n": n} for n in range(25)])
+    later = queue.send({"n": "later"}, delay=60)
+
+    out = run_burst(verbosity=1)
+
+    assert sorted(e["id"] for e in events("done")) == sorted(ids)
+    assert later not in {e["id"] for e in events("start")}
+    stats = queue.stats()
+    assert (stats["pending"], stats["unack"], stats["garbage"]) == (1, 0, 0)
+    assert "stopped: 25 handled, 0 failed." in out
+
+
+def test_acked_signal_fires_after_the_ack_is_committed(worker_queue: Callable[..., Queue]) -> None:
+    queue = worker_queue()
+    message_id = queue.send({"do": "ok"})
+    run_burst()
+    [acked] = events("acked")
+    assert acked["id"] == message_id
+    assert acked["still_in_redis"] is False
+
+
+@pytest.mark.parametrize("action", ["false", "raise"])
+def test_refused_messages_are_retried_then_exhausted_with_signals(
+    worker_queue: Callable[..., Queue], action: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = worker_queue(RETRY_COUNT=2)
+    message_id = queue.send({"do": action})
+
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django"):
+        run_burst()
+
+    assert [e["attempt"] for e in events("start")] == [1, 2, 3]
+    nacked = events("nacked")
+    assert len(nacked) == 3
+    assert nacked[-1]["retry_at_ms"] is None
+    assert all(n["retry_at_ms"] is not None for n in nacked[:2])
+    [exhausted] = events("exhausted")
+    assert exhausted == {**exhausted, "id": message_id, "payload": {"do": action}, "attempt": 3}
+    assert [m.id for m in queue.list_messages("garbage")] == [message_id]
+    assert queue.stats()["unannounced"] == 0
+    if action == "raise":
+        assert "handler failed message id=" in caplog.text
+        assert "RuntimeError: handler failed on purpose" in caplog.text
+        assert "RuntimeError('handler failed on purpose')" in nacked[0]["error"]
+    else:
+        assert nacked[0]["error"] == "None"
+
+
+def test_reject_buries_at_once(worker_queue: Callable[..., Queue]) -> None:
+    queue = worker_queue(RETRY_COUNT=5)
+    message_id = queue.send({"do": "reject"})
+    run_burst()
+    assert len(events("start")) == 1
+    assert [e["id"] for e in events("exhausted")] == [message_id]
+
+
+def test_a_receiver_that_raises_is_logged_and_the_worker_carries_on(
+    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = worker_queue()
+
+    def broken(**kwargs: Any) -> None:
+        raise ValueError("receiver bug")
+
+    signals.message_acked.connect(broken)
+    try:
+        queue.send_many([{"n": 1}, {"n": 2}])
+        with caplog.at_level(logging.ERROR, logger="delayqueue_django"):
+            run_burst()
+    finally:
+        signals.message_acked.disconnect(broken)
+    assert len(events("done")) == 2
+    assert queue.stats()["unack"] == 0
+    assert "signal receiver" in caplog.text
+    assert "ValueError: receiver bug" in caplog.text
+
+
+def test_database_connections_are_handled_as_for_a_request(
+    worker_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from delayqueue_django.worker import handling
+
+    calls: list[str] = []
+    monkeypatch.setattr(handling, "close_old_connections", lambda: calls.append("close"))
+    worker_queue().send({"do": "ok"})
+    run_burst()
+    assert calls == ["close", "close"]
+
+
+def test_verbosity_two_shows_each_message_and_the_banner(
+    worker_queue: Callable[..., Queue],
+) -> None:
+    queue = worker_queue()
+    message_id = queue.send({"n": 1})
+    out = run_burst(verbosity=2)
+    assert "delayqueue_django worker " in out
+    assert "(burst), concurrency 1" in out
+    assert "queue 'default': redis://127.0.0.1:" in out
+    assert "handler tests.worker_handlers.handle, retries 3, max consume 30 s, batch 100" in out
+    assert f"handled message id={message_id} queue=default attempt=1 verdict=ack" in out
+
+
+def test_verbosity_zero_is_quiet(worker_queue: Callable[..., Queue]) -> None:
+    worker_queue().send({"n": 1})
+    assert run_burst(verbosity=0) == ""
+
+
+def test_credentials_never_appear_in_the_banner(settings: Any, redis_server: RedisServer) -> None:
+    url = redis_server.url.replace("redis://", "redis://user:s3cret@")
+    settings.DELAYQUEUES = {"default": {"URL": url, "HANDLER": "tests.worker_handlers.handle"}}
+    from delayqueue_django.management.commands.run_delayqueue import describe_connection
+
+    described = describe_connection(get_queue().config)
+    assert "s3cret" not in described
+    assert described.startswith("redis://127.0.0.1:")
+
+
+def test_a_handler_registered_with_the_decorator(settings: Any, redis_server: RedisServer) -> None:
+    settings.DELAYQUEUES = {"decorated": {"URL": redis_server.url}}
+    message_id = get_queue("decorated").send("hi")
+    run_burst("decorated")
+    client: Any = get_queue("decorated").store.client
+    assert message_id.encode() in b"".join(client.lrange("test:log", 0, -1))
+
+
+def test_max_messages_stops_after_that_many(worker_queue: Callable[..., Queue]) -> None:
+    queue = worker_queue()
+    queue.send_many([{"n": n} for n in range(10)])
+    call_command("run_delayqueue", max_messages=4, batch_size=2, stdout=StringIO())
+    assert len(events("done")) == 4
+    stats = queue.stats()
+    assert stats["pending"] + stats["ready"] == 6
+    assert stats["unack"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["nope"], "no queue named 'nope' in DELAYQUEUES; configured: 'default'"),
+        (["--concurrency", "0"], "must be 1 or more, not 0"),
+        (["--max-messages", "-3"], "must be 1 or more, not -3"),
+        (["--grace", "soon"], "'soon' is not a number of seconds"),
+        (["--jitter", "-1"], "must be a finite number of seconds >= 0, not -1"),
+        (["--batch-size", "x"], "'x' is not a whole number"),
+    ],
+)
+def test_bad_arguments_are_command_errors(
+    worker_queue: Callable[..., Queue], args: list[str], words: str
+) -> None:
+    worker_queue()
+    with pytest.raises(CommandError, match=re.escape(words)):
+        call_command("run_delayqueue", *args, burst=True)
+
+
+def test_a_queue_without_a_handler_is_a_command_error(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    settings.DELAYQUEUES = {"mute": {"URL": redis_server.url}}
+    with pytest.raises(
+        CommandError, match=re.escape("queue 'mute' has no handler: set DELAYQUEUES[")
+    ):
+        run_burst()
+
+
+def test_an_unimportable_handler_is_a_command_error(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "HANDLER": "tests.nowhere.handle"}}
+    with pytest.raises(CommandError, match=re.escape("HANDLER 'tests.nowhere.handle' cannot be")):
+        run_burst()
+
+
+def test_invalid_settings_are_a_command_error(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "ftp://x"}}
+    with pytest.raises(CommandError, match=re.escape("delayqueue_django.E007")):
+        run_burst()
+
+
+@pytest.fixture
+def running_worker(worker_queue: Callable[..., Queue]) -> Iterator[Callable[..., Worker]]:
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(queue: Queue | None = None, **options: Any) -> Worker:
+        queue = queue or get_queue()
+        options.setdefault("heartbeat_interval", 0.2)
+        worker = Worker([(queue, handle)], **options)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.request_stop()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_an_idle_worker_wakes_for_a_message_due_sooner_than_its_plan(
+    worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
+) -> None:
+    queue = worker_queue()
+    queue.send({"n": "far"}, delay=3600)
+    running_worker(queue)
+    time.sleep(0.3)  # the worker is asleep until the far message (or its 30 s recheck)
+    message_id = queue.send({"n": "soon"}, delay=0.2)
+    wait_for(lambda: events("done"), timeout=5, what="the handler")
+    assert [e["id"] for e in events("done")] == [message_id]
+
+
+def test_messages_due_while_no_worker_ran_are_handled_at_start(
+    worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=0.1)
+    overdue = queue.send({"n": 1}, delay=0.05)
+    queue.send({"n": 2})
+    [abandoned] = queue.fetch(1).messages  # a worker that died holding it
+    time.sleep(0.15)
+    running_worker(queue)
+    wait_for(lambda: len(events("done")) == 2, what="both messages")
+    assert {e["id"] for e in events("done")} == {overdue, abandoned.id}
+
+
+def test_heartbeats_show_live_workers_and_vanish_when_they_stop(
+    worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
+) -> None:
+    queue = worker_queue()
+    worker = running_worker(queue, concurrency=2)
+    [live] = wait_for(lambda: heartbeat.live_workers(queue), what="a heartbeat")
+    assert live["id"] == worker.worker_id
+    assert live["queues"] == ["default"]
+    assert live["concurrency"] == 2
+    assert {"host", "pid", "started", "handled", "failed", "last_seen"} <= set(live)
+    worker.request_stop()
+    wait_for(lambda: heartbeat.live_workers(queue) == [], what="the heartbeat to go")
+
+
+def test_an_idle_worker_sends_almost_no_commands(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    redis_server: RedisServer,
+) -> None:
+    queue = worker_queue()
+    queue.send({"n": "far"}, delay=3600)
+    running_worker(queue, heartbeat_interval=10)
+    time.sleep(0.5)
+    client = redis_server.client()
+
+    def calls() -> int:
+        stats = client.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    before = calls()
+    time.sleep(3)
+    assert calls() - before <= 3  # no polling: blocking waits and rare heartbeats only
+
+
+def test_the_worker_survives_a_redis_restart(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer()
+    try:
+        settings.DELAYQUEUES = {
+            "default": {"URL": server.url, "HANDLER": "tests.worker_handlers.handle"}
+        }
+        queue = get_queue()
+        worker = Worker([(queue, handle)], heartbeat_interval=0.2)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+            thread.start()
+            time.sleep(0.3)
+            server.stop()
+            time.sleep(1.0)  # the worker keeps trying while Redis is down
+            server.start()
+            message_id = wait_for(lambda: _try_send(queue), timeout=10, what="Redis back")
+            wait_for(lambda: events("done"), timeout=10, what="the handler after the restart")
+        assert [e["id"] for e in events("done")] == [message_id]
+        assert thread.is_alive()
+        assert "redis unavailable queue=default" in caplog.text
+        worker.request_stop()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        server.close()
+
+
+def _try_send(queue: Queue) -> str | None:
+    from redis.exceptions import RedisError
+
+    try:
+        return queue.send({"n": "after restart"})
+    except RedisError:
+        return None
+
+
+def test_a_stale_buffered_message_is_handed_back_not_started(
+    worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=2)  # slack: 0.2 s
+    slow = queue.send({"do": "sleep", "seconds": 0.6})
+    waiting = queue.send({"n": "waits in the buffer"})
+    running_worker(queue, batch_size=2)
+    wait_for(lambda: len(events("done")) == 2, timeout=10, what="both handled")
+    starts = {e["id"]: e["attempt"] for e in events("start")}
+    assert starts == {slow: 1, waiting: 1}  # handed back without using a retry
+
+
+def message_ids(messages: list[Message]) -> list[str]:
+    return [m.id for m in messages]

@@ -1,0 +1,67 @@
+"""Handlers and receivers used by the worker tests, in-process and in subprocesses.
+
+Each call is recorded in the Redis list ``test:log`` (on the queue's server) as JSON, so a
+test can see what every worker process did. The payload says what to do:
+``{"do": "ok" | "false" | "raise" | "reject" | "sleep", "seconds": float}``.
+"""
+
+import json
+import os
+import time
+from typing import Any
+
+from django.dispatch import receiver
+
+from delayqueue_django import get_queue, handler, signals
+from delayqueue_django.exceptions import Reject
+from delayqueue_django.message import Message
+
+LOG_KEY = "test:log"
+
+
+def record(queue: str, event: str, **fields: Any) -> None:
+    client: Any = get_queue(queue).store.client
+    client.rpush(LOG_KEY, json.dumps({"event": event, "pid": os.getpid(), **fields}))
+
+
+def handle(message: Message) -> Any:
+    action = message.payload.get("do", "ok") if isinstance(message.payload, dict) else "ok"
+    record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time())
+    if action == "sleep":
+        time.sleep(message.payload.get("seconds", 1.0))
+    if action == "false":
+        return False
+    if action == "raise":
+        raise RuntimeError("handler failed on purpose")
+    if action == "reject":
+        raise Reject("never going to work")
+    record(message.queue, "done", id=message.id, attempt=message.attempt)
+    return None
+
+
+@handler("decorated")
+def decorated(message: Message) -> None:
+    record(message.queue, "decorated", id=message.id)
+
+
+@receiver(signals.message_acked)
+def on_acked(*, queue: str, message: Message, **kwargs: Any) -> None:
+    still_there = get_queue(queue).peek(message.id) is not None
+    record(queue, "acked", id=message.id, still_in_redis=still_there)
+
+
+@receiver(signals.message_nacked)
+def on_nacked(*, queue: str, message: Message, error: Any, retry_at_ms: Any, **kwargs: Any) -> None:
+    record(queue, "nacked", id=message.id, error=repr(error), retry_at_ms=retry_at_ms)
+
+
+@receiver(signals.message_exhausted)
+def on_exhausted(*, queue: str, message: Any, **kwargs: Any) -> None:
+    record(queue, "exhausted", id=message.id, payload=message.payload, attempt=message.attempt)
+    if os.environ.get("DQ_TEST_DIE_ON_EXHAUSTED") == "1":
+        os._exit(9)  # a worker dying between the burial and confirming the announcement
+
+
+def read_log(queue: str = "default") -> list[dict[str, Any]]:
+    client: Any = get_queue(queue).store.client
+    return [json.loads(entry) for entry in client.lrange(LOG_KEY, 0, -1)]

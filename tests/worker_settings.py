@@ -1,0 +1,15 @@
+"""Settings for worker subprocesses: the test settings, with queues from the environment."""
+
+import os
+
+from tests.settings import *  # noqa: F403
+
+DELAYQUEUES = {
+    "default": {
+        "URL": os.environ["DQ_TEST_REDIS_URL"],
+        "HANDLER": "tests.worker_handlers.handle",
+        "MAX_CONSUME_DURATION": float(os.environ.get("DQ_TEST_MAX_CONSUME", "30")),
+        "RETRY_COUNT": int(os.environ.get("DQ_TEST_RETRY_COUNT", "3")),
+        "NACK_REDELIVERY_DELAY": 0,
+    }
+}
