@@ -293,3 +293,13 @@ def test_fetch_says_when_an_exhaustion_announcement_is_owed(queue: Queue) -> Non
     assert queue.fetch(0).exhaustions_owed is False  # claimed: owed again only if it lapses
     queue.confirm_exhausted([claim.id])
     assert queue.fetch(0).exhaustions_owed is False
+
+
+def test_next_wakeup_includes_the_lapse_of_an_exhaustion_claim(queue: Queue) -> None:
+    queue.send("x", retry_count=0)
+    [message] = fetch_when_due(queue)
+    queue.nack([message])
+    queue.claim_exhausted(10, claim_seconds=60)
+    result = queue.fetch(0)
+    assert result.next_ms is not None
+    assert 59_000 <= result.next_ms - result.now_ms <= 60_000

@@ -2,7 +2,8 @@
 
 Each call is recorded in the Redis list ``test:log`` (on the queue's server) as JSON, so a
 test can see what every worker process did. The payload says what to do:
-``{"do": "ok" | "false" | "raise" | "reject" | "sleep", "seconds": float}``.
+``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first", "seconds": float}``
+("sleep-first" sleeps on the first attempt only).
 """
 
 import json
@@ -27,7 +28,7 @@ def record(queue: str, event: str, **fields: Any) -> None:
 def handle(message: Message) -> Any:
     action = message.payload.get("do", "ok") if isinstance(message.payload, dict) else "ok"
     record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time())
-    if action == "sleep":
+    if action == "sleep" or (action == "sleep-first" and message.attempt == 1):
         time.sleep(message.payload.get("seconds", 1.0))
     if action == "false":
         return False

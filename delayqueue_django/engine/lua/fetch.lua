@@ -18,7 +18,8 @@
   Returns {now_ms, next_ms, expired, deliveries, owed, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
-                the earliest pending due time or unack deadline, or -1 if none
+                else the earliest pending due time, unack deadline or lapse of an
+                exhaustion claim, or -1 if there is none
     expired     how many deliveries timed out in step 1
     deliveries  flat list: id, payload, attempt, lease, budget for each message handed out
     owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
@@ -113,17 +114,21 @@ if waiting or (pending_head and pending_head <= now) or (unack_head and unack_he
   if count > 0 and handed == count then
     wake(channel, now)
   end
-else
-  for _, score in ipairs({pending_head or -1, unack_head or -1}) do
-    if score >= 0 and (next_ms < 0 or score < next_ms) then
+end
+
+-- An exhaustion to announce now, or a claim that lapses later (its announcer may be dead).
+local owed = 0
+local exhausted_head = head_score(exhausted)
+if exhausted_head and exhausted_head <= now then
+  owed = 1
+end
+
+if next_ms < 0 then
+  for _, score in ipairs({pending_head or -1, unack_head or -1, exhausted_head or -1}) do
+    if score > now and (next_ms < 0 or score < next_ms) then
       next_ms = score
     end
   end
-end
-
-local owed = 0
-if #redis.call('ZRANGE', exhausted, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 1) > 0 then
-  owed = 1
 end
 
 return {now, next_ms, expired, deliveries, owed, warnings}
