@@ -12,7 +12,6 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue, signals
-from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker, heartbeat
 from tests.helpers import wait_for
@@ -366,5 +365,34 @@ def test_a_stale_buffered_message_is_handed_back_not_started(
     assert starts == {slow: 1, waiting: 1}  # handed back without using a retry
 
 
-def message_ids(messages: list[Message]) -> list[str]:
-    return [m.id for m in messages]
+def test_a_handler_overrunning_its_deadline_is_logged(
+    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=0.2)
+    message_id = queue.send({"do": "sleep", "seconds": 0.4})
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+        call_command("run_delayqueue", burst=True, max_messages=1, stdout=StringIO())
+    assert "handler overran MAX_CONSUME_DURATION by " in caplog.text
+    assert f"message id={message_id} queue=default may already have been delivered" in caplog.text
+
+
+def test_a_stopping_worker_does_not_complain_about_its_own_connections(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer()
+    try:
+        settings.DELAYQUEUES = {
+            "default": {"URL": server.url, "HANDLER": "tests.worker_handlers.handle"}
+        }
+        worker = Worker([(get_queue(), handle)])
+        thread = threading.Thread(target=worker.run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+            thread.start()
+            time.sleep(0.3)
+            worker.request_stop()
+            thread.join(timeout=10)
+            server.stop()
+            time.sleep(1.5)  # the listener notices the closed connection after its 1 s poll
+        assert "subscription lost" not in caplog.text
+    finally:
+        server.close()

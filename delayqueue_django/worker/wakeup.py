@@ -41,6 +41,8 @@ class WakeupListener(threading.Thread):
                     if pubsub.get_message(timeout=1.0) is not None:
                         self.on_wake()
             except (RedisError, OSError) as error:
+                if self.stop.is_set():
+                    return  # shutting down: a lost connection is expected, not news
                 delay = backoff.next()
                 logger.warning(
                     "wake-up subscription lost queue=%s: %s; retrying in %.1f s",
