@@ -63,6 +63,7 @@ def test_burst_handles_everything_due_and_exits(worker_queue: Callable[..., Queu
 
     out = run_burst(verbosity=1)
 
+    assert heartbeat.live_workers(queue) == []  # a finished worker removes its heartbeat
     assert sorted(e["id"] for e in events("done")) == sorted(ids)
     assert later not in {e["id"] for e in events("start")}
     stats = queue.stats()
@@ -396,3 +397,56 @@ def test_a_stopping_worker_does_not_complain_about_its_own_connections(
         assert "subscription lost" not in caplog.text
     finally:
         server.close()
+
+
+def test_an_unexpected_error_in_the_loop_is_logged_and_the_worker_carries_on(
+    worker_queue: Callable[..., Queue],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from delayqueue_django.worker import consumer
+
+    queue = worker_queue()
+    queue.send({"n": 1})
+    failures = iter([ValueError("a bug"), None])
+    real_housekeeping = consumer.QueueConsumer._housekeeping
+
+    def flaky(self: consumer.QueueConsumer) -> None:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        real_housekeeping(self)
+
+    monkeypatch.setattr(consumer.QueueConsumer, "_housekeeping", flaky)
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django"):
+        run_burst()
+    assert "unexpected error in the consumer loop queue=default" in caplog.text
+    assert len(events("done")) == 1
+
+
+@pytest.mark.cluster
+def test_the_worker_runs_on_redis_cluster(settings: Any, redis_cluster: Any) -> None:
+    redis_cluster.flush()
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": redis_cluster.url,
+            "HANDLER": "tests.worker_handlers.handle",
+            "NACK_REDELIVERY_DELAY": 0,
+            "RETRY_COUNT": 1,
+        }
+    }
+    queue = get_queue()
+    ids = queue.send_many([{"n": n} for n in range(20)])
+    failing = queue.send({"do": "raise"})
+    worker = Worker([(queue, handle)], heartbeat_interval=0.2, burst=True)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    assert sorted(e["id"] for e in events("done")) == sorted(ids)
+    assert [e["id"] for e in events("exhausted")] == [failing]
+    assert queue.stats()["unannounced"] == 0
+    heartbeat.beat(queue, "probe", {"host": "h", "pid": 1}, ttl_seconds=5)
+    assert heartbeat.live_workers(queue) == [{"id": "probe", "host": "h", "pid": 1}]
+    heartbeat.forget(queue, "probe")
+    assert heartbeat.live_workers(queue) == []

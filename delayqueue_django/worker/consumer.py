@@ -122,10 +122,8 @@ class QueueConsumer(threading.Thread):
             self.listener.start()
             self.listener.subscribed.wait(timeout=2.0)
             self._loop()
-        except BaseException:
-            logger.exception("consumer crashed queue=%s", self.queue.name)
-            raise
         finally:
+            self._goodbye()
             self.finished.set()
 
     def _loop(self) -> None:
@@ -136,7 +134,6 @@ class QueueConsumer(threading.Thread):
                 if self.worker.stopping.is_set():
                     self._hand_back(self.worker.pool.take_back(self))
                     if self._idle() or self.worker.abandoning.is_set():
-                        self._goodbye()
                         return
                     self._wait(0.1)
                     continue
@@ -149,6 +146,16 @@ class QueueConsumer(threading.Thread):
                     "redis unavailable queue=%s: %s; retrying in %.1f s",
                     self.queue.name,
                     error,
+                    delay,
+                )
+                self._wait(delay)
+                continue
+            except Exception:
+                # A bug must not silently end this queue's consumer: log it, back off, go on.
+                delay = backoff.next()
+                logger.exception(
+                    "unexpected error in the consumer loop queue=%s; retrying in %.1f s",
+                    self.queue.name,
                     delay,
                 )
                 self._wait(delay)
