@@ -450,3 +450,13 @@ def test_the_worker_runs_on_redis_cluster(settings: Any, redis_cluster: Any) -> 
     assert heartbeat.live_workers(queue) == [{"id": "probe", "host": "h", "pid": 1}]
     heartbeat.forget(queue, "probe")
     assert heartbeat.live_workers(queue) == []
+
+
+def test_jitter_delays_the_start_and_the_worker_then_runs(
+    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+) -> None:
+    worker_queue().send({"n": 1})
+    with caplog.at_level(logging.INFO, logger="delayqueue_django"):
+        run_burst(jitter=0.2, verbosity=1)
+    assert "start-up jitter: waiting" in caplog.text
+    assert len(events("done")) == 1

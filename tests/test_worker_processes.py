@@ -242,3 +242,20 @@ def test_several_worker_processes_share_a_queue_without_duplicates(
     for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [worker.wait(timeout=20) for worker in workers] == [0, 0, 0]
+
+
+def test_a_handler_outliving_the_grace_period_is_left_to_its_deadline(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
+) -> None:
+    queue = queue_for(settings, redis_server.url)
+    message_id = queue.send({"do": "sleep", "seconds": 30})
+    worker = spawn(workers, redis_server.url, "--grace", "0.5")
+    wait_for(lambda: events("start"), timeout=20, what="the handler to start")
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    assert time.monotonic() - started < 10
+    assert "grace period" in worker.output
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert stored.state == "unack"
