@@ -65,8 +65,9 @@ class QueueConsumer(threading.Thread):
         limit = worker.batch_size or queue.config.fetch_batch_size
         self._batch_limit = limit
         self._batch = min(limit, worker.concurrency)
-        # Redis clock = local monotonic clock + offset (ms), set at every fetch.
-        self._clock_offset_ms: float | None = None
+        # Redis clock = local monotonic clock + offset (ms), set at every fetch (and a
+        # handler only ever runs after one).
+        self._clock_offset_ms = 0.0
         self._next_fetch = 0.0
         # Set by wake(); a wake-up that lands while a fetch is under way must not be lost
         # to the sleep time that fetch computes, so it is a flag, not a time.
@@ -112,8 +113,7 @@ class QueueConsumer(threading.Thread):
         return outcome
 
     def redis_now_ms(self) -> float:
-        offset = self._clock_offset_ms or 0.0
-        return time.monotonic() * 1000 + offset
+        return time.monotonic() * 1000 + self._clock_offset_ms
 
     # The loop
 
