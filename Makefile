@@ -8,7 +8,9 @@ VENV_NEXT := .venv-django61
 PY313 := $(shell scripts/find-python 3.13)
 PYTEST_ARGS ?=
 
-.PHONY: test test-main test-next lint demo redis-check clean
+PY312 := $(shell scripts/find-python 3.12)
+
+.PHONY: test test-main test-next lint demo redis-check tox clean
 
 test: redis-check lint test-main test-next
 
@@ -48,6 +50,12 @@ test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	$(VENV_NEXT)/bin/pytest $(PYTEST_ARGS)
 endif
+
+# The whole tox matrix; the interpreters are passed explicitly because tox cannot see
+# through pyenv's shims.
+tox: redis-check $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet tox
+	$(VENV)/bin/tox --discover $(PY312) $(PY313) $(TOX_ARGS)
 
 demo: redis-check $(VENV)/.installed
 	$(VENV)/bin/python example_project/demo.py

@@ -165,6 +165,9 @@ class Command(BaseCommand):
                 f"{config.max_consume_ms / 1000:g} s, "
                 f"batch {worker.batch_size or config.fetch_batch_size}"
             )
+        # Under systemd or Kubernetes stdout is a pipe: show the banner now, not when a
+        # buffer fills.
+        self.stdout.flush()
 
     @contextmanager
     def _logging(self, verbosity: int) -> Iterator[None]:
