@@ -34,6 +34,8 @@ logger = logging.getLogger("delayqueue_django")
 
 # How many dead letters one purge or retention call deletes per script call.
 GARBAGE_DROP_BATCH = 1000
+# Per-minute throughput counts older than this are pruned by the workers.
+THROUGHPUT_MINUTES_KEPT = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +227,16 @@ class Queue:
         nothing is pending), lag_ms (age of the oldest due pending message).
         """
         return self.store.stats()
+
+    def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
+        """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for
+        the last ``minutes`` minutes (Redis clock), oldest first, in one round trip."""
+        if not 1 <= minutes <= THROUGHPUT_MINUTES_KEPT:
+            raise ValueError(f"minutes must be 1..{THROUGHPUT_MINUTES_KEPT}, not {minutes}")
+        return self.store.throughput(minutes)
+
+    def prune_throughput(self) -> int:
+        return self.store.prune_throughput(THROUGHPUT_MINUTES_KEPT)
 
     def list_messages(
         self, state: str, *, offset: int = 0, limit: int = 50, preview_bytes: int = 1000

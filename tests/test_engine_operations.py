@@ -2,6 +2,7 @@
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,36 @@ def test_retention_none_keeps_dead_letters(configure: Callable[..., Queue]) -> N
     queue.confirm_exhausted([message_id])
     assert queue.expire_garbage() == 0
     assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_throughput_counts_acks_and_failures_per_minute(configure: Callable[..., Queue]) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.01)
+    queue.send_many(range(5))
+    fetched = queue.fetch(5).messages
+    queue.ack(fetched[:3])
+    queue.nack(fetched[3:4], delay=60)
+    queue.bury(fetched[4:])
+    queue.ack(fetched[:3])  # stale duplicates do not count
+    queue.send("times out")
+    fetch_when_due(queue)
+    time.sleep(0.03)
+    queue.fetch(0)  # the expired delivery counts as failed
+
+    counts = queue.throughput(2)
+    assert len(counts) == 2
+    minute_start, acked, failed = counts[-1]
+    if (acked, failed) == (0, 0):  # the minute turned over between the two calls
+        minute_start, acked, failed = counts[-2]
+    assert (acked, failed) == (3, 3)
+    assert minute_start % 60_000 == 0
+    assert counts[0][0] + 60_000 == counts[1][0]
+
+
+def test_old_throughput_counts_are_pruned(queue: Queue, raw: Any) -> None:
+    key = queue.store.keys.key("throughput")
+    now_minute = redis_time_ms(queue) // 60_000
+    raw.hset(key, mapping={f"{now_minute}:acked": 5, f"{now_minute - 61}:acked": 7, "junk": 1})
+    assert queue.prune_throughput() == 2
+    assert raw.hkeys(key) == [f"{now_minute}:acked".encode()]
+    with pytest.raises(ValueError, match="minutes must be"):
+        queue.throughput(0)

@@ -28,6 +28,7 @@ class QueueKeys:
             self.key("meta"),
             self.key("exhausted"),
             self.key("quarantine"),
+            self.key("throughput"),
         ]
 
     @property

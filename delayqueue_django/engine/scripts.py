@@ -20,11 +20,13 @@ SCRIPT_NAMES = (
     "nack",
     "peek",
     "promote",
+    "prune_throughput",
     "release",
     "remove",
     "requeue",
     "send",
     "stats",
+    "throughput",
 )
 
 

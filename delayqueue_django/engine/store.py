@@ -289,6 +289,19 @@ class RedisStore:
         )
         return {name: int(value) for name, value in zip(names, reply[:-1], strict=True)}
 
+    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
+        _, flat, _ = self._run("throughput", [minutes])
+        return [
+            (int(flat[i]) * 60_000, int(flat[i + 1]), int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    def prune_throughput(self, keep_minutes: int) -> int:
+        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
+        pruned, _ = self._run("prune_throughput", [keep_minutes])
+        return int(pruned)
+
     def list(
         self, state: str, *, offset: int, limit: int, preview_bytes: int
     ) -> list[StoredMessage]:

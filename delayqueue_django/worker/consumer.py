@@ -247,6 +247,7 @@ class QueueConsumer(threading.Thread):
             )
             self._next_beat = now + self.worker.heartbeat_interval
         if now >= self._next_expiry:
+            self.queue.prune_throughput()
             expired = self.queue.expire_garbage()
             if expired:
                 logger.info(

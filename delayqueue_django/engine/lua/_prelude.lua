@@ -12,6 +12,8 @@
     KEYS[7] meta       hash  id -> "lease:attempt:budget"
     KEYS[8] exhausted  zset  id -> earliest time its exhaustion may be announced (ms)
     KEYS[9] quarantine any   where a structure of the wrong type is moved aside
+    KEYS[10] throughput hash "<minute>:acked" / "<minute>:failed" -> count, minute being
+                             the Redis clock's ms // 60000 (pruned by prune_throughput)
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -21,7 +23,7 @@
 
 local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local garbage, payloads, metas, exhausted = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local quarantine = KEYS[9]
+local quarantine, throughput = KEYS[9], KEYS[10]
 
 -- Problems met on the way ({id-or-key, reason} pairs); every script returns them
 -- last so the client can log them. Damage never stops the queue.
@@ -31,6 +33,7 @@ local warnings = {}
 local EXPECTED_TYPES = {
   {pending, 'zset'}, {ready, 'list'}, {unack, 'zset'}, {retry, 'list'},
   {garbage, 'zset'}, {payloads, 'hash'}, {metas, 'hash'}, {exhausted, 'zset'},
+  {throughput, 'hash'},
 }
 
 -- Scores and other numbers go to Redis through "%d": Lua's default conversion keeps
@@ -116,6 +119,13 @@ end
 -- Wakes idle workers when the earliest due time moved earlier (or work is waiting).
 local function wake(channel, due)
   redis.call('PUBLISH', channel, int(due))
+end
+
+-- Per-minute counts of acked and failed deliveries, for monitoring.
+local function count_throughput(now, what, n)
+  if n > 0 then
+    redis.call('HINCRBY', throughput, int(math.floor(now / 60000)) .. ':' .. what, n)
+  end
 end
 
 local function head_score(key)

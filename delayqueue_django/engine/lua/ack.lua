@@ -1,7 +1,7 @@
 --[[
   ack: a batch of deliveries succeeded; forget those messages.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta.
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput.
   ARGV[1]  n, then n pairs: id, lease (the token handed out by fetch)
 
   A pair counts only if the message is still in unack under that very lease: an ack
@@ -11,6 +11,7 @@
 
 local n = tonumber(ARGV[1])
 quarantine_foreign_keys()
+local now = now_ms()
 local acked = {}
 for i = 0, n - 1 do
   local id, token = ARGV[2 + i * 2], tonumber(ARGV[3 + i * 2])
@@ -22,4 +23,5 @@ for i = 0, n - 1 do
     table.insert(acked, id)
   end
 end
+count_throughput(now, 'acked', #acked)
 return {acked, warnings}

@@ -2,7 +2,7 @@
   fetch: hand out up to `count` due messages to one consumer, moving them to unack in
   the same step, after the bounded housekeeping that makes messages due:
     1. deliveries whose deadline passed go to retry (or to garbage when their
-       retries are used up);
+       retries are used up), and count as failed in throughput;
     2. due pending messages are staged: to ready (first delivery) or retry;
     3. up to `count` ids are popped, retry first, and leased until now + consume_ms.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
@@ -56,6 +56,8 @@ if free > 0 then
     end
   end
 end
+
+count_throughput(now, 'failed', expired)
 
 -- 2. Pending messages whose time has come.
 free = room()

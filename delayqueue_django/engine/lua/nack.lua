@@ -3,7 +3,7 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted.
+        meta, exhausted, throughput (each refusal counts as failed).
   ARGV[1]  wake-up channel
   ARGV[2]  n, then n triples: id, lease, delay_ms before the retry (-1: bury now,
           whatever retries are left)
@@ -48,4 +48,5 @@ end
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
+count_throughput(now, 'failed', #outcomes / 3)
 return {outcomes, warnings}

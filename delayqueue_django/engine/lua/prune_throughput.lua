@@ -1,0 +1,22 @@
+--[[
+  prune_throughput: forget per-minute counts older than `keep_minutes` minutes. Bounded:
+  it reads the hash's field names, which pruning keeps to a few hundred at most.
+
+  KEYS: the queue's key layout (see _prelude.lua); writes throughput.
+  ARGV[1]  keep_minutes
+
+  Returns {pruned, warnings}: how many fields were deleted.
+]]
+
+local keep_minutes = tonumber(ARGV[1])
+quarantine_foreign_keys()
+local oldest_kept = math.floor(now_ms() / 60000) - keep_minutes + 1
+local pruned = 0
+for _, field in ipairs(redis.call('HKEYS', throughput)) do
+  local minute = tonumber(string.match(field, '^(%d+):'))
+  if minute == nil or minute < oldest_kept then
+    redis.call('HDEL', throughput, field)
+    pruned = pruned + 1
+  end
+end
+return {pruned, warnings}
