@@ -14,6 +14,7 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
 class DelayQueueConfig(AppConfig):
     name = "delayqueue_django"
     verbose_name = "Delay queues"
+    default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
         from delayqueue_django import checks  # noqa: F401  (registers the system checks)

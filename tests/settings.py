@@ -14,6 +14,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "delayqueue_django",
 ]
 
@@ -38,8 +39,14 @@ TEMPLATES = [
     }
 ]
 
+ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
+
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 DELAYQUEUES: dict[str, dict[str, Any]] = {"default": {"URL": "redis://127.0.0.1:1/0"}}
+
+# Tests create many users; the real hashers are slow on purpose.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,60 @@
+"""The queues in the Django admin: an entry in the sidebar, pages by queue name."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from delayqueue_django.admin_views import QueueViews
+from delayqueue_django.models import Queue
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """No database rows: the changelist is the queues overview, and every page reads Redis."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return self.views.overview(request)
+
+    @property
+    def views(self) -> QueueViews:
+        return QueueViews(self)
+
+    def get_urls(self) -> list[URLPattern]:
+        site = self.admin_site
+
+        def wrap(view: Any) -> Any:
+            return site.admin_view(never_cache(view))
+
+        views = self.views
+        return [
+            path("", wrap(self.changelist_view), name="delayqueue_django_queue_changelist"),
+            path("stats.json", wrap(views.all_json), name="delayqueue_django_queue_json"),
+            path("<str:queue_name>/", wrap(views.detail), name="delayqueue_django_queue_detail"),
+            path(
+                "<str:queue_name>/stats.json",
+                wrap(views.queue_json),
+                name="delayqueue_django_queue_queue_json",
+            ),
+            path(
+                "<str:queue_name>/messages/<str:message_id>/",
+                wrap(views.message),
+                name="delayqueue_django_queue_message",
+            ),
+            path(
+                "<str:queue_name>/action/",
+                wrap(require_POST(views.action)),
+                name="delayqueue_django_queue_action",
+            ),
+            path(
+                "<str:queue_name>/purge/", wrap(views.purge), name="delayqueue_django_queue_purge"
+            ),
+        ]

@@ -1,0 +1,357 @@
+"""The admin's queue pages: an overview, one page per queue, a message page, the actions
+and a JSON view of the counts. Every page costs a fixed number of Redis round trips, however
+many messages a queue holds: counts in one script, lists by range with a limit."""
+
+import json
+import logging
+import math
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from redis.exceptions import RedisError
+
+from delayqueue_django import registry
+from delayqueue_django.engine import STATES, StoredMessage
+from delayqueue_django.exceptions import UnknownQueue
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import heartbeat
+
+if TYPE_CHECKING:
+    from delayqueue_django.admin import QueueAdmin
+
+logger = logging.getLogger("delayqueue_django.admin")
+
+PAGE_SIZE = 50
+PREVIEW_BYTES = 300
+THROUGHPUT_MINUTES = 15
+COUNT_NAMES = ("pending", "ready", "unack", "retry", "garbage")
+
+# Which actions apply to which state, and the permission each needs.
+ACTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "requeue": ("Requeue (fresh retry budget)", "change", ("garbage",)),
+    "deliver_now": ("Deliver now", "change", ("pending",)),
+    "delete": ("Delete", "delete", STATES),
+}
+
+
+def as_datetime(ms: int | None) -> datetime | None:
+    if ms is None or ms < 0:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def pretty_payload(text: str | None) -> str:
+    if text is None:
+        return ""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except ValueError:
+        return text
+
+
+class QueueViews:
+    """The views, bound to the ModelAdmin that registers them."""
+
+    def __init__(self, model_admin: "QueueAdmin") -> None:
+        self.model_admin = model_admin
+        self.admin_site = model_admin.admin_site
+        self.opts = model_admin.model._meta
+
+    # Permissions
+
+    def _require(self, request: HttpRequest, permission: str) -> None:
+        codename = f"{self.opts.app_label}.{permission}_{self.opts.model_name}"
+        if not request.user.has_perm(codename):
+            raise PermissionDenied
+
+    def _can(self, request: HttpRequest, permission: str) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{permission}_{self.opts.model_name}")
+
+    def _queue(self, name: str) -> Queue:
+        try:
+            return registry.get_queue(name)
+        except UnknownQueue:
+            raise Http404(f"No queue named {name!r} in DELAYQUEUES.") from None
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "app_label": self.opts.app_label,
+            "can_change": self._can(request, "change"),
+            "can_delete": self._can(request, "delete"),
+            **extra,
+        }
+
+    def _url(self, name: str, *args: str) -> str:
+        return reverse(f"{self.admin_site.name}:delayqueue_django_queue_{name}", args=args)
+
+    # Pages
+
+    def overview(self, request: HttpRequest) -> TemplateResponse:
+        self._require(request, "view")
+        rows = []
+        for name in registry.queue_names():
+            row: dict[str, Any] = {"name": name, "url": self._url("detail", name)}
+            try:
+                stats = registry.get_queue(name).stats()
+                row["counts"] = [stats[key] for key in COUNT_NAMES]
+                row["lag_seconds"] = stats["lag_ms"] / 1000
+                row["next_due"] = as_datetime(stats["next_due_ms"])
+            except RedisError as error:
+                row["error"] = str(error)
+            rows.append(row)
+        context = self._context(
+            request, "Delay queues", rows=rows, count_names=COUNT_NAMES, json_url=self._url("json")
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/overview.html", context)
+
+    def detail(self, request: HttpRequest, queue_name: str) -> TemplateResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        state = request.GET.get("state", "pending")
+        if state not in STATES:
+            state = "pending"
+        try:
+            stats = queue.stats()
+            count = stats[state]
+            pages = max(math.ceil(count / PAGE_SIZE), 1)
+            page = _page_number(request.GET.get("page"), pages)
+            entries = queue.list_messages(
+                state, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE, preview_bytes=PREVIEW_BYTES
+            )
+            throughput = queue.throughput(THROUGHPUT_MINUTES)
+            workers = heartbeat.live_workers(queue)
+        except RedisError as error:
+            context = self._context(
+                request, f"Queue {queue_name}", queue=queue, redis_error=str(error)
+            )
+            return TemplateResponse(
+                request, "admin/delayqueue_django/queue.html", context, status=503
+            )
+        actions = [
+            (key, label)
+            for key, (label, permission, states) in ACTIONS.items()
+            if state in states and self._can(request, permission)
+        ]
+        peak = max([acked + failed for _, acked, failed in throughput] + [1])
+        context = self._context(
+            request,
+            f"Queue {queue_name}",
+            queue=queue,
+            config=queue.config,
+            max_consume_seconds=queue.config.max_consume_ms / 1000,
+            stats=stats,
+            counts=[(name, stats[name]) for name in COUNT_NAMES],
+            state=state,
+            states=STATES,
+            page=page,
+            pages=pages,
+            entries=[self._row(queue, entry) for entry in entries],
+            actions=actions,
+            next_due=as_datetime(stats["next_due_ms"]),
+            lag_seconds=stats["lag_ms"] / 1000,
+            throughput=[
+                {
+                    "minute": as_datetime(start),
+                    "acked": acked,
+                    "failed": failed,
+                    "acked_percent": round(100 * acked / peak),
+                    "failed_percent": round(100 * failed / peak),
+                }
+                for start, acked, failed in throughput
+            ],
+            throughput_totals=(
+                sum(row[1] for row in throughput),
+                sum(row[2] for row in throughput),
+            ),
+            workers=[
+                {
+                    **worker,
+                    "started": _from_epoch(worker.get("started")),
+                    "last_seen": _from_epoch(worker.get("last_seen")),
+                }
+                for worker in workers
+            ],
+            json_url=self._url("queue_json", queue_name),
+            action_url=self._url("action", queue_name),
+            purge_url=self._url("purge", queue_name),
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
+
+    def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
+        payload = entry.payload or ""
+        preview = payload[:200]
+        return {
+            "entry": entry,
+            "when": as_datetime(entry.score_ms),
+            "preview": preview,
+            "cut": entry.payload_size > len(preview.encode()),
+            "url": self._url("message", queue.name, entry.id),
+        }
+
+    def message(self, request: HttpRequest, queue_name: str, message_id: str) -> TemplateResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        try:
+            stored = queue.peek(message_id)
+        except RedisError as error:
+            context = self._context(
+                request, f"Message {message_id}", queue=queue, redis_error=str(error)
+            )
+            return TemplateResponse(
+                request, "admin/delayqueue_django/message.html", context, status=503
+            )
+        if stored is None:
+            raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
+        actions = [
+            (key, label)
+            for key, (label, permission, states) in ACTIONS.items()
+            if stored.state in states and self._can(request, permission)
+        ]
+        context = self._context(
+            request,
+            f"Message {message_id}",
+            queue=queue,
+            stored=stored,
+            when=as_datetime(stored.score_ms),
+            payload=pretty_payload(stored.payload),
+            actions=actions,
+            action_url=self._url("action", queue_name),
+            queue_url=self._url("detail", queue_name) + f"?state={stored.state}",
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/message.html", context)
+
+    # Actions (POST only; CSRF is checked by the middleware)
+
+    def action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        name = request.POST.get("action", "")
+        if name not in ACTIONS:
+            messages.error(request, "Choose an action.")
+            return HttpResponseRedirect(request.POST.get("next") or self._url("detail", queue_name))
+        label, permission, _ = ACTIONS[name]
+        self._require(request, permission)
+        ids = [i for i in request.POST.getlist("ids") if i][: PAGE_SIZE * 2]
+        back = _safe_next(request, self._url("detail", queue_name))
+        if not ids:
+            messages.warning(request, "No messages were selected.")
+            return HttpResponseRedirect(back)
+        try:
+            done = self._perform(queue, name, ids)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            return HttpResponseRedirect(back)
+        logger.info(
+            "admin action=%s queue=%s user=%s ids=%s done=%d",
+            name,
+            queue_name,
+            request.user.get_username(),
+            ",".join(ids),
+            done,
+        )
+        messages.success(
+            request, f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
+        )
+        return HttpResponseRedirect(back)
+
+    def _perform(self, queue: Queue, name: str, ids: list[str]) -> int:
+        if name == "requeue":
+            return len(queue.requeue(ids))
+        if name == "deliver_now":
+            return len(queue.deliver_now(ids))
+        return sum(queue.delete(message_id) is not None for message_id in ids)
+
+    def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        self._require(request, "delete")
+        queue = self._queue(queue_name)
+        if request.method == "POST":
+            try:
+                purged = queue.purge_garbage()
+            except RedisError as error:
+                messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            else:
+                logger.info(
+                    "admin action=purge queue=%s user=%s purged=%d",
+                    queue_name,
+                    request.user.get_username(),
+                    purged,
+                )
+                messages.success(
+                    request, f"Purged {purged} dead letter(s) from queue {queue_name!r}."
+                )
+            return HttpResponseRedirect(self._url("detail", queue_name) + "?state=garbage")
+        try:
+            garbage = queue.stats()["garbage"]
+        except RedisError as error:
+            garbage, error_text = None, str(error)
+        else:
+            error_text = ""
+        context = self._context(
+            request,
+            f"Purge dead letters of {queue_name}",
+            queue=queue,
+            garbage=garbage,
+            redis_error=error_text,
+            queue_url=self._url("detail", queue_name) + "?state=garbage",
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/purge.html", context)
+
+    # JSON for monitoring
+
+    def queue_json(self, request: HttpRequest, queue_name: str) -> JsonResponse:
+        self._require(request, "view")
+        return JsonResponse(_queue_summary(self._queue(queue_name)))
+
+    def all_json(self, request: HttpRequest) -> JsonResponse:
+        self._require(request, "view")
+        return JsonResponse(
+            {
+                "queues": {
+                    name: _queue_summary(registry.get_queue(name))
+                    for name in registry.queue_names()
+                }
+            }
+        )
+
+
+def _queue_summary(queue: Queue) -> dict[str, Any]:
+    try:
+        stats = queue.stats()
+        workers = heartbeat.live_workers(queue)
+    except RedisError as error:
+        return {"ok": False, "error": str(error)}
+    return {"ok": True, **stats, "workers": len(workers)}
+
+
+def _page_number(raw: str | None, pages: int) -> int:
+    try:
+        page = int(raw or 1)
+    except ValueError:
+        return 1
+    return min(max(page, 1), pages)
+
+
+def _from_epoch(seconds: Any) -> datetime | None:
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _safe_next(request: HttpRequest, default: str) -> str:
+    """Where to go back to after an action: a path on this site only."""
+    from django.utils.http import url_has_allowed_host_and_scheme
+
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return default

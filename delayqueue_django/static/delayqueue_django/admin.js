@@ -1,0 +1,27 @@
+// Refreshes the counts of a queue page from its JSON view every few seconds.
+(function () {
+  "use strict";
+  var root = document.querySelector("[data-dq-stats-url]");
+  if (!root) { return; }
+  var url = root.getAttribute("data-dq-stats-url");
+  var every = parseInt(root.getAttribute("data-dq-refresh-ms") || "5000", 10);
+  function refresh() {
+    fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (data) {
+        if (!data) { return; }
+        var queues = data.queues || { _: data };
+        Object.keys(queues).forEach(function (name) {
+          var stats = queues[name];
+          var scope = name === "_" ? document : document.querySelector('[data-dq-queue="' + CSS.escape(name) + '"]');
+          if (!scope || !stats.ok) { return; }
+          scope.querySelectorAll("[data-dq-stat]").forEach(function (cell) {
+            var key = cell.getAttribute("data-dq-stat");
+            if (key in stats) { cell.textContent = String(stats[key]); }
+          });
+        });
+      })
+      .catch(function () { /* keep the last counts; the next round may work */ });
+  }
+  window.setInterval(refresh, every);
+}());

@@ -1,0 +1,413 @@
+"""The admin pages: permissions, CSRF, actions, escaping, Redis down, a million messages."""
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from delayqueue_django import get_queue
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import heartbeat
+from tests.helpers import fetch_when_due, states_of
+
+pytestmark = pytest.mark.django_db
+
+
+def url(name: str, *args: str) -> str:
+    return reverse(f"admin:delayqueue_django_queue_{name}", args=args)
+
+
+def make_user(name: str, *permissions: str, superuser: bool = False) -> User:
+    user = User.objects.create_user(name, password="pw", is_staff=True, is_superuser=superuser)
+    for codename in permissions:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="delayqueue_django", codename=codename)
+        )
+    return user
+
+
+def client_for(user: User | None, **kwargs: Any) -> Client:
+    client = Client(**kwargs)
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def bury(queue: Queue, payload: Any = "dead") -> str:
+    message_id = queue.send(payload, retry_count=0)
+    [message] = [m for m in fetch_when_due(queue) if m.id == message_id]
+    queue.nack([message])
+    return message_id
+
+
+@pytest.fixture
+def queue() -> Queue:
+    return get_queue()
+
+
+@pytest.fixture
+def users() -> dict[str, User | None]:
+    return {
+        "anonymous": None,
+        "staff": make_user("staff"),
+        "viewer": make_user("viewer", "view_queue"),
+        "changer": make_user("changer", "view_queue", "change_queue"),
+        "deleter": make_user("deleter", "view_queue", "delete_queue"),
+        "superuser": make_user("root", superuser=True),
+    }
+
+
+def test_the_queues_have_an_entry_in_the_admin_for_those_who_may_view_them(
+    users: dict[str, User | None],
+) -> None:
+    page = client_for(users["viewer"]).get(reverse("admin:index")).content.decode()
+    assert "Delay queues" in page
+    assert url("changelist") in page
+    page = client_for(users["staff"]).get(reverse("admin:index")).content.decode()
+    assert url("changelist") not in page
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ("anonymous", 302),
+        ("staff", 403),
+        ("viewer", 200),
+        ("changer", 200),
+        ("deleter", 200),
+        ("superuser", 200),
+    ],
+)
+def test_viewing_needs_the_view_permission(
+    users: dict[str, User | None], queue: Queue, user: str, expected: int
+) -> None:
+    message_id = queue.send({"n": 1}, delay=60)
+    client = client_for(users[user])
+    for path in (
+        url("changelist"),
+        url("detail", "default"),
+        url("message", "default", message_id),
+        url("json"),
+        url("queue_json", "default"),
+    ):
+        response = client.get(path)
+        assert response.status_code == expected, path
+        if expected == 302:
+            assert response["Location"].startswith(reverse("admin:login"))
+
+
+@pytest.mark.parametrize(
+    ("user", "action", "allowed"),
+    [
+        ("viewer", "requeue", False),
+        ("viewer", "delete", False),
+        ("changer", "requeue", True),
+        ("changer", "delete", False),
+        ("deleter", "requeue", False),
+        ("deleter", "delete", True),
+        ("superuser", "requeue", True),
+        ("superuser", "delete", True),
+        ("staff", "requeue", False),
+    ],
+)
+def test_actions_need_the_change_or_delete_permission(
+    users: dict[str, User | None], queue: Queue, user: str, action: str, allowed: bool
+) -> None:
+    message_id = bury(queue)
+    response = client_for(users[user]).post(
+        url("action", "default"), {"action": action, "ids": [message_id]}
+    )
+    assert response.status_code == (302 if allowed else 403)
+    assert (states_of(queue, message_id) == ["garbage"]) is not allowed
+
+
+def test_purge_needs_the_delete_permission(users: dict[str, User | None], queue: Queue) -> None:
+    bury(queue)
+    assert client_for(users["changer"]).post(url("purge", "default")).status_code == 403
+    assert client_for(users["changer"]).get(url("purge", "default")).status_code == 403
+    assert queue.stats()["garbage"] == 1
+
+
+def test_anonymous_actions_go_to_the_login_page(queue: Queue) -> None:
+    message_id = bury(queue)
+    response = Client().post(url("action", "default"), {"action": "delete", "ids": [message_id]})
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def csrf_token(client: Client, path: str) -> str:
+    page = client.get(path).content.decode()
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.mark.parametrize("action", ["requeue", "delete", "purge"])
+def test_every_action_is_protected_against_csrf(
+    users: dict[str, User | None], queue: Queue, action: str
+) -> None:
+    message_id = bury(queue)
+    client = client_for(users["superuser"], enforce_csrf_checks=True)
+    path = url("purge", "default") if action == "purge" else url("action", "default")
+    data = {} if action == "purge" else {"action": action, "ids": [message_id]}
+
+    assert client.post(path, data).status_code == 403
+    assert states_of(queue, message_id) == ["garbage"]
+
+    page = (
+        url("purge", "default")
+        if action == "purge"
+        else url("detail", "default") + "?state=garbage"
+    )
+    assert (
+        client.post(path, {**data, "csrfmiddlewaretoken": csrf_token(client, page)}).status_code
+        == 302
+    )
+    assert states_of(queue, message_id) != ["garbage"]
+
+
+def test_actions_are_get_proof(users: dict[str, User | None], queue: Queue) -> None:
+    message_id = bury(queue)
+    response = client_for(users["superuser"]).get(
+        url("action", "default"), {"action": "delete", "ids": message_id}
+    )
+    assert response.status_code == 405
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_requeue_moves_dead_letters_back_and_says_so(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    first, second = bury(queue), bury(queue)
+    client = client_for(users["superuser"])
+    response = client.post(
+        url("action", "default"),
+        {"action": "requeue", "ids": [first, second, "unknown"]},
+        follow=True,
+    )
+    assert "Requeue (fresh retry budget): 2 of 3 message(s) in queue" in response.content.decode()
+    assert states_of(queue, first) == ["pending"]
+    assert states_of(queue, second) == ["pending"]
+
+
+def test_deliver_now_and_delete(users: dict[str, User | None], queue: Queue) -> None:
+    later = queue.send({"n": 1}, delay=3600)
+    client = client_for(users["superuser"])
+    client.post(url("action", "default"), {"action": "deliver_now", "ids": [later]})
+    [message] = fetch_when_due(queue)
+    assert message.id == later
+
+    doomed = queue.send({"n": 2}, delay=3600)
+    response = client.post(
+        url("action", "default"), {"action": "delete", "ids": [doomed]}, follow=True
+    )
+    assert "Delete: 1 of 1 message(s)" in response.content.decode()
+    assert queue.peek(doomed) is None
+
+
+def test_purge_asks_first_then_deletes_every_dead_letter(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    for _ in range(3):
+        bury(queue)
+    client = client_for(users["deleter"])
+    page = client.get(url("purge", "default")).content.decode()
+    assert "Delete all 3 dead letter(s)" in page
+    response = client.post(url("purge", "default"), follow=True)
+    assert "Purged 3 dead letter(s)" in response.content.decode()
+    assert queue.stats()["garbage"] == 0
+
+
+def test_actions_are_logged(
+    users: dict[str, User | None], queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    message_id = bury(queue)
+    with caplog.at_level("INFO", logger="delayqueue_django.admin"):
+        client_for(users["superuser"]).post(
+            url("action", "default"), {"action": "requeue", "ids": [message_id]}
+        )
+    assert f"admin action=requeue queue=default user=root ids={message_id} done=1" in caplog.text
+
+
+def test_an_unknown_action_or_no_selection_changes_nothing(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    message_id = bury(queue)
+    client = client_for(users["superuser"])
+    page = client.post(
+        url("action", "default"), {"action": "explode", "ids": [message_id]}, follow=True
+    )
+    assert "Choose an action." in page.content.decode()
+    page = client.post(url("action", "default"), {"action": "delete"}, follow=True)
+    assert "No messages were selected." in page.content.decode()
+    assert states_of(queue, message_id) == ["garbage"]
+
+
+def test_an_outside_next_url_is_not_followed(users: dict[str, User | None], queue: Queue) -> None:
+    message_id = bury(queue)
+    response = client_for(users["superuser"]).post(
+        url("action", "default"),
+        {"action": "requeue", "ids": [message_id], "next": "https://evil.example/"},
+    )
+    assert response["Location"] == url("detail", "default")
+
+
+XSS = '<script>alert("pwned")</script>'
+
+
+def test_payloads_are_shown_escaped(users: dict[str, User | None], queue: Queue) -> None:
+    message_id = queue.send({"name": XSS, XSS: 1}, delay=60)
+    client = client_for(users["viewer"])
+    for path in (url("detail", "default"), url("message", "default", message_id)):
+        page = client.get(path).content.decode()
+        assert XSS not in page
+        assert "&lt;script&gt;alert(" in page
+
+
+def test_the_queue_page_shows_counts_workers_throughput_and_messages(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    queue.send({"order": 42}, delay=60)
+    bury(queue)
+    heartbeat.beat(
+        queue,
+        "host:1:abc",
+        {
+            "host": "worker-host",
+            "pid": 4242,
+            "queues": ["default"],
+            "concurrency": 2,
+            "handled": 7,
+            "failed": 1,
+            "started": 1.0,
+            "last_seen": 2.0,
+        },
+        ttl_seconds=30,
+    )
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    assert 'data-dq-stat="pending">1<' in page
+    assert 'data-dq-stat="garbage">1<' in page
+    assert "worker-host" in page
+    assert "4242" in page
+    assert "0 acked ·" in page
+    assert "1 failed (refused or timed out)" in page
+    assert "max consume 30 s" in page
+    assert "{&quot;order&quot;:42}" in page
+    assert 'name="ids"' not in page  # a viewer gets no action checkboxes
+
+
+def test_the_json_view_gives_the_counts(users: dict[str, User | None], queue: Queue) -> None:
+    queue.send("x", delay=60)
+    bury(queue)
+    data = client_for(users["viewer"]).get(url("queue_json", "default")).json()
+    assert data["ok"] is True
+    assert (data["pending"], data["garbage"], data["workers"]) == (1, 1, 0)
+    every = client_for(users["viewer"]).get(url("json")).json()
+    assert set(every["queues"]) == {"default", "other"}
+
+
+def test_unknown_queues_and_messages_are_404(users: dict[str, User | None]) -> None:
+    client = client_for(users["viewer"])
+    assert client.get(url("detail", "nope")).status_code == 404
+    assert client.get(url("message", "default", "nope")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "state=<script>",
+        "state=garbage&page=-5",
+        "page=abc",
+        "page=99999999999999999999999",
+        "state=&page=",
+    ],
+)
+def test_odd_query_parameters_never_break_the_page(
+    users: dict[str, User | None], queue: Queue, query: str
+) -> None:
+    queue.send("x", delay=60)
+    response = client_for(users["viewer"]).get(url("detail", "default") + "?" + query)
+    assert response.status_code == 200
+    assert "<script>" not in response.content.decode().split("<body")[1].replace("<script src", "")
+
+
+def test_redis_down_gives_a_clear_page_not_a_500(
+    users: dict[str, User | None], settings: Any
+) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": "redis://127.0.0.1:1/0", "OPTIONS": {"socket_connect_timeout": 0.5}}
+    }
+    client = client_for(users["superuser"])
+    response = client.get(url("detail", "default"))
+    assert response.status_code == 503
+    assert "Redis is unavailable for queue" in response.content.decode()
+    overview = client.get(url("changelist"))
+    assert overview.status_code == 200
+    assert "Redis is unavailable" in overview.content.decode()
+    assert client.get(url("queue_json", "default")).json()["ok"] is False
+    response = client.post(
+        url("action", "default"), {"action": "delete", "ids": ["x"]}, follow=True
+    )
+    assert "Redis is unavailable for queue" in response.content.decode()
+
+
+FILL = """
+local pending, payloads, metas = KEYS[1], KEYS[2], KEYS[3]
+local first, count, due = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+for i = first, first + count - 1 do
+  local id = 'm' .. i
+  redis.call('ZADD', pending, due, id)
+  redis.call('HSET', payloads, id, '{"n":' .. i .. '}')
+  redis.call('HSET', metas, id, '0:0:3')
+end
+"""
+
+
+def count_round_trips(queue: Queue, fetch: Callable[[], Any]) -> int:
+    client: Any = queue.store.client
+    calls = 0
+    original = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    client.execute_command = counting
+    try:
+        fetch()
+    finally:
+        del client.execute_command
+    return calls
+
+
+@pytest.mark.slow
+def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    client = client_for(users["superuser"])
+    queue.send("warm up", delay=3600)
+    path = url("detail", "default")
+    small = count_round_trips(queue, lambda: client.get(path))
+
+    keys = queue.store.keys
+    fill = queue.store.client.register_script(FILL)
+    for first in range(0, 1_000_000, 100_000):
+        fill(
+            keys=[keys.key("pending"), keys.key("payload"), keys.key("meta")],
+            args=[first, 100_000, 4102444800000],
+        )
+    assert queue.stats()["pending"] == 1_000_001
+
+    big = count_round_trips(queue, lambda: client.get(path))
+    last_page = count_round_trips(queue, lambda: client.get(path + "?page=20001"))
+    page = client.get(path + "?page=20001").content.decode()
+    assert big == small == last_page
+    assert big <= 6
+    assert "page 20001 of 20001" in page
+    assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
