@@ -393,6 +393,7 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     client = client_for(users["superuser"])
     queue.send("warm up", delay=3600)
     path = url("detail", "default")
+    client.get(path)  # once: the version check and loading the scripts are one-time costs
     small = count_round_trips(queue, lambda: client.get(path))
 
     keys = queue.store.keys
@@ -408,6 +409,6 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     last_page = count_round_trips(queue, lambda: client.get(path + "?page=20001"))
     page = client.get(path + "?page=20001").content.decode()
     assert big == small == last_page
-    assert big <= 6
+    assert big == 4  # stats, one page of messages, throughput, the workers index
     assert "page 20001 of 20001" in page
     assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
