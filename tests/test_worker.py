@@ -1,5 +1,6 @@
 """The worker in-process: ``call_command("run_delayqueue", burst=True)`` and a Worker thread."""
 
+import json
 import logging
 import re
 import threading
@@ -460,3 +461,21 @@ def test_jitter_delays_the_start_and_the_worker_then_runs(
         run_burst(jitter=0.2, verbosity=1)
     assert "start-up jitter: waiting" in caplog.text
     assert len(events("done")) == 1
+
+
+def test_queues_sharing_one_handler_thread_all_get_it_back(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    handler = "tests.worker_handlers.handle"
+    settings.DELAYQUEUES = {
+        name: {"URL": redis_server.url, "KEY_PREFIX": name, "HANDLER": handler}
+        for name in ("first", "second", "third")
+    }
+    ids = [
+        get_queue(name).send({"n": name}) for name in ("first", "second", "third") for _ in range(3)
+    ]
+    # The heartbeat an hour away too: only the freed thread may wake the other queues.
+    call_command("run_delayqueue", burst=True, heartbeat=3600, stdout=StringIO())
+    client: Any = get_queue("first").store.client
+    done = [json.loads(e)["id"] for e in client.lrange("test:log", 0, -1) if b'"done"' in e]
+    assert sorted(done) == sorted(ids)

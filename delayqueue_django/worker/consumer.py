@@ -72,6 +72,8 @@ class QueueConsumer(threading.Thread):
         # Set by wake(); a wake-up that lands while a fetch is under way must not be lost
         # to the sleep time that fetch computes, so it is a flag, not a time.
         self._woken = True
+        # True while this consumer waits for a free handler thread (shared by all queues).
+        self.starved = False
         self._next_beat = 0.0
         self._next_expiry = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping)
@@ -179,11 +181,14 @@ class QueueConsumer(threading.Thread):
         if not self._woken and now < self._next_fetch:
             return self._next_fetch - now
         self._woken = False
+        # Say so before looking: a thread freed after the look then wakes us.
+        self.starved = True
         free = self.worker.pool.free_slots()
         quota = self.worker.quota()
         if free <= 0 or quota == 0:
-            # Nothing can start now: a handler finishing wakes us (report).
+            # Nothing can start now: a handler thread finishing wakes us.
             return IDLE_RECHECK_SECONDS
+        self.starved = False
         self._release_stale_buffer()
         count = max(min(self._batch, quota if quota is not None else self._batch), 1)
         fetched = self.queue.fetch(count)

@@ -28,8 +28,10 @@ class Job:
 
 
 class HandlerPool:
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, on_slot_freed: Callable[[], None] = lambda: None) -> None:
         self.concurrency = concurrency
+        # Told whenever a thread frees up: consumers of other queues may be waiting for one.
+        self.on_slot_freed = on_slot_freed
         self._jobs: deque[Job] = deque()
         self._running = 0
         self._closed = False
@@ -92,5 +94,6 @@ class HandlerPool:
                 with self._lock:
                     self._running -= 1
                     self._lock.notify_all()
-            # Only now: the consumer this wakes must already see the slot as free.
+            # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
+            self.on_slot_freed()

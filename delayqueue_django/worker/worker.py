@@ -48,7 +48,7 @@ class Worker:
         self.started_at = time.time()
         self.stopping = threading.Event()
         self.abandoning = threading.Event()
-        self.pool = HandlerPool(concurrency)
+        self.pool = HandlerPool(concurrency, on_slot_freed=self._wake_starved_consumers)
         self.consumers = [QueueConsumer(self, queue, handler) for queue, handler in queues]
         self._counts_lock = threading.Lock()
         self.handled = 0
@@ -85,6 +85,11 @@ class Worker:
             "failed": self.failed,
             "last_seen": time.time(),
         }
+
+    def _wake_starved_consumers(self) -> None:
+        for consumer in self.consumers:
+            if consumer.starved:
+                consumer.wake()
 
     # Running and stopping
 
