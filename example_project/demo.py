@@ -1,22 +1,28 @@
-"""``make demo``: the queue engine at work against a real Redis, in a minute.
+"""``make demo``: the example shop, its worker and a web server, against Redis, in one command.
 
-Finds Redis (REDIS_URL; else 127.0.0.1:6379 if it answers; else a private redis-server
-with its data under .demo/), migrates the example site, then sends messages with delays
-and consumes them, printing what happens: on-time delivery, a cancel, retries with
-backoff and a dead letter. Until the worker command exists, the demo drives the engine
-directly; it only touches keys under its own prefix.
+Finds Redis (REDIS_URL; else 127.0.0.1:6379 if it answers; else a private redis-server with
+its data under .demo/), migrates the example site's SQLite database, creates a demo superuser,
+then runs ``manage.py run_delayqueue`` and ``manage.py runserver`` side by side until Ctrl-C
+(or SIGTERM), and stops every process it started. The queues only use keys under their own
+prefix, so a shared Redis is left alone.
+
+Environment: REDIS_URL, DEMO_PORT (default 8000, or a free port if that one is taken),
+DEMO_DATABASE (default .demo/db.sqlite3).
 """
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
-ROOT = Path(__file__).resolve().parent.parent
-STATE = ROOT / ".demo"
+HERE = Path(__file__).resolve().parent
+STATE = HERE.parent / ".demo"
+ADMIN_USER, ADMIN_PASSWORD = "admin", "demo-admin"
 
 
 def answers(url: str) -> bool:
@@ -26,6 +32,15 @@ def answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
     except redis.RedisError:
         return False
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port() -> int:
@@ -53,6 +68,7 @@ def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
     process = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)],
         stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
@@ -61,67 +77,94 @@ def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
             return url, process
         time.sleep(0.05)
     process.terminate()
-    sys.exit("The private redis-server did not start; see its output above.")
+    sys.exit("The private redis-server did not start.")
 
 
-def run_demo() -> None:
-    from delayqueue_django import cancel, get_queue, send
-
-    queue = get_queue()
-    queue.purge_garbage()
-    sent_at = time.monotonic()
-    ids = {
-        send({"event": "reminder"}, delay=0.5): "reminder (due in 0.5 s)",
-        send({"event": "order-timeout"}, delay=1.0): "order timeout (due in 1.0 s)",
-        send({"event": "fails on purpose"}, delay=1.5): "failing job (due in 1.5 s)",
-    }
-    paid = send({"event": "order-timeout", "paid": True}, delay=1.2)
-    print(f"Sent 4 messages; {queue.stats()['pending']} pending.")
-    print(f"Order paid in time: cancel() -> {cancel(paid)}, so it will never be delivered.")
-
-    while True:
-        fetched = queue.fetch()
-        for message in fetched.messages:
-            label = ids[message.id]
-            elapsed = time.monotonic() - sent_at
-            if message.payload["event"] == "fails on purpose":
-                outcome = queue.nack([message])[0]
-                verdict = "exhausted -> garbage" if outcome.exhausted else "nack -> retry"
-                print(f"  {elapsed:5.2f}s  {label}: attempt {message.attempt}, {verdict}")
-            else:
-                queue.ack([message])
-                print(f"  {elapsed:5.2f}s  {label}: attempt {message.attempt}, acked")
-        if fetched.next_ms is None:
-            break
-        if not fetched.messages:
-            time.sleep(max(fetched.next_ms - fetched.now_ms, 1) / 1000)
-
-    stats = queue.stats()
-    print("Final counts:", {k: stats[k] for k in ("pending", "ready", "unack", "retry", "garbage")})
-    [dead] = queue.list_messages("garbage")
-    print(f"Dead letter {dead.id}: payload {dead.payload}, after {dead.attempt} attempts.")
-    queue.purge_garbage()
+def manage(*args: str) -> list[str]:
+    return [sys.executable, str(HERE / "manage.py"), *args]
 
 
-def main() -> None:
+def prepare() -> None:
+    subprocess.run(manage("migrate", "--verbosity", "0"), check=True)
+    script = (
+        "from django.contrib.auth.models import User\n"
+        f"if not User.objects.filter(username={ADMIN_USER!r}).exists():\n"
+        f"    User.objects.create_superuser(\n"
+        f"        {ADMIN_USER!r}, 'admin@example.com', {ADMIN_PASSWORD!r}\n"
+        f"    )\n"
+    )
+    subprocess.run(manage("shell", "--verbosity", "0", "--command", script), check=True)
+
+
+def stop(processes: list["subprocess.Popen[bytes]"]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + 15
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main() -> int:
     STATE.mkdir(exist_ok=True)
-    url, private = find_redis()
+    url, redis_process = find_redis()
     os.environ["REDIS_URL"] = url
+    os.environ.setdefault("DEMO_DATABASE", str(STATE / "db.sqlite3"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_site.settings")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        import django
-        from django.core.management import call_command
+    wanted = int(os.environ.get("DEMO_PORT", "8000"))
+    port = wanted if port_is_free(wanted) else free_port()
 
-        django.setup()
-        call_command("migrate", verbosity=0)
-        print(f"delayqueue_django demo against {url}")
-        run_demo()
+    started: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        prepare()
+        # Own sessions: a Ctrl-C in the terminal reaches only this script, which then stops
+        # each child once (a second signal would make the worker leave without finishing).
+        worker = subprocess.Popen(
+            manage("run_delayqueue", "--verbosity", "2"), start_new_session=True
+        )
+        started.append(worker)
+        web = subprocess.Popen(
+            manage("runserver", f"127.0.0.1:{port}", "--noreload", "--verbosity", "0"),
+            start_new_session=True,
+        )
+        started.append(web)
+        print(
+            f"\n  Shop:   http://127.0.0.1:{port}/\n"
+            f"  Admin:  http://127.0.0.1:{port}/admin/  "
+            f"(user {ADMIN_USER!r}, password {ADMIN_PASSWORD!r})\n"
+            f"  Queues: http://127.0.0.1:{port}/admin/delayqueue_django/queue/\n"
+            f"  Redis:  {url}\n"
+            f"  Worker pid {worker.pid}, web server pid {web.pid}. Ctrl-C stops everything.\n",
+            flush=True,
+        )
+        while not stopping:
+            for process in started:
+                if process.poll() is not None:
+                    print(
+                        f"A demo process (pid {process.pid}) exited with {process.returncode}; "
+                        "stopping."
+                    )
+                    stopping = True
+            time.sleep(0.2)
     finally:
-        if private is not None:
-            private.terminate()
-            private.wait(timeout=10)
+        stop(started)
+        if redis_process is not None:
+            stop([redis_process])
+    print("Demo stopped.", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,14 @@
 """Settings for the test suite. Queues point at the private redis-server that conftest
 starts; the placeholder URL below is replaced before any test runs."""
 
+import os
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
+
+# The example project's shop app is tested as a user would use it (tests/test_example.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "example_project"))
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -16,6 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "delayqueue_django",
+    "shop",
 ]
 
 MIDDLEWARE = [
@@ -40,9 +48,21 @@ TEMPLATES = [
 ]
 
 ROOT_URLCONF = "tests.urls"
+SHOP_PAY_WINDOW = 1
+SHOP_REMINDER_AFTER = 0
 STATIC_URL = "static/"
 
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# A file, not SQLite's shared in-memory database: worker threads write while the test runs,
+# and only a file database waits for a lock instead of failing at once.
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": ":memory:",
+        "TEST": {
+            "NAME": str(Path(tempfile.gettempdir()) / f"delayqueue-tests-{os.getpid()}.sqlite3")
+        },
+    }
+}
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "delayqueue_django",
+    "shop",
 ]
 
 MIDDLEWARE = [
@@ -63,11 +64,22 @@ CACHES = {
     }
 }
 
+# The queues share the django-redis cache's connection pool.
 DELAYQUEUES = {
-    "default": {
+    "orders": {
         "REDIS": "default",
         "KEY_PREFIX": "delayqueue-demo",
+        "HANDLER": "shop.handlers.on_order_message",
+    },
+    "warehouse": {
+        "REDIS": "default",
+        "KEY_PREFIX": "delayqueue-demo",
+        "HANDLER": "shop.handlers.notify_warehouse",
         "RETRY_COUNT": 2,
-        "NACK_REDELIVERY_DELAY": [0.5, 1],
+        "NACK_REDELIVERY_DELAY": [2, 4],
     },
 }
+
+# Seconds an order may stay unpaid, and when the payment reminder goes out.
+SHOP_PAY_WINDOW = int(os.environ.get("SHOP_PAY_WINDOW", "30"))
+SHOP_REMINDER_AFTER = int(os.environ.get("SHOP_REMINDER_AFTER", "10"))

@@ -1,0 +1,32 @@
+"""The example's handlers, named in DELAYQUEUES (settings.py)."""
+
+from typing import Any
+
+from delayqueue_django import Message
+from shop.models import Event, Order
+
+
+def on_order_message(message: Message) -> None:
+    """Order timers: an unpaid order's reminder, and its expiry."""
+    order_id, kind = message.payload["order"], message.payload["kind"]
+    if kind == "expire":
+        # One conditional UPDATE: paying and expiring can race, and only one may win.
+        cancelled = Order.objects.filter(pk=order_id, status=Order.Status.AWAITING_PAYMENT).update(
+            status=Order.Status.CANCELLED
+        )
+        text = f"order #{order_id} " + (
+            "cancelled: not paid in time" if cancelled else "was paid: nothing to do"
+        )
+    else:
+        unpaid = Order.objects.filter(pk=order_id, status=Order.Status.AWAITING_PAYMENT).exists()
+        text = f"order #{order_id}: " + (
+            "payment reminder e-mailed" if unpaid else "no reminder needed"
+        )
+    Event.objects.create(queue=message.queue, kind=kind, message_id=message.id, text=text)
+
+
+def notify_warehouse(message: Message) -> Any:
+    """Fails on purpose, so retries, exhaustion and the admin's garbage list can be seen."""
+    raise ConnectionError(
+        f"warehouse API unreachable for order #{message.payload['order']} (failing on purpose)"
+    )

@@ -1,0 +1,97 @@
+"""The example shop, driven as a user would: through its views, with the worker in burst mode."""
+
+import re
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from shop.models import Event, Order
+
+from delayqueue_django import get_queue
+from tests.redis_servers import RedisServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def shop_queues(settings: Any, redis_server: RedisServer) -> None:
+    settings.DELAYQUEUES = {
+        "orders": {"URL": redis_server.url, "HANDLER": "shop.handlers.on_order_message"},
+        "warehouse": {
+            "URL": redis_server.url,
+            "HANDLER": "shop.handlers.notify_warehouse",
+            "RETRY_COUNT": 2,
+            "NACK_REDELIVERY_DELAY": 0,
+        },
+    }
+
+
+def create_order(client: Client, item: str) -> Order:
+    response = client.post("/shop/orders/", {"item": item}, follow=True)
+    assert response.status_code == 200
+    return Order.objects.get(item=item)
+
+
+def run_worker() -> None:
+    call_command("run_delayqueue", burst=True, verbosity=0)
+
+
+def test_an_unpaid_order_is_cancelled_a_paid_one_is_kept(settings: Any) -> None:
+    client = Client()
+    unpaid = create_order(client, "kettle")
+    paid = create_order(client, "teapot")
+    assert unpaid.expiry_message_id
+    assert get_queue("orders").stats()["pending"] == 4  # an expiry and a reminder each
+
+    response = client.post(f"/shop/orders/{paid.pk}/pay/", follow=True)
+    assert "paid in time" in response.content.decode()
+    assert get_queue("orders").peek(paid.expiry_message_id) is None  # its expiry was cancelled
+
+    time.sleep(settings.SHOP_PAY_WINDOW + 0.2)
+    run_worker()
+
+    unpaid.refresh_from_db()
+    paid.refresh_from_db()
+    assert unpaid.status == Order.Status.CANCELLED
+    assert paid.status == Order.Status.PAID
+    texts = list(Event.objects.values_list("text", flat=True))
+    assert f"order #{unpaid.pk} cancelled: not paid in time" in texts
+    assert f"order #{unpaid.pk}: payment reminder e-mailed" in texts
+    assert f"order #{paid.pk} paid: expiry message cancelled" in texts
+
+    page = client.get("/shop/").content.decode()
+    assert re.search(r'class="cancelled">cancelled \(not paid in time\)', page)
+    assert client.post(f"/shop/orders/{unpaid.pk}/pay/", follow=True).status_code == 200
+    unpaid.refresh_from_db()
+    assert unpaid.status == Order.Status.CANCELLED  # too late to pay
+
+
+def test_the_failing_warehouse_handler_ends_in_the_garbage_list() -> None:
+    client = Client()
+    order = create_order(client, "toaster")
+    time.sleep(1.1)  # the warehouse notification is sent with a 1 s delay
+    run_worker()
+
+    warehouse = get_queue("warehouse")
+    [dead] = warehouse.list_messages("garbage")
+    assert dead.payload == f'{{"order":{order.pk}}}'
+    assert dead.attempt == 3
+    kinds = list(Event.objects.filter(queue="warehouse").values_list("kind", flat=True))
+    assert kinds.count("failed") == 3
+    assert kinds.count("exhausted") == 1
+    assert "gave up after 3 attempts" in client.get("/shop/").content.decode()
+
+
+def test_an_order_rolled_back_sends_nothing() -> None:
+    from django.db import transaction
+    from shop.views import schedule_timers
+
+    with transaction.atomic():
+        order = Order.objects.create(item="never", pay_by="2030-01-01T00:00:00Z")
+        transaction.on_commit(
+            lambda: schedule_timers(order.pk, __import__("datetime").timedelta(seconds=1))
+        )
+        transaction.set_rollback(True)
+    assert get_queue("orders").stats()["pending"] == 0
