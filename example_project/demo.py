@@ -96,6 +96,17 @@ def prepare() -> None:
     subprocess.run(manage("shell", "--verbosity", "0", "--command", script), check=True)
 
 
+def wait_until_serving(port: int, web: "subprocess.Popen[bytes]") -> None:
+    """Print the URLs only once they answer (runserver runs its checks first)."""
+    for _ in range(300):
+        if web.poll() is not None:
+            return
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
 def stop(processes: list["subprocess.Popen[bytes]"]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -140,6 +151,7 @@ def main() -> int:
             start_new_session=True,
         )
         started.append(web)
+        wait_until_serving(port, web)
         print(
             f"\n  Shop:   http://127.0.0.1:{port}/\n"
             f"  Admin:  http://127.0.0.1:{port}/admin/  "
