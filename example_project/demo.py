@@ -6,7 +6,8 @@ then runs ``manage.py run_delayqueue`` and ``manage.py runserver`` side by side 
 (or SIGTERM), and stops every process it started. The queues only use keys under their own
 prefix, so a shared Redis is left alone.
 
-Environment: REDIS_URL, DEMO_PORT (default 8000, or a free port if that one is taken),
+Environment: REDIS_URL, DEMO_LOCAL_REDIS_URL (where to look for a local Redis; default
+redis://127.0.0.1:6379/0), DEMO_PORT (default 8000, or a free port if that one is taken),
 DEMO_DATABASE (default .demo/db.sqlite3).
 """
 
@@ -54,8 +55,9 @@ def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
         if not answers(url):
             sys.exit(f"REDIS_URL={url} does not answer.")
         return url, None
-    if answers("redis://127.0.0.1:6379/0"):
-        return "redis://127.0.0.1:6379/0", None
+    local = os.environ.get("DEMO_LOCAL_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if answers(local):
+        return local, None
     if shutil.which("redis-server") is None:
         sys.exit(
             "No Redis found: set REDIS_URL, start Redis on 127.0.0.1:6379, or install "
