@@ -64,13 +64,19 @@ class QueueViews:
 
     # Permissions
 
-    def _require(self, request: HttpRequest, permission: str) -> None:
-        codename = f"{self.opts.app_label}.{permission}_{self.opts.model_name}"
-        if not request.user.has_perm(codename):
-            raise PermissionDenied
-
     def _can(self, request: HttpRequest, permission: str) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{permission}_{self.opts.model_name}")
+
+    def _require(self, request: HttpRequest, permission: str) -> None:
+        if not self._can(request, permission):
+            raise PermissionDenied
+
+    def _unavailable(
+        self, request: HttpRequest, template: str, title: str, queue: Queue, error: RedisError
+    ) -> TemplateResponse:
+        """The page, saying Redis cannot be reached (503), instead of a server error."""
+        context = self._context(request, title, queue=queue, redis_error=str(error))
+        return TemplateResponse(request, f"admin/delayqueue_django/{template}", context, status=503)
 
     def _queue(self, name: str) -> Queue:
         try:
@@ -129,12 +135,7 @@ class QueueViews:
             throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers = heartbeat.live_workers(queue)
         except RedisError as error:
-            context = self._context(
-                request, f"Queue {queue_name}", queue=queue, redis_error=str(error)
-            )
-            return TemplateResponse(
-                request, "admin/delayqueue_django/queue.html", context, status=503
-            )
+            return self._unavailable(request, "queue.html", f"Queue {queue_name}", queue, error)
         actions = [
             (key, label)
             for key, (label, permission, states) in ACTIONS.items()
@@ -202,12 +203,7 @@ class QueueViews:
         try:
             stored = queue.peek(message_id)
         except RedisError as error:
-            context = self._context(
-                request, f"Message {message_id}", queue=queue, redis_error=str(error)
-            )
-            return TemplateResponse(
-                request, "admin/delayqueue_django/message.html", context, status=503
-            )
+            return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
         if stored is None:
             raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
         actions = [
@@ -234,13 +230,13 @@ class QueueViews:
         self._require(request, "view")
         queue = self._queue(queue_name)
         name = request.POST.get("action", "")
+        back = _safe_next(request, self._url("detail", queue_name))
         if name not in ACTIONS:
             messages.error(request, "Choose an action.")
-            return HttpResponseRedirect(request.POST.get("next") or self._url("detail", queue_name))
+            return HttpResponseRedirect(back)
         label, permission, _ = ACTIONS[name]
         self._require(request, permission)
         ids = [i for i in request.POST.getlist("ids") if i][: PAGE_SIZE * 2]
-        back = _safe_next(request, self._url("detail", queue_name))
         if not ids:
             messages.warning(request, "No messages were selected.")
             return HttpResponseRedirect(back)

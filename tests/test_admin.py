@@ -409,3 +409,26 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     assert big == 4  # stats, one page of messages, throughput, the workers index
     assert "page 20001 of 20001" in page
     assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
+
+
+def test_an_unknown_action_does_not_follow_an_outside_next_url(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    response = client_for(users["superuser"]).post(
+        url("action", "default"), {"action": "explode", "next": "https://evil.example/"}
+    )
+    assert response["Location"] == url("detail", "default")
+
+
+def test_pages_have_breadcrumbs_back_to_the_queues(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    message_id = queue.send("x", delay=60)
+    client = client_for(users["superuser"])
+    for path in (
+        url("detail", "default"),
+        url("message", "default", message_id),
+        url("purge", "default"),
+    ):
+        page = client.get(path).content.decode()
+        assert f'&rsaquo; <a href="{url("changelist")}">Queues</a>' in page, path
