@@ -33,12 +33,18 @@ def send(
     at: datetime | None = None,
     queue: str = "default",
     retry_count: int | None = None,
+    on_commit: bool | None = None,
+    using: str | None = None,
 ) -> str:
     """Schedule ``payload`` for delivery after ``delay`` seconds (or at ``at``); returns its id.
 
     With neither, the message is due now. ``retry_count`` overrides the queue's RETRY_COUNT.
+    ``on_commit`` (default: the queue's SEND_ON_COMMIT) sends it only when the current
+    transaction on database ``using`` commits; the id is returned at once all the same.
     """
-    return get_queue(queue).send(payload, delay=delay, at=at, retry_count=retry_count)
+    return get_queue(queue).send(
+        payload, delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+    )
 
 
 def cancel(message_id: str, *, queue: str = "default") -> bool:

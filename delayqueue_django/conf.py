@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "FETCH_BATCH_SIZE": 100,
     "STAGE_BATCH_SIZE": 1000,
     "SEND_BATCH_SIZE": 1000,
+    "SEND_ON_COMMIT": False,
 }
 
 URL_SCHEMES = ("redis", "rediss", "unix")
@@ -75,6 +76,7 @@ class QueueConfig:
     fetch_batch_size: int
     stage_batch_size: int
     send_batch_size: int
+    send_on_commit: bool
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     def nack_delay_ms(self, attempt: int) -> int:
@@ -211,6 +213,14 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
                 f"or None to keep dead letters until removed by hand; not {retention!r}.",
             )
         )
+    if not isinstance(options["SEND_ON_COMMIT"], bool):
+        problems.append(
+            Problem(
+                "delayqueue_django.E014",
+                f"{where}['SEND_ON_COMMIT'] must be True or False, "
+                f"not {options['SEND_ON_COMMIT']!r}.",
+            )
+        )
     if _nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) is None:
         problems.append(
             Problem(
@@ -300,6 +310,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         fetch_batch_size=options["FETCH_BATCH_SIZE"],
         stage_batch_size=options["STAGE_BATCH_SIZE"],
         send_batch_size=options["SEND_BATCH_SIZE"],
+        send_on_commit=options["SEND_ON_COMMIT"],
         raw=dict(raw),
     )
 

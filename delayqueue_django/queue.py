@@ -8,7 +8,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
+
+from django.db import transaction
 
 from delayqueue_django.conf import QueueConfig
 from delayqueue_django.encoding import (
@@ -90,9 +93,18 @@ class Queue:
         delay: float | timedelta | None = None,
         at: datetime | None = None,
         retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
     ) -> str:
-        """Schedule one message; returns its id. One round trip."""
-        return self.send_many([payload], delay=delay, at=at, retry_count=retry_count)[0]
+        """Schedule one message; returns its id. One round trip.
+
+        ``on_commit`` (default: the queue's SEND_ON_COMMIT) writes it to Redis only when the
+        current transaction on database ``using`` commits, and never if it rolls back; the id
+        is returned at once all the same.
+        """
+        return self.send_many(
+            [payload], delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+        )[0]
 
     def send_many(
         self,
@@ -101,11 +113,13 @@ class Queue:
         delay: float | timedelta | None = None,
         at: datetime | None = None,
         retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
     ) -> list[str]:
         """Schedule many messages in one round trip; returns their ids in order.
 
         Items are payloads sharing the timing given here, or ``Outgoing`` objects carrying
-        their own. Every item is validated before anything is written.
+        their own. Every item is validated before anything is written (or deferred).
         """
         prepared = [
             self._prepare(item)
@@ -113,7 +127,12 @@ class Queue:
             else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
             for item in messages
         ]
-        if prepared:
+        if not prepared:
+            return []
+        if self.config.send_on_commit if on_commit is None else on_commit:
+            # A delay still counts from when Redis receives the message, at the commit.
+            transaction.on_commit(partial(self.store.send, prepared), using=using)
+        else:
             self.store.send(prepared)
         return [message.id for message in prepared]
 

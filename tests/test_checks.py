@@ -171,6 +171,13 @@ def test_an_empty_setting_warns(settings: Any) -> None:
             ),
         ),
         (
+            {"default": {"URL": "redis://x", "SEND_ON_COMMIT": "yes"}},
+            (
+                "delayqueue_django.E014",
+                "DELAYQUEUES['default']['SEND_ON_COMMIT'] must be True or False, not 'yes'.",
+            ),
+        ),
+        (
             {"default": {"REDIS": "redis", "OPTIONS": {"socket_timeout": 1}}},
             (
                 "delayqueue_django.E013",
