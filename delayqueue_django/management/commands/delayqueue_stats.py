@@ -1,0 +1,136 @@
+"""``manage.py delayqueue_stats [QUEUE ...]``: counts, lag and live workers, for terminals,
+scripts and health probes."""
+
+import argparse
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
+
+from delayqueue_django import registry
+from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
+from delayqueue_django.management.commands.run_delayqueue import non_negative_seconds
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import heartbeat
+
+# Exit codes, for health probes (2 is Django's own for a usage error).
+UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
+COUNTS = ("pending", "ready", "unack", "retry", "garbage", "due")
+
+
+def positive_seconds(text: str) -> float:
+    value = non_negative_seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
+def report(queue: Queue) -> dict[str, Any]:
+    try:
+        stats = queue.stats()
+        workers = heartbeat.live_workers(queue)
+    except RedisError as error:
+        return {"ok": False, "error": str(error)}
+    return {"ok": True, **stats, "workers": workers}
+
+
+class Command(BaseCommand):
+    help = (
+        "Shows each queue's counts, how long its oldest due message has waited, and its live "
+        f"workers. Exit codes: {UNREACHABLE} a queue's Redis cannot be reached, {LAGGING} a "
+        f"queue lags more than --max-lag, {NO_WORKER} --require-workers and a queue has none."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues (default: all).")
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument(
+            "--watch",
+            type=positive_seconds,
+            metavar="N",
+            help="Print again every N seconds until interrupted.",
+        )
+        parser.add_argument(
+            "--max-lag",
+            type=non_negative_seconds,
+            metavar="SECONDS",
+            help=f"Exit {LAGGING} if a due message has waited longer than this.",
+        )
+        parser.add_argument(
+            "--require-workers",
+            action="store_true",
+            help=f"Exit {NO_WORKER} if a queue has no live worker.",
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        queues: list[str],
+        json: bool,
+        watch: float | None,
+        max_lag: float | None,
+        require_workers: bool,
+        **options: Any,
+    ) -> None:
+        try:
+            names = list(dict.fromkeys(queues)) or registry.queue_names()
+            chosen = [registry.get_queue(name) for name in names]
+        except (QueueConfigurationError, UnknownQueue) as error:
+            raise CommandError(str(error)) from None
+        if watch is None:
+            reports = {queue.name: report(queue) for queue in chosen}
+            self._print(reports, as_json=json)
+            self._verdict(reports, max_lag, require_workers)
+            return
+        try:
+            while True:
+                self._print({queue.name: report(queue) for queue in chosen}, as_json=json)
+                self.stdout.flush()
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+    def _print(self, reports: dict[str, dict[str, Any]], *, as_json: bool) -> None:
+        if as_json:
+            self.stdout.write(json.dumps({"queues": reports}, sort_keys=True))
+            return
+        header = f"{'queue':<20}" + "".join(f"{name:>9}" for name in COUNTS)
+        self.stdout.write(f"{header}{'lag':>10}  {'next due (UTC)':<20} workers")
+        for name, data in reports.items():
+            if not data["ok"]:
+                self.stdout.write(f"{name:<20} Redis unavailable: {data['error']}")
+                continue
+            counts = "".join(f"{data[key]:>9}" for key in COUNTS)
+            lag = f"{data['lag_ms'] / 1000:.1f} s"
+            next_due = data["next_due_ms"]
+            due = "-"
+            if next_due >= 0:
+                due = datetime.fromtimestamp(next_due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+            workers = ", ".join(
+                f"{w.get('host')}:{w.get('pid')} "
+                f"({w.get('handled')} handled, {w.get('failed')} failed)"
+                for w in data["workers"]
+            )
+            self.stdout.write(f"{name:<20}{counts}{lag:>10}  {due:<20} {workers or 'none'}")
+
+    def _verdict(
+        self, reports: dict[str, dict[str, Any]], max_lag: float | None, require_workers: bool
+    ) -> None:
+        unreachable = [name for name, data in reports.items() if not data["ok"]]
+        if unreachable:
+            raise CommandError(
+                f"Redis unavailable for {', '.join(unreachable)}", returncode=UNREACHABLE
+            )
+        if max_lag is not None:
+            lagging = [n for n, d in reports.items() if d["lag_ms"] > max_lag * 1000]
+            if lagging:
+                raise CommandError(
+                    f"lagging more than {max_lag:g} s: {', '.join(lagging)}", returncode=LAGGING
+                )
+        if require_workers:
+            idle = [name for name, data in reports.items() if not data["workers"]]
+            if idle:
+                raise CommandError(f"no live worker for {', '.join(idle)}", returncode=NO_WORKER)

@@ -1,0 +1,118 @@
+"""``manage.py delayqueue_stats``: tables, JSON, and exit codes for health probes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from delayqueue_django import get_queue
+from delayqueue_django.worker import heartbeat
+from tests.redis_servers import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stats(*args: str, **options: Any) -> str:
+    out = StringIO()
+    call_command("delayqueue_stats", *args, stdout=out, **options)
+    return out.getvalue()
+
+
+def test_the_table_shows_counts_lag_and_workers() -> None:
+    queue = get_queue()
+    queue.send("later", delay=3600)
+    queue.send("due now")
+    heartbeat.beat(
+        queue, "w1", {"host": "box", "pid": 7, "handled": 3, "failed": 1}, ttl_seconds=30
+    )
+    text = stats("default")
+    header, row = text.splitlines()
+    assert header.split()[:8] == [
+        "queue",
+        "pending",
+        "ready",
+        "unack",
+        "retry",
+        "garbage",
+        "due",
+        "lag",
+    ]
+    assert row.split()[:7] == ["default", "2", "0", "0", "0", "0", "1"]
+    assert "box:7 (3 handled, 1 failed)" in row
+    assert "other" not in text
+
+
+def test_json_for_scripts() -> None:
+    get_queue().send("x", delay=60)
+    data = json.loads(stats(json=True))
+    assert set(data["queues"]) == {"default", "other"}
+    assert data["queues"]["default"]["pending"] == 1
+    assert data["queues"]["default"]["workers"] == []
+    assert data["queues"]["default"]["ok"] is True
+
+
+def test_a_lagging_queue_exits_3() -> None:
+    get_queue().send("overdue")
+    time.sleep(0.05)
+    stats("--max-lag", "10")  # within bounds: no error
+    with pytest.raises(CommandError, match=r"lagging more than 0\.01 s: default") as caught:
+        stats("--max-lag", "0.01")
+    assert caught.value.returncode == 3
+
+
+def test_a_queue_without_workers_exits_4_when_workers_are_required() -> None:
+    with pytest.raises(CommandError, match="no live worker for default, other") as caught:
+        stats("--require-workers")
+    assert caught.value.returncode == 4
+    for name in ("default", "other"):
+        heartbeat.beat(get_queue(name), "w", {"host": "h", "pid": 1}, ttl_seconds=30)
+    stats("--require-workers")
+
+
+def test_unreachable_redis_exits_1(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://127.0.0.1:1/0"}}
+    with pytest.raises(CommandError, match="Redis unavailable for default") as caught:
+        stats()
+    assert caught.value.returncode == 1
+
+
+def test_bad_arguments_and_unknown_queues_are_command_errors() -> None:
+    with pytest.raises(CommandError, match="no queue named 'nope'"):
+        stats("nope")
+    with pytest.raises(CommandError, match="must be more than 0 seconds"):
+        stats("--watch", "0")
+
+
+def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "DQ_TEST_REDIS_URL": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "delayqueue_stats", "--watch", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        headers = 0
+        deadline = time.monotonic() + 30
+        while headers < 2:  # two reports printed
+            assert time.monotonic() < deadline, "no second report"
+            headers += process.stdout.readline().startswith("queue")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
