@@ -16,7 +16,16 @@ from delayqueue_django.outgoing import Outgoing
 if TYPE_CHECKING:
     from delayqueue_django.queue import Queue
 
-__all__ = ["Message", "Outgoing", "cancel", "get_queue", "handler", "send"]
+__all__ = [
+    "Message",
+    "Outgoing",
+    "acancel",
+    "asend",
+    "cancel",
+    "get_queue",
+    "handler",
+    "send",
+]
 
 
 def get_queue(name: str = "default") -> "Queue":
@@ -50,3 +59,24 @@ def send(
 def cancel(message_id: str, *, queue: str = "default") -> bool:
     """True if the message was waiting and will now never be delivered; else False."""
     return get_queue(queue).cancel(message_id)
+
+
+async def asend(
+    payload: Any,
+    *,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    queue: str = "default",
+    retry_count: int | None = None,
+    on_commit: bool | None = None,
+    using: str | None = None,
+) -> str:
+    """``send`` for async views: non-blocking on redis.asyncio where the queue has a URL."""
+    return await get_queue(queue).asend(
+        payload, delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+    )
+
+
+async def acancel(message_id: str, *, queue: str = "default") -> bool:
+    """``cancel`` for async views."""
+    return await get_queue(queue).acancel(message_id)

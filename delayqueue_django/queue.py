@@ -5,14 +5,17 @@ Lua scripts. Bad input raises before anything is written.
 """
 
 import logging
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
+from delayqueue_django import connections
 from delayqueue_django.conf import QueueConfig
 from delayqueue_django.encoding import (
     decode_payload,
@@ -29,6 +32,7 @@ from delayqueue_django.engine import (
     StoredMessage,
     StoreLimits,
 )
+from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.store import BURY, RedisClient
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
@@ -80,6 +84,9 @@ class Queue:
             send_batch_size=config.send_batch_size,
         )
         self.store = RedisStore(client, QueueKeys(config.key_prefix, config.name), limits)
+        self._async_stores: weakref.WeakKeyDictionary[Any, AsyncRedisStore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r}>"
@@ -135,6 +142,89 @@ class Queue:
         else:
             self.store.send(prepared)
         return [message.id for message in prepared]
+
+    # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
+    # client, so its calls run the sync client in a worker thread.
+
+    async def asend(
+        self,
+        payload: Any,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
+    ) -> str:
+        """``send`` for async code."""
+        ids = await self.asend_many(
+            [payload], delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+        )
+        return ids[0]
+
+    async def asend_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
+    ) -> list[str]:
+        """``send_many`` for async code."""
+        if self.config.send_on_commit if on_commit is None else on_commit:
+            # Transactions belong to the sync world: join its thread, where the
+            # transaction is, and defer there.
+            send_many = sync_to_async(self.send_many, thread_sensitive=True)
+            return await send_many(
+                list(messages),
+                delay=delay,
+                at=at,
+                retry_count=retry_count,
+                on_commit=True,
+                using=using,
+            )
+        prepared = [
+            self._prepare(item)
+            if isinstance(item, Outgoing)
+            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
+            for item in messages
+        ]
+        if prepared:
+            store = self.async_store()
+            if store is None:
+                await sync_to_async(self.store.send, thread_sensitive=False)(prepared)
+            else:
+                await store.send(prepared)
+        return [message.id for message in prepared]
+
+    async def acancel(self, message_id: str) -> bool:
+        """``cancel`` for async code."""
+        _check_id(message_id)
+        store = self.async_store()
+        if store is None:
+            return await sync_to_async(self.cancel, thread_sensitive=False)(message_id)
+        return await store.remove(message_id) is not None
+
+    async def astats(self) -> dict[str, int]:
+        """``stats`` for async code."""
+        store = self.async_store()
+        if store is None:
+            return await sync_to_async(self.stats, thread_sensitive=False)()
+        return await store.stats()
+
+    def async_store(self) -> AsyncRedisStore | None:
+        """The redis.asyncio store for the running event loop, or None for a django-redis
+        alias (no asyncio client there)."""
+        client = connections.async_client_for(self.config)
+        if client is None:
+            return None
+        store = self._async_stores.get(client)
+        if store is None:
+            store = AsyncRedisStore(client, self.store.keys, self.store.limits)
+            self._async_stores[client] = store
+        return store
 
     def _prepare(self, outgoing: Outgoing) -> NewMessage:
         config = self.config

@@ -7,8 +7,7 @@ server restart (NOSCRIPT).
 
 from functools import cache
 from importlib import resources
-
-from redis.commands.core import Script
+from typing import Any
 
 SCRIPT_NAMES = (
     "ack",
@@ -42,11 +41,12 @@ def source(name: str) -> str:
 
 
 class Scripts:
-    """The queue's scripts registered on one Redis client (or cluster client)."""
+    """The queue's scripts registered on one Redis client: sync or asyncio, plain or cluster
+    (calling one returns the reply, or an awaitable of it on an asyncio client)."""
 
     def __init__(self, client: object) -> None:
         register = client.register_script  # type: ignore[attr-defined]
-        self._by_name: dict[str, Script] = {name: register(source(name)) for name in SCRIPT_NAMES}
+        self._by_name: dict[str, Any] = {name: register(source(name)) for name in SCRIPT_NAMES}
 
-    def __getitem__(self, name: str) -> Script:
+    def __getitem__(self, name: str) -> Any:
         return self._by_name[name]

@@ -29,7 +29,7 @@ from delayqueue_django.engine.scripts import Scripts
 
 logger = logging.getLogger("delayqueue_django.engine")
 
-RedisClient: TypeAlias = "Redis | RedisCluster"
+RedisClient: TypeAlias = Redis | RedisCluster
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
 
@@ -76,14 +76,68 @@ def parse_meta(raw: str | None) -> tuple[int, int, int] | None:
     return lease, attempt, budget
 
 
-def redis_version(client: RedisClient) -> tuple[int, ...]:
-    """The server's version; on a cluster, the oldest node's."""
-    info: dict[str, Any] = client.info("server")
+# Shared by the sync and async stores: building script arguments and reading replies.
+
+
+def oldest_version(info: dict[str, Any]) -> tuple[int, ...]:
+    """The server's version from INFO server; on a cluster, the oldest node's."""
     if "redis_version" in info:
         versions = [info["redis_version"]]
     else:  # RedisCluster answers with one dict per node.
         versions = [node["redis_version"] for node in info.values() if isinstance(node, dict)]
     return min(tuple(int(part) for part in str(v).split(".")[:3]) for v in versions)
+
+
+def require_supported(version: tuple[int, ...], queue: str) -> None:
+    if version < MINIMUM_REDIS_VERSION:
+        found = ".".join(map(str, version))
+        needed = ".".join(map(str, MINIMUM_REDIS_VERSION))
+        raise UnsupportedRedisVersion(
+            f"delayqueue_django needs Redis {needed} or newer; queue {queue!r} is on Redis {found}"
+        )
+
+
+def log_warnings(queue: str, warnings: Sequence[Sequence[bytes | str]]) -> None:
+    for subject, reason in warnings:
+        logger.warning(
+            "damaged queue state queue=%s subject=%s: %s", queue, _text(subject), _text(reason)
+        )
+
+
+def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) -> list[list[Any]]:
+    """The send script's ARGV for each chunk of ``batch_size`` messages."""
+    calls = []
+    for chunk in _chunks(messages, batch_size):
+        args: list[Any] = [channel, len(chunk)]
+        for message in chunk:
+            at = "" if message.at_ms is None else message.at_ms
+            args += [message.id, at, message.delay_ms, message.budget, message.payload]
+        calls.append(args)
+    return calls
+
+
+def duplicate_or(error: ResponseError, queue: str) -> Exception:
+    """The send script's DUPLICATE error as DuplicateMessageId; any other error as it is."""
+    if str(error).startswith("DUPLICATE "):
+        return DuplicateMessageId(
+            f"message id {str(error).split(' ', 1)[1]!r} already exists in queue {queue!r}; "
+            "nothing in its batch was written"
+        )
+    return error
+
+
+def removed_state(reply: Sequence[Any]) -> str | None:
+    return _text(reply[0]) or None
+
+
+STATS_NAMES = (
+    *("pending", "ready", "unack", "retry", "garbage", "due", "unannounced"),
+    *("server_time_ms", "next_due_ms", "lag_ms"),
+)
+
+
+def parse_stats(reply: Sequence[Any]) -> dict[str, int]:
+    return {name: int(value) for name, value in zip(STATS_NAMES, reply[:-1], strict=True)}
 
 
 class RedisStore:
@@ -110,37 +164,21 @@ class RedisStore:
         with self._version_lock:
             if self._version_checked:
                 return
-            version = redis_version(self.client)
-            if version < MINIMUM_REDIS_VERSION:
-                found = ".".join(map(str, version))
-                needed = ".".join(map(str, MINIMUM_REDIS_VERSION))
-                raise UnsupportedRedisVersion(
-                    f"delayqueue_django needs Redis {needed} or newer; "
-                    f"queue {self.keys.queue!r} is on Redis {found}"
-                )
+            require_supported(oldest_version(self.client.info("server")), self.keys.queue)
             self._version_checked = True
 
     def _run(self, name: str, args: Sequence[Any], client: Any = None) -> Any:
         self.check_server()
         reply = self._scripts[name](keys=self._layout, args=args, client=client)
         if client is None:
-            self._log_warnings(reply[-1])
+            log_warnings(self.keys.queue, reply[-1])
         return reply
-
-    def _log_warnings(self, warnings: Sequence[Sequence[bytes | str]]) -> None:
-        for subject, reason in warnings:
-            logger.warning(
-                "damaged queue state queue=%s subject=%s: %s",
-                self.keys.queue,
-                _text(subject),
-                _text(reason),
-            )
 
     # Producers
 
     def send(self, messages: Sequence[NewMessage]) -> list[int]:
         """Schedule messages; returns each one's due time in ms (server clock)."""
-        calls = [self._send_args(chunk) for chunk in _chunks(messages, self.limits.send_batch_size)]
+        calls = send_calls(self._channel, messages, self.limits.send_batch_size)
         try:
             if len(calls) <= 1 or self.is_cluster:
                 # Redis Cluster pipelines refuse EVALSHA, so a cluster sends chunk by chunk.
@@ -152,22 +190,10 @@ class RedisStore:
                     self._run("send", args, client=pipe)
                 replies = pipe.execute()
                 for reply in replies:
-                    self._log_warnings(reply[-1])
+                    log_warnings(self.keys.queue, reply[-1])
         except ResponseError as error:
-            if str(error).startswith("DUPLICATE "):
-                raise DuplicateMessageId(
-                    f"message id {str(error).split(' ', 1)[1]!r} already exists in queue "
-                    f"{self.keys.queue!r}; nothing in its batch was written"
-                ) from None
-            raise
+            raise duplicate_or(error, self.keys.queue) from None
         return [int(due) for reply in replies for due in reply[:-1]]
-
-    def _send_args(self, chunk: Sequence[NewMessage]) -> list[Any]:
-        args: list[Any] = [self._channel, len(chunk)]
-        for message in chunk:
-            at = "" if message.at_ms is None else message.at_ms
-            args += [message.id, at, message.delay_ms, message.budget, message.payload]
-        return args
 
     def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
         """Remove a message; returns the state it left, or None if nothing was removed.
@@ -176,8 +202,7 @@ class RedisStore:
         cancel, after which the message is never delivered.
         """
         mode = "delete" if include_in_flight_and_dead else "cancel"
-        state = _text(self._run("remove", [message_id, mode])[0])
-        return state or None
+        return removed_state(self._run("remove", [message_id, mode]))
 
     # Consumers
 
@@ -282,12 +307,7 @@ class RedisStore:
         return int(dropped), bool(more)
 
     def stats(self) -> dict[str, int]:
-        reply = self._run("stats", [])
-        names = (
-            *("pending", "ready", "unack", "retry", "garbage", "due", "unannounced"),
-            *("server_time_ms", "next_due_ms", "lag_ms"),
-        )
-        return {name: int(value) for name, value in zip(names, reply[:-1], strict=True)}
+        return parse_stats(self._run("stats", []))
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
