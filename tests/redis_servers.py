@@ -135,3 +135,39 @@ class RedisClusterServers:
     def close(self) -> None:
         for node in self.nodes:
             node.close()
+
+
+class RedisSentinel:
+    """A master and one sentinel watching it as ``service`` (for Sentinel-backed clients)."""
+
+    def __init__(self, service: str = "mymaster") -> None:
+        self.service = service
+        self.master = RedisServer()
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"dq-sentinel-{self.port}-"))
+        config = self.dir / "sentinel.conf"  # the sentinel rewrites its own config file
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"sentinel monitor {service} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {service} 1000\n"
+        )
+        self.process = subprocess.Popen(
+            ["redis-server", str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        _wait_until(
+            lambda: (
+                client.execute_command("SENTINEL", "get-master-addr-by-name", service) is not None
+            ),
+            f"sentinel on port {self.port} to know {service}",
+        )
+        client.close()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.master.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
