@@ -158,9 +158,7 @@ class RedisSentinel:
         )
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
         _wait_until(
-            lambda: (
-                client.execute_command("SENTINEL", "get-master-addr-by-name", service) is not None
-            ),
+            lambda: client.sentinel_get_master_addr_by_name(service) is not None,
             f"sentinel on port {self.port} to know {service}",
         )
         client.close()
