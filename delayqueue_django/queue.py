@@ -128,15 +128,10 @@ class Queue:
         Items are payloads sharing the timing given here, or ``Outgoing`` objects carrying
         their own. Every item is validated before anything is written (or deferred).
         """
-        prepared = [
-            self._prepare(item)
-            if isinstance(item, Outgoing)
-            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
-            for item in messages
-        ]
+        prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
         if not prepared:
             return []
-        if self.config.send_on_commit if on_commit is None else on_commit:
+        if self._on_commit(on_commit):
             # A delay still counts from when Redis receives the message, at the commit.
             transaction.on_commit(partial(self.store.send, prepared), using=using)
         else:
@@ -173,7 +168,7 @@ class Queue:
         using: str | None = None,
     ) -> list[str]:
         """``send_many`` for async code."""
-        if self.config.send_on_commit if on_commit is None else on_commit:
+        if self._on_commit(on_commit):
             # Transactions belong to the sync world: join its thread, where the
             # transaction is, and defer there.
             send_many = sync_to_async(self.send_many, thread_sensitive=True)
@@ -185,12 +180,7 @@ class Queue:
                 on_commit=True,
                 using=using,
             )
-        prepared = [
-            self._prepare(item)
-            if isinstance(item, Outgoing)
-            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
-            for item in messages
-        ]
+        prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
         if prepared:
             store = self.async_store()
             if store is None:
@@ -225,6 +215,25 @@ class Queue:
             store = AsyncRedisStore(client, self.store.keys, self.store.limits)
             self._async_stores[client] = store
         return store
+
+    def _on_commit(self, on_commit: bool | None) -> bool:
+        return self.config.send_on_commit if on_commit is None else on_commit
+
+    def _prepare_all(
+        self,
+        messages: Iterable[Any],
+        *,
+        delay: float | timedelta | None,
+        at: datetime | None,
+        retry_count: int | None,
+    ) -> list[NewMessage]:
+        """Validate and encode every message (payloads, or Outgoing with their own timing)."""
+        return [
+            self._prepare(item)
+            if isinstance(item, Outgoing)
+            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
+            for item in messages
+        ]
 
     def _prepare(self, outgoing: Outgoing) -> NewMessage:
         config = self.config
