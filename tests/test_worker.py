@@ -317,33 +317,37 @@ def test_an_idle_worker_sends_almost_no_commands(
     assert calls() - before <= 3  # no polling: blocking waits and rare heartbeats only
 
 
-def test_the_worker_survives_a_redis_restart(
-    settings: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+@pytest.fixture
+def own_redis(settings: Any) -> Iterator[RedisServer]:
+    """A Redis of this test's own, to stop and restart, with the default queue on it."""
     server = RedisServer()
-    try:
-        settings.DELAYQUEUES = {
-            "default": {"URL": server.url, "HANDLER": "tests.worker_handlers.handle"}
-        }
-        queue = get_queue()
-        worker = Worker([(queue, handle)], heartbeat_interval=0.2)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
-            thread.start()
-            time.sleep(0.3)
-            server.stop()
-            time.sleep(1.0)  # the worker keeps trying while Redis is down
-            server.start()
-            message_id = wait_for(lambda: _try_send(queue), timeout=10, what="Redis back")
-            wait_for(lambda: events("done"), timeout=10, what="the handler after the restart")
-        assert [e["id"] for e in events("done")] == [message_id]
-        assert thread.is_alive()
-        assert "redis unavailable queue=default" in caplog.text
-        worker.request_stop()
-        thread.join(timeout=10)
-        assert not thread.is_alive()
-    finally:
-        server.close()
+    settings.DELAYQUEUES = {
+        "default": {"URL": server.url, "HANDLER": "tests.worker_handlers.handle"}
+    }
+    yield server
+    server.close()
+
+
+def test_the_worker_survives_a_redis_restart(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = get_queue()
+    worker = Worker([(queue, handle)], heartbeat_interval=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+        thread.start()
+        time.sleep(0.3)
+        own_redis.stop()
+        time.sleep(1.0)  # the worker keeps trying while Redis is down
+        own_redis.start()
+        message_id = wait_for(lambda: _try_send(queue), timeout=10, what="Redis back")
+        wait_for(lambda: events("done"), timeout=10, what="the handler after the restart")
+    assert [e["id"] for e in events("done")] == [message_id]
+    assert thread.is_alive()
+    assert "redis unavailable queue=default" in caplog.text
+    worker.request_stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def _try_send(queue: Queue) -> str | None:
@@ -379,25 +383,18 @@ def test_a_handler_overrunning_its_deadline_is_logged(
 
 
 def test_a_stopping_worker_does_not_complain_about_its_own_connections(
-    settings: Any, caplog: pytest.LogCaptureFixture
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server = RedisServer()
-    try:
-        settings.DELAYQUEUES = {
-            "default": {"URL": server.url, "HANDLER": "tests.worker_handlers.handle"}
-        }
-        worker = Worker([(get_queue(), handle)])
-        thread = threading.Thread(target=worker.run, daemon=True)
-        with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
-            thread.start()
-            time.sleep(0.3)
-            worker.request_stop()
-            thread.join(timeout=10)
-            server.stop()
-            time.sleep(1.5)  # the listener notices the closed connection after its 1 s poll
-        assert "subscription lost" not in caplog.text
-    finally:
-        server.close()
+    worker = Worker([(get_queue(), handle)])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+        thread.start()
+        time.sleep(0.3)
+        worker.request_stop()
+        thread.join(timeout=10)
+        own_redis.stop()
+        time.sleep(1.5)  # the listener notices the closed connection after its 1 s poll
+    assert "subscription lost" not in caplog.text
 
 
 def test_an_unexpected_error_in_the_loop_is_logged_and_the_worker_carries_on(
