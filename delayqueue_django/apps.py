@@ -5,7 +5,9 @@ from django.core.signals import setting_changed
 
 
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("DELAYQUEUES", "CACHES", "USE_TZ", "TIME_ZONE"):
+    # Queues are built from DELAYQUEUES and may hold a cache's connection: rebuild them.
+    # (USE_TZ and TIME_ZONE are read on every call, so they need nothing.)
+    if setting in ("DELAYQUEUES", "CACHES"):
         from delayqueue_django import registry
 
         registry.reset()
