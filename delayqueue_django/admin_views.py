@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from delayqueue_django import registry
 from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.exceptions import UnknownQueue
+from delayqueue_django.monitoring import queue_report
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 
@@ -319,12 +320,11 @@ class QueueViews:
 
 
 def _queue_summary(queue: Queue) -> dict[str, Any]:
-    try:
-        stats = queue.stats()
-        workers = heartbeat.live_workers(queue)
-    except RedisError as error:
-        return {"ok": False, "error": str(error)}
-    return {"ok": True, **stats, "workers": len(workers)}
+    """The monitoring report, with the number of live workers rather than their details."""
+    report = queue_report(queue)
+    if report["ok"]:
+        report["workers"] = len(report["workers"])
+    return report
 
 
 def _page_number(raw: str | None, pages: int) -> int:

@@ -8,13 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import RedisError
 
 from delayqueue_django import registry
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.commands.run_delayqueue import non_negative_seconds
-from delayqueue_django.queue import Queue
-from delayqueue_django.worker import heartbeat
+from delayqueue_django.monitoring import queue_report
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
 UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
@@ -26,15 +24,6 @@ def positive_seconds(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError("must be more than 0 seconds")
     return value
-
-
-def report(queue: Queue) -> dict[str, Any]:
-    try:
-        stats = queue.stats()
-        workers = heartbeat.live_workers(queue)
-    except RedisError as error:
-        return {"ok": False, "error": str(error)}
-    return {"ok": True, **stats, "workers": workers}
 
 
 class Command(BaseCommand):
@@ -81,13 +70,13 @@ class Command(BaseCommand):
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
         if watch is None:
-            reports = {queue.name: report(queue) for queue in chosen}
+            reports = {queue.name: queue_report(queue) for queue in chosen}
             self._print(reports, as_json=json)
             self._verdict(reports, max_lag, require_workers)
             return
         try:
             while True:
-                self._print({queue.name: report(queue) for queue in chosen}, as_json=json)
+                self._print({queue.name: queue_report(queue) for queue in chosen}, as_json=json)
                 self.stdout.flush()
                 time.sleep(watch)
         except KeyboardInterrupt:
