@@ -18,6 +18,9 @@ class Message:
     lease: int
     # When this delivery is redelivered if not acked (ms since the epoch, Redis's clock).
     deadline_ms: int
+    # When the message became due for this delivery: its due time, retry time or the
+    # moment it was requeued (ms since the epoch, Redis's clock; 0 if not known).
+    due_ms: int
 
     @property
     def retries_left(self) -> int:

@@ -283,6 +283,7 @@ class Queue:
                     retry_count=delivery.budget,
                     lease=delivery.lease,
                     deadline_ms=delivery.deadline_ms,
+                    due_ms=delivery.due_ms,
                 )
             )
         self.store.nack(undecodable)

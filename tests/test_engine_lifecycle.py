@@ -303,3 +303,46 @@ def test_next_wakeup_includes_the_lapse_of_an_exhaustion_claim(queue: Queue) -> 
     result = queue.fetch(0)
     assert result.next_ms is not None
     assert 59_000 <= result.next_ms - result.now_ms <= 60_000
+
+
+def test_each_delivery_carries_the_time_it_became_due(configure: Callable[..., Queue]) -> None:
+    queue = configure(NACK_REDELIVERY_DELAY=[0.05], MAX_CONSUME_DURATION=0.1, RETRY_COUNT=5)
+    message_id = queue.send("x", delay=0.05)
+    sent_due = queue.store.client.zscore(queue.store.keys.key("pending"), message_id)
+    [first] = fetch_when_due(queue)
+    assert first.due_ms == sent_due
+
+    [outcome] = queue.nack([first])
+    [retried] = fetch_when_due(queue)
+    assert retried.due_ms == outcome.at_ms
+
+    # Not acked in time: the redelivery was due when the deadline passed.
+    [timed_out] = fetch_when_due(queue)
+    assert timed_out.due_ms == retried.deadline_ms
+
+    queue.bury([timed_out])
+    before = redis_time_ms(queue)
+    queue.requeue([message_id])
+    [requeued] = fetch_when_due(queue)
+    assert before <= requeued.due_ms <= redis_time_ms(queue)
+    queue.ack([requeued])
+
+    later_id = queue.send("y", delay=3600)
+    before = redis_time_ms(queue)
+    queue.deliver_now([later_id])
+    [promoted] = fetch_when_due(queue)
+    assert before <= promoted.due_ms <= redis_time_ms(queue)
+
+
+def test_a_meta_record_without_a_due_time_is_still_delivered(queue: Queue, raw: Any) -> None:
+    # Records written before the due time was kept have three fields.
+    message_id = queue.send("old")
+    raw.hset(queue.store.keys.key("meta"), message_id, "0:0:3")
+    [message] = fetch_when_due(queue)
+    assert (message.id, message.attempt, message.retry_count, message.due_ms) == (
+        message_id,
+        1,
+        3,
+        0,
+    )
+    assert queue.ack([message]) == {message_id}

@@ -24,6 +24,8 @@ class Delivery:
     lease: int
     budget: int
     deadline_ms: int
+    # When the message became due for this delivery (0 if sent before this was kept).
+    due_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,13 +66,14 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def parse_meta(raw: str | None) -> tuple[int, int, int] | None:
-    """``"lease:attempt:budget"`` as three ints, or None when missing or damaged."""
+    """Lease, attempt and budget from ``"lease:attempt:budget:due"``, or None when the
+    record is missing or damaged. (A record from before ``due`` was kept has 3 fields.)"""
     if raw is None:
         return None
     parts = raw.split(":")
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+    if len(parts) not in (3, 4) or not all(part.isdigit() for part in parts):
         return None
-    lease, attempt, budget = (int(part) for part in parts)
+    lease, attempt, budget = (int(part) for part in parts[:3])
     return lease, attempt, budget
 
 
@@ -221,8 +222,9 @@ class RedisStore:
                 lease=int(flat[i + 3]),
                 budget=int(flat[i + 4]),
                 deadline_ms=deadline,
+                due_ms=int(flat[i + 5]),
             )
-            for i in range(0, len(flat), 5)
+            for i in range(0, len(flat), 6)
         ]
         return FetchResult(
             now_ms=int(now),

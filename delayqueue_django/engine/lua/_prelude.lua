@@ -9,7 +9,7 @@
     KEYS[4] retry      list  ids due for redelivery (bounded staging list)
     KEYS[5] garbage    zset  id -> time its retries ran out (ms)
     KEYS[6] payload    hash  id -> JSON payload
-    KEYS[7] meta       hash  id -> "lease:attempt:budget"
+    KEYS[7] meta       hash  id -> "lease:attempt:budget:due"
     KEYS[8] exhausted  zset  id -> earliest time its exhaustion may be announced (ms)
     KEYS[9] quarantine any   where a structure of the wrong type is moved aside
     KEYS[10] throughput hash "<minute>:acked" / "<minute>:failed" -> count, minute being
@@ -18,7 +18,11 @@
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
                attempt deliveries counted against the budget (1 on first delivery);
-               budget  retries allowed after the first delivery.
+               budget  retries allowed after the first delivery;
+               due     when the message last became due (ms): its send or retry time,
+                       the moment it was requeued or promoted, or the deadline of a
+                       delivery that timed out. Handed out with each delivery so that
+                       workers can measure how late it started.
 ]]
 
 local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -75,21 +79,27 @@ local function foreign_keys()
   return foreign
 end
 
--- Returns lease, attempt, budget as numbers, or nil when the record is missing or damaged.
+-- Returns lease, attempt, budget, due as numbers, or nil when the record is missing or
+-- damaged. A record written before due was kept has three fields; its due reads as 0.
 local function read_meta(id)
   local raw = redis.call('HGET', metas, id)
   if not raw then
     return nil
   end
-  local lease, attempt, budget = string.match(raw, '^(%d+):(%d+):(%d+)$')
+  local lease, attempt, budget, due = string.match(raw, '^(%d+):(%d+):(%d+):(%d+)$')
   if not lease then
-    return nil
+    lease, attempt, budget = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    if not lease then
+      return nil
+    end
+    due = 0
   end
-  return tonumber(lease), tonumber(attempt), tonumber(budget)
+  return tonumber(lease), tonumber(attempt), tonumber(budget), tonumber(due)
 end
 
-local function write_meta(id, lease, attempt, budget)
-  redis.call('HSET', metas, id, int(lease) .. ':' .. int(attempt) .. ':' .. int(budget))
+local function write_meta(id, lease, attempt, budget, due)
+  redis.call('HSET', metas, id,
+    int(lease) .. ':' .. int(attempt) .. ':' .. int(budget) .. ':' .. int(due))
 end
 
 -- Retries used up: park the message as a dead letter and record that its exhaustion

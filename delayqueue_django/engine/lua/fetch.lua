@@ -21,7 +21,8 @@
                 else the earliest pending due time, unack deadline or lapse of an
                 exhaustion claim, or -1 if there is none
     expired     how many deliveries timed out in step 1
-    deliveries  flat list: id, payload, attempt, lease, budget for each message handed out
+    deliveries  flat list: id, payload, attempt, lease, budget, due for each message
+                handed out
     owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
@@ -39,15 +40,18 @@ end
 local expired = 0
 local free = room()
 if free > 0 then
-  local ids = redis.call('ZRANGE', unack, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free)
-  for _, id in ipairs(ids) do
+  local timed_out = redis.call('ZRANGE', unack, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free,
+    'WITHSCORES')
+  for i = 1, #timed_out, 2 do
+    local id, deadline = timed_out[i], tonumber(timed_out[i + 1])
     redis.call('ZREM', unack, id)
     local lease, attempt, budget = read_meta(id)
     if not lease then
       set_aside(id, now, 'meta record missing or unreadable; moved to garbage')
     else
       expired = expired + 1
-      write_meta(id, lease + 1, attempt, budget)
+      -- Its redelivery is due from the moment the deadline passed.
+      write_meta(id, lease + 1, attempt, budget, deadline)
       if attempt > budget then
         bury(id, now)
       else
@@ -89,18 +93,19 @@ for _, source in ipairs({retry, ready}) do
   if ids then
     for _, id in ipairs(ids) do
       local payload = redis.call('HGET', payloads, id)
-      local lease, attempt, budget = read_meta(id)
+      local lease, attempt, budget, due = read_meta(id)
       local damage = damage_of(id, payload, lease)
       if damage then
         set_aside(id, now, damage)
       else
-        write_meta(id, lease + 1, attempt + 1, budget)
+        write_meta(id, lease + 1, attempt + 1, budget, due)
         redis.call('ZADD', unack, deadline, id)
         table.insert(deliveries, id)
         table.insert(deliveries, payload)
         table.insert(deliveries, attempt + 1)
         table.insert(deliveries, lease + 1)
         table.insert(deliveries, budget)
+        table.insert(deliveries, due)
         handed = handed + 1
       end
     end

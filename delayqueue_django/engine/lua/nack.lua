@@ -24,17 +24,18 @@ local outcomes = {}
 for i = 0, n - 1 do
   local base = 3 + i * 3
   local id, token, delay_ms = ARGV[base], tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local lease, attempt, budget = read_meta(id)
+  local lease, attempt, budget, due = read_meta(id)
   if lease == token and redis.call('ZSCORE', unack, id) then
     redis.call('ZREM', unack, id)
-    write_meta(id, lease + 1, attempt, budget)
     if attempt > budget or delay_ms < 0 then
+      write_meta(id, lease + 1, attempt, budget, due)
       bury(id, now)
       table.insert(outcomes, id)
       table.insert(outcomes, 2)
       table.insert(outcomes, now)
     else
-      local due = now + delay_ms
+      due = now + delay_ms
+      write_meta(id, lease + 1, attempt, budget, due)
       redis.call('ZADD', pending, int(due), id)
       if earliest == nil or due < earliest then
         earliest = due

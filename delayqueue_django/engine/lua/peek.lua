@@ -7,7 +7,7 @@
   Returns {state, score, payload, meta, unannounced, warnings}:
     state        pending, ready, unack, retry, garbage, or "" if unknown
     score        due time, deadline or burial time in ms (-1 for ready and retry)
-    payload      the JSON text, or false; meta "lease:attempt:budget", or false
+    payload      the JSON text, or false; meta "lease:attempt:budget:due", or false
     unannounced  1 if its exhaustion is still to be announced
 ]]
 

@@ -1,7 +1,7 @@
 --[[
   promote: make pending messages due now ("deliver now"), keeping their retry state.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes pending.
+  KEYS: the queue's key layout (see _prelude.lua); writes pending, meta (its due time).
   ARGV[1]  wake-up channel
   ARGV[2…] ids
 
@@ -17,6 +17,10 @@ for i = 2, #ARGV do
   local id = ARGV[i]
   if redis.call('ZSCORE', pending, id) then
     redis.call('ZADD', pending, 'XX', int(now), id)
+    local lease, attempt, budget = read_meta(id)
+    if lease then
+      write_meta(id, lease, attempt, budget, now)
+    end
     table.insert(promoted, id)
   end
 end

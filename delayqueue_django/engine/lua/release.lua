@@ -17,10 +17,10 @@ local released = {}
 -- Walk backwards and push to the front, so the first id given ends up first.
 for i = n - 1, 0, -1 do
   local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
-  local lease, attempt, budget = read_meta(id)
+  local lease, attempt, budget, due = read_meta(id)
   if lease == token and redis.call('ZSCORE', unack, id) then
     redis.call('ZREM', unack, id)
-    write_meta(id, lease + 1, attempt - 1, budget)
+    write_meta(id, lease + 1, attempt - 1, budget, due)
     if attempt - 1 > 0 then
       redis.call('LPUSH', retry, id)
     else

@@ -22,7 +22,7 @@ for i = 3, #ARGV do
       table.insert(warnings, {id, 'payload missing; cannot be requeued, only deleted'})
     else
       local lease, _, budget = read_meta(id)
-      write_meta(id, (lease or 0) + 1, 0, budget or default_budget)
+      write_meta(id, (lease or 0) + 1, 0, budget or default_budget, now)
       redis.call('ZREM', garbage, id)
       redis.call('ZREM', exhausted, id)
       redis.call('ZADD', pending, int(now), id)

@@ -43,7 +43,7 @@ for i = 0, n - 1 do
   end
   redis.call('ZADD', pending, int(due), id)
   redis.call('HSET', payloads, id, payload)
-  write_meta(id, 0, 0, budget)
+  write_meta(id, 0, 0, budget, due)
   dues[i + 1] = due
   if earliest == nil or due < earliest then
     earliest = due
