@@ -24,7 +24,7 @@ redis-check:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[test,lint]" "Django>=5.2,<6.0"
+	$(VENV)/bin/pip install --quiet -e ".[test,lint,tasks]" "Django>=5.2,<6.0"
 	touch $@
 
 $(VENV_NEXT)/.installed: pyproject.toml

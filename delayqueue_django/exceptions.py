@@ -52,3 +52,8 @@ class InvalidDelay(DelayQueueError, ValueError):
 
 class Reject(DelayQueueError):
     """Raised by a handler: the message can never succeed; bury it now, skipping its retries."""
+
+
+class TaskAbandoned(DelayQueueError):
+    """A task's last delivery ended with no outcome recorded: its worker died, or it ran past
+    the queue's MAX_CONSUME_DURATION, and no retry was left."""

@@ -27,11 +27,16 @@ def handler(queue: str = "default") -> Callable[[Handler], Handler]:
     return register
 
 
+def is_registered(queue: str) -> bool:
+    return queue in _registered
+
+
 class HandlerNotFound(LookupError):
     """A queue has no usable handler."""
 
 
 def resolve(config: QueueConfig) -> Handler:
+    """HANDLER if set, else the @handler function, else the task runner on a task queue."""
     if config.handler is not None:
         try:
             found = import_string(config.handler)
@@ -46,6 +51,12 @@ def resolve(config: QueueConfig) -> Handler:
         return found  # type: ignore[no-any-return]
     if config.name in _registered:
         return _registered[config.name]
+    from delayqueue_django.tasks.claims import task_queue_names
+
+    if config.name in task_queue_names():
+        from delayqueue_django.tasks.runner import run_task
+
+        return run_task
     raise HandlerNotFound(
         f"queue {config.name!r} has no handler: set DELAYQUEUES[{config.name!r}]['HANDLER'] "
         f"or decorate a function with @delayqueue_django.handler({config.name!r})"

@@ -1,6 +1,7 @@
 """Settings for the test suite. Queues point at the private redis-server that conftest
 starts; the placeholder URL below is replaced before any test runs."""
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -24,7 +25,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "delayqueue_django",
     "shop",
+    "tests.task_app",
 ]
+
+# Django 5.2 has the task framework only as the django-tasks backport, an app of its own.
+if importlib.util.find_spec("django.tasks") is None:
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

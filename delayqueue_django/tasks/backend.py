@@ -1,0 +1,201 @@
+"""``DelayQueueBackend``: Django's task framework on delayqueue_django queues.
+
+A task call becomes one message on the DELAYQUEUES queue named by the task's ``queue_name``;
+``run_delayqueue`` runs it (see ``runner``) under that queue's retry rules, and records the
+outcome in Redis (see ``results``), where any process can read it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from functools import partial
+from typing import Any, ParamSpec, TypeVar, cast
+
+from django.core import checks
+from django.db import transaction
+from django.utils import timezone
+
+from delayqueue_django import conf, handlers
+from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.queue import Queue
+from delayqueue_django.registry import get_queue
+from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
+from delayqueue_django.tasks.compat import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+from delayqueue_django.tasks.locate import UnknownTask, locate_task
+from delayqueue_django.tasks.results import ResultRecords, build_result
+
+DEFAULT_RESULT_TTL = timedelta(days=7)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DelayQueueBackend(BaseTaskBackend):
+    supports_defer = True
+    # Coroutine tasks run to completion in the worker's handler thread (async_to_sync).
+    supports_async_task = True
+    supports_get_result = True
+    # A delay queue orders by due time only; priorities would be a promise it cannot keep.
+    supports_priority = False
+
+    # Enqueueing
+
+    def enqueue(
+        self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]
+    ) -> TaskResult[P, R]:
+        self.validate_task(task)
+        queue = get_queue(task.queue_name)
+        call = self._call(task, args, kwargs)
+        message_id = queue.send(call.to_payload(), at=task.run_after)
+        return self._enqueued(queue, task, message_id, call)
+
+    async def aenqueue(
+        self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]
+    ) -> TaskResult[P, R]:
+        self.validate_task(task)
+        queue = get_queue(task.queue_name)
+        call = self._call(task, args, kwargs)
+        message_id = await queue.asend(call.to_payload(), at=task.run_after)
+        return self._enqueued(queue, task, message_id, call)
+
+    def _call(self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskCall:
+        run_after = task.run_after
+        return TaskCall(
+            task_path=task.module_path,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            # What JSON can carry, as the framework's own TaskResult normalizes it.
+            args=cast(list[Any], normalize_json(list(args))),
+            kwargs=cast(dict[str, Any], normalize_json(dict(kwargs))),
+            enqueued_at=timezone.now().isoformat(),
+            run_after=None if run_after is None else run_after.isoformat(),
+        )
+
+    def _enqueued(
+        self, queue: Queue, task: Task[P, R], message_id: str, call: TaskCall
+    ) -> TaskResult[P, R]:
+        result = build_result(task, message_id, call, {})
+        announce = partial(task_enqueued.send, sender=type(self), task_result=result)
+        if queue.config.send_on_commit:
+            # The message reaches Redis when the transaction commits: say so only then.
+            transaction.on_commit(announce)
+        else:
+            announce()
+        return result
+
+    # Results
+
+    def records(self, queue: Queue) -> ResultRecords:
+        return ResultRecords(queue, self.result_ttl_seconds())
+
+    def result_ttl_seconds(self) -> int | None:
+        ttl = self.options.get("RESULT_TTL", DEFAULT_RESULT_TTL)
+        problem = _ttl_problem(ttl)
+        if problem:
+            raise QueueConfigurationError(f"TASKS[{self.alias!r}]: {problem}")
+        if ttl is None:
+            return None
+        seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+        return max(round(seconds), 1)
+
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
+        if not isinstance(result_id, str) or not result_id:
+            raise TaskResultDoesNotExist(result_id)
+        for queue in self._queues():
+            result = self._result_in(queue, result_id)
+            if result is not None:
+                return result
+        raise TaskResultDoesNotExist(result_id)
+
+    def _result_in(self, queue: Queue, result_id: str) -> TaskResult[..., Any] | None:
+        record = self.records(queue).read(result_id)
+        status = None
+        if record:
+            payload = json.loads(record["call"])
+        else:
+            # Not run yet: the message itself is the whole story.
+            stored = queue.peek(result_id)
+            if stored is None or stored.payload is None:
+                return None
+            payload = json.loads(stored.payload)
+            status = TaskResultStatus.FAILED if stored.state == "garbage" else None
+        try:
+            call = TaskCall.from_payload(payload)
+            task = locate_task(call.task_path)
+        except (MalformedTaskMessage, UnknownTask):
+            return None  # a message of this queue, but not a task this process knows
+        if call.backend != self.alias:
+            return None
+        if status is not None:
+            record = {"status": status}
+        return build_result(task.using(queue_name=call.queue_name), result_id, call, record)
+
+    def _queues(self) -> Iterator[Queue]:
+        for name in sorted(self.queues):
+            if name in conf.queue_configs():
+                yield get_queue(name)
+
+    # Checks
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        where = f"TASKS[{self.alias!r}]"
+        if not self.queues:
+            errors.append(
+                checks.Error(
+                    f"{where}['QUEUES'] is empty; list the DELAYQUEUES queues this backend "
+                    "sends tasks to.",
+                    id="delayqueue_django.E101",
+                )
+            )
+        try:
+            configured = conf.queue_configs()
+        except QueueConfigurationError:
+            configured = {}  # DELAYQUEUES' own checks report what is wrong with it
+        for name in sorted(self.queues - set(configured)):
+            errors.append(
+                checks.Error(
+                    f"{where}['QUEUES'] names {name!r}, which is not in DELAYQUEUES.",
+                    hint=f"Add DELAYQUEUES[{name!r}] or remove it from QUEUES.",
+                    id="delayqueue_django.E102",
+                )
+            )
+        for name in sorted(self.queues & set(configured)):
+            config = configured[name]
+            if config.handler is not None or handlers.is_registered(name):
+                errors.append(
+                    checks.Error(
+                        f"DELAYQUEUES[{name!r}] carries tasks of {where} but also has a "
+                        "handler of its own; a task queue's messages are run as tasks.",
+                        hint="Give the tasks a queue of their own.",
+                        id="delayqueue_django.E103",
+                    )
+                )
+        problem = _ttl_problem(self.options.get("RESULT_TTL", DEFAULT_RESULT_TTL))
+        if problem:
+            errors.append(checks.Error(f"{where}: {problem}", id="delayqueue_django.E104"))
+        return errors
+
+
+def _ttl_problem(ttl: Any) -> str | None:
+    if ttl is None:
+        return None
+    if isinstance(ttl, timedelta):
+        seconds = ttl.total_seconds()
+    elif isinstance(ttl, int | float) and not isinstance(ttl, bool):
+        seconds = ttl
+    else:
+        return f"OPTIONS['RESULT_TTL'] must be seconds, a timedelta or None, not {ttl!r}"
+    if not seconds >= 1:
+        return f"OPTIONS['RESULT_TTL'] must be at least one second, not {ttl!r}"
+    return None

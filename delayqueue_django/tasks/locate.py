@@ -1,0 +1,38 @@
+"""Finding the task a message names, without letting a message run anything else.
+
+A worker imports only what is already imported or lives inside an installed app, and runs
+only an object that really is a ``Task``: write access to Redis must not be a way to call
+arbitrary functions or to import arbitrary modules (imports run code).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.apps import apps
+from django.utils.module_loading import import_string
+
+from delayqueue_django.tasks.compat import Task
+
+
+class UnknownTask(LookupError):
+    """The path in a message does not lead to a task this process may run."""
+
+
+def locate_task(path: str) -> Task[..., Any]:
+    module = path.rpartition(".")[0]
+    if module not in sys.modules and apps.get_containing_app_config(module) is None:
+        raise UnknownTask(
+            f"{path!r} is outside every installed app; only tasks defined in INSTALLED_APPS "
+            "(or already imported) are run"
+        )
+    try:
+        found = import_string(path)
+    except ImportError as error:
+        raise UnknownTask(f"{path!r} cannot be imported: {error}") from None
+    if not isinstance(found, Task):
+        raise UnknownTask(f"{path!r} is a {type(found).__name__}, not a task; refusing to run it")
+    if found.module_path != path:
+        raise UnknownTask(f"{path!r} refers to the task {found.module_path!r} under another name")
+    return found

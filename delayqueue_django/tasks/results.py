@@ -1,0 +1,119 @@
+"""Task results kept in Redis, readable from any process.
+
+One hash per result, ``{prefix:queue}:task:<result id>`` (the result id is the message id),
+beside the queue's own keys. Every write sets the TTL again, so a record lives RESULT_TTL
+after the last thing that happened to its task. Fields:
+
+    call               the task message's payload (task path, arguments, backend, queue)
+    status             READY, RUNNING, SUCCESSFUL or FAILED
+    started_at         first start (ISO 8601); last_attempted_at, finished_at likewise
+    return_value       JSON, once SUCCESSFUL
+    worker:<attempt>   the worker that ran that attempt
+    error:<attempt>    JSON {exception_class_path, traceback} of that attempt's failure
+
+Attempts write fields of their own rather than appending to a list, so two overlapping
+deliveries of one message (a redelivery after a timeout) never overwrite each other's.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, ParamSpec, TypeVar
+
+from delayqueue_django.queue import Queue
+from delayqueue_django.tasks.call import TaskCall
+from delayqueue_django.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+
+
+class ResultRecords:
+    """The result records of one queue's tasks."""
+
+    def __init__(self, queue: Queue, ttl_seconds: int | None) -> None:
+        self.queue = queue
+        self.ttl_seconds = ttl_seconds
+
+    def key(self, result_id: str) -> str:
+        return self.queue.store.keys.key(f"task:{result_id}")
+
+    def write(
+        self, result_id: str, fields: dict[str, str], *, unless_set: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """Set ``fields``, and ``unless_set`` only where absent; renew the TTL; return the
+        whole record. One round trip."""
+        key = self.key(result_id)
+        client: Any = self.queue.store.client
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(key, mapping=fields)
+        for name, value in (unless_set or {}).items():
+            pipe.hsetnx(key, name, value)
+        if self.ttl_seconds is None:
+            pipe.persist(key)
+        else:
+            pipe.expire(key, self.ttl_seconds)
+        pipe.hgetall(key)
+        return _decoded(pipe.execute()[-1])
+
+    def read(self, result_id: str) -> dict[str, str]:
+        client: Any = self.queue.store.client
+        return _decoded(client.hgetall(self.key(result_id)))
+
+
+def call_fields(call: TaskCall) -> dict[str, str]:
+    return {"call": json.dumps(call.to_payload(), separators=(",", ":"))}
+
+
+def error_json(error: TaskError) -> str:
+    return json.dumps(
+        {"exception_class_path": error.exception_class_path, "traceback": error.traceback}
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def build_result(
+    task: Task[P, R], result_id: str, call: TaskCall, record: dict[str, str]
+) -> TaskResult[P, R]:
+    """The framework's TaskResult for a record (or, with no record yet, a READY one)."""
+    errors = [TaskError(**json.loads(value)) for value in _by_attempt(record, "error")]
+    result = TaskResult(
+        task=task,
+        id=result_id,
+        status=TaskResultStatus(record.get("status", TaskResultStatus.READY)),
+        enqueued_at=_when(call.enqueued_at),
+        started_at=_when(record.get("started_at")),
+        finished_at=_when(record.get("finished_at")),
+        last_attempted_at=_when(record.get("last_attempted_at")),
+        args=call.args,
+        kwargs=call.kwargs,
+        backend=call.backend,
+        errors=errors,
+        worker_ids=_by_attempt(record, "worker"),
+    )
+    if "return_value" in record:
+        object.__setattr__(result, "_return_value", json.loads(record["return_value"]))
+    return result
+
+
+def _by_attempt(record: dict[str, str], kind: str) -> list[str]:
+    """The values of the ``<kind>:<attempt>`` fields, in attempt order."""
+    numbered = []
+    for name, value in record.items():
+        prefix, _, number = name.partition(":")
+        if prefix == kind and number.isdigit():
+            numbered.append((int(number), value))
+    return [value for _, value in sorted(numbered)]
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _decoded(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(name): _text(value) for name, value in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,159 @@
+"""Running task messages in ``run_delayqueue``: the handler of every task queue.
+
+Status moves READY → RUNNING → SUCCESSFUL, or back to READY while retries are left, or to
+FAILED on the last attempt. The queue's own retry rules apply (RETRY_COUNT,
+NACK_REDELIVERY_DELAY); each attempt's worker and error are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import traceback
+from typing import Any
+
+from django.dispatch import receiver
+from django.utils import timezone
+
+from delayqueue_django.exceptions import Reject, TaskAbandoned
+from delayqueue_django.message import Message
+from delayqueue_django.queue import Exhausted
+from delayqueue_django.registry import get_queue
+from delayqueue_django.signals import message_exhausted
+from delayqueue_django.tasks.backend import DelayQueueBackend
+from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
+from delayqueue_django.tasks.claims import task_queue_names
+from delayqueue_django.tasks.compat import (
+    InvalidTask,
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from delayqueue_django.tasks.locate import UnknownTask, locate_task
+from delayqueue_django.tasks.results import build_result, call_fields, error_json
+
+logger = logging.getLogger("delayqueue_django.tasks")
+
+# The framework keeps worker ids of up to 64 characters.
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
+
+
+def run_task(message: Message) -> None:
+    """Run the task a message names; raise to have the worker retry it (or bury it)."""
+    try:
+        call = TaskCall.from_payload(message.payload)
+        backend = _backend_for(call, message.queue)
+        task = locate_task(call.task_path).using(queue_name=call.queue_name)
+        backend.validate_task(task)
+    except (MalformedTaskMessage, UnknownTask, InvalidTask) as error:
+        # Bury at once: retrying cannot make a message into a task.
+        raise Reject(f"refusing to run message {message.id} as a task: {error}") from None
+
+    records = backend.records(get_queue(message.queue))
+    now = timezone.now().isoformat()
+    record = records.write(
+        message.id,
+        {
+            **call_fields(call),
+            "status": TaskResultStatus.RUNNING,
+            "last_attempted_at": now,
+            f"worker:{message.attempt}": WORKER_ID,
+        },
+        unless_set={"started_at": now},
+    )
+    result = build_result(task, message.id, call, record)
+    task_started.send(sender=type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
+        else:
+            value = task.call(*call.args, **call.kwargs)
+        # Inside the try: a return value JSON cannot carry fails the run, as it would
+        # fail every reader of the result.
+        returned = json.dumps(normalize_json(value), separators=(",", ":"))
+    except BaseException as error:  # the task's failure, whatever it is, is its outcome
+        last = message.is_last_attempt
+        fields = {
+            f"error:{message.attempt}": error_json(_task_error(error)),
+            "status": TaskResultStatus.FAILED if last else TaskResultStatus.READY,
+        }
+        if last:
+            fields["finished_at"] = timezone.now().isoformat()
+        record = records.write(message.id, fields)
+        if last:
+            result = build_result(task, message.id, call, record)
+            task_finished.send(sender=type(backend), task_result=result)
+        raise
+    record = records.write(
+        message.id,
+        {
+            "status": TaskResultStatus.SUCCESSFUL,
+            "finished_at": timezone.now().isoformat(),
+            "return_value": returned,
+        },
+    )
+    result = build_result(task, message.id, call, record)
+    task_finished.send(sender=type(backend), task_result=result)
+
+
+@receiver(message_exhausted)
+def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: Any) -> None:
+    """A task whose last delivery timed out or whose worker died never said how it ended:
+    record it as FAILED, so its result does not stay RUNNING for good."""
+    if queue not in task_queue_names():
+        return
+    try:
+        call = TaskCall.from_payload(message.payload)
+        backend = _backend_for(call, queue)
+        task = locate_task(call.task_path).using(queue_name=call.queue_name)
+    except (MalformedTaskMessage, UnknownTask, InvalidTask):
+        return  # refused as a task when it was delivered; nothing ran, nothing to record
+    records = backend.records(get_queue(queue))
+    record = records.read(message.id)
+    if record.get("status") in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+        return
+    abandoned = TaskAbandoned(
+        f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "
+        "its worker stopped, or it ran past the queue's MAX_CONSUME_DURATION"
+    )
+    record = records.write(
+        message.id,
+        {
+            **call_fields(call),
+            "status": TaskResultStatus.FAILED,
+            "finished_at": timezone.now().isoformat(),
+            f"error:{message.attempt}": error_json(_task_error(abandoned)),
+        },
+    )
+    task_finished.send(
+        sender=type(backend), task_result=build_result(task, message.id, call, record)
+    )
+
+
+def _backend_for(call: TaskCall, queue: str) -> DelayQueueBackend:
+    try:
+        backend = task_backends[call.backend]
+    except Exception:  # the framework raises InvalidTaskBackend for unknown aliases
+        raise UnknownTask(f"no TASKS backend named {call.backend!r}") from None
+    if not isinstance(backend, DelayQueueBackend):
+        raise UnknownTask(f"TASKS[{call.backend!r}] is not a DelayQueueBackend")
+    if queue != call.queue_name or queue not in backend.queues:
+        raise UnknownTask(
+            f"the message came from queue {queue!r}, which does not carry the tasks of "
+            f"TASKS[{call.backend!r}] for queue {call.queue_name!r}"
+        )
+    return backend
+
+
+def _task_error(error: BaseException) -> TaskError:
+    kind = type(error)
+    return TaskError(
+        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+        traceback="".join(traceback.format_exception(error)),
+    )

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TaskAppConfig(AppConfig):
+    name = "tests.task_app"
+    label = "task_app"

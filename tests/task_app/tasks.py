@@ -1,0 +1,54 @@
+"""Tasks for tests/test_tasks.py. Calls are recorded in ``calls`` (the worker runs in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from delayqueue_django.tasks.compat import TaskContext, task
+
+calls: list[tuple[str, Any]] = []
+# How many more times ``flaky`` fails before it succeeds.
+flaky_failures_left = {"n": 0}
+
+
+@task
+def add(a: int, b: int) -> int:
+    calls.append(("add", (a, b)))
+    return a + b
+
+
+@task
+def always_fails(reason: str) -> None:
+    calls.append(("always_fails", reason))
+    raise ValueError(reason)
+
+
+@task
+def flaky() -> str:
+    calls.append(("flaky", None))
+    if flaky_failures_left["n"] > 0:
+        flaky_failures_left["n"] -= 1
+        raise RuntimeError("not yet")
+    return "finally"
+
+
+@task(takes_context=True)
+def which_attempt(context: TaskContext[[], int]) -> int:
+    return context.attempt
+
+
+@task
+async def async_double(n: int) -> int:
+    await asyncio.sleep(0)
+    return n * 2
+
+
+@task
+def returns_something_json_cannot_carry() -> Any:
+    return object()
+
+
+def not_a_task() -> None:
+    """A plain function: a message naming it must never get it called."""
+    calls.append(("not_a_task", None))

@@ -1,0 +1,396 @@
+"""The Django Tasks backend: enqueue, run by run_delayqueue, results in Redis, signals,
+retries, refusal of anything that is not a task, and its system checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
+
+from delayqueue_django import get_queue
+from delayqueue_django.queue import Queue
+from delayqueue_django.tasks.backend import DelayQueueBackend
+from delayqueue_django.tasks.compat import (
+    InvalidTask,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from tests.redis_servers import RedisServer
+from tests.task_app import tasks
+
+BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
+
+
+@pytest.fixture
+def tasks_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue]:
+    """``tasks_queue(result_ttl, **queue_options)``: the default queue, carrying the tasks
+    of a default DelayQueueBackend."""
+
+    def configure(result_ttl: Any = timedelta(days=7), **options: Any) -> Queue:
+        settings.DELAYQUEUES = {
+            "default": {"URL": redis_server.url, "NACK_REDELIVERY_DELAY": 0, **options},
+            "other": {"URL": redis_server.url},
+        }
+        settings.TASKS = {
+            "default": {
+                "BACKEND": BACKEND,
+                "QUEUES": ["default"],
+                "OPTIONS": {"RESULT_TTL": result_ttl},
+            }
+        }
+        return get_queue("default")
+
+    return configure
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    tasks.calls.clear()
+    tasks.flaky_failures_left["n"] = 0
+
+
+@pytest.fixture
+def received() -> Iterator[list[tuple[str, TaskResultStatus, int]]]:
+    """The framework's signals as (signal, status, attempts) in the order they fired."""
+    log: list[tuple[str, TaskResultStatus, int]] = []
+    receivers = []
+    for name, signal in (
+        ("enqueued", task_enqueued),
+        ("started", task_started),
+        ("finished", task_finished),
+    ):
+
+        def receiver(
+            sender: Any, task_result: TaskResult[..., Any], name: str = name, **_: Any
+        ) -> None:
+            assert sender is DelayQueueBackend
+            log.append((name, task_result.status, task_result.attempts))
+
+        signal.connect(receiver, weak=False)
+        receivers.append((signal, receiver))
+    yield log
+    for signal, receiver in receivers:
+        signal.disconnect(receiver)
+
+
+def refreshed(result: TaskResult[..., Any]) -> TaskResult[..., Any]:
+    result.refresh()
+    return result
+
+
+def work() -> None:
+    call_command("run_delayqueue", "default", burst=True, verbosity=0)
+
+
+def test_a_task_is_enqueued_run_and_its_result_read_from_any_process(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    queue = tasks_queue()
+    result = tasks.add.enqueue(2, b=3)
+
+    assert result.status == TaskResultStatus.READY
+    assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
+    assert queue.peek(result.id) is not None  # the result id is the message id
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    assert received == [("enqueued", TaskResultStatus.READY, 0)]
+
+    work()
+
+    assert tasks.calls == [("add", (2, 3))]
+    result = refreshed(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert len(result.worker_ids) == 1
+    assert result.started_at is not None
+    assert result.finished_at is not None
+    assert result.enqueued_at is not None
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert received[1:] == [
+        ("started", TaskResultStatus.RUNNING, 1),
+        ("finished", TaskResultStatus.SUCCESSFUL, 1),
+    ]
+    # A fresh backend (as in another process) reads the same result from Redis.
+    other = DelayQueueBackend("default", {"QUEUES": ["default"]})
+    assert other.get_result(result.id).return_value == 5
+    assert queue.stats()["pending"] == 0
+
+
+def test_run_after_becomes_the_message_due_time(tasks_queue: Callable[..., Queue]) -> None:
+    queue = tasks_queue()
+    when = timezone.now() + timedelta(hours=2)
+    result = tasks.add.using(run_after=when).enqueue(1, 1)
+    stored = queue.peek(result.id)
+    assert stored is not None
+    assert (stored.state, stored.score_ms) == ("pending", round(when.timestamp() * 1000))
+    work()
+    assert tasks.calls == []
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_failed_runs_are_retried_under_the_queue_rules_and_each_attempt_recorded(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    tasks_queue(RETRY_COUNT=2)
+    result = tasks.always_fails.enqueue("boom")
+
+    work()
+
+    result.refresh()
+    assert tasks.calls == [("always_fails", "boom")] * 3
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.worker_ids) == 3
+    assert [error.exception_class for error in result.errors] == [ValueError] * 3
+    assert "ValueError: boom" in result.errors[-1].traceback
+    assert result.finished_at is not None
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    # Started each attempt; finished once, at the end.
+    assert [entry[0] for entry in received] == ["enqueued"] + ["started"] * 3 + ["finished"]
+    assert received[-1] == ("finished", TaskResultStatus.FAILED, 3)
+    assert get_queue("default").stats()["garbage"] == 1
+
+
+def test_a_failure_with_retries_left_goes_back_to_ready(tasks_queue: Callable[..., Queue]) -> None:
+    tasks_queue(RETRY_COUNT=3, NACK_REDELIVERY_DELAY=3600)
+    tasks.flaky_failures_left["n"] = 1
+    result = tasks.flaky.enqueue()
+
+    work()
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert [error.exception_class for error in result.errors] == [RuntimeError]
+    assert result.finished_at is None
+
+    get_queue("default").deliver_now([result.id])
+    work()
+    result = refreshed(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "finally"
+    assert len(result.worker_ids) == 2
+    assert len(result.errors) == 1
+
+
+def test_context_async_tasks_and_unencodable_return_values(
+    tasks_queue: Callable[..., Queue],
+) -> None:
+    tasks_queue(RETRY_COUNT=0)
+    with_context = tasks.which_attempt.enqueue()
+    coroutine = tasks.async_double.enqueue(21)
+    unencodable = tasks.returns_something_json_cannot_carry.enqueue()
+
+    work()
+
+    for result in (with_context, coroutine, unencodable):
+        result.refresh()
+    assert with_context.return_value == 1
+    doubled: Any = coroutine.return_value
+    assert doubled == 42
+    assert unencodable.status == TaskResultStatus.FAILED
+    assert [error.exception_class for error in unencodable.errors] == [TypeError]
+
+
+def test_aenqueue_and_aget_result(tasks_queue: Callable[..., Queue]) -> None:
+    tasks_queue()
+
+    async def enqueue() -> TaskResult[..., Any]:
+        result = await tasks.add.aenqueue(20, 22)
+        return await tasks.add.aget_result(result.id)
+
+    result = asyncio.run(enqueue())
+    assert result.status == TaskResultStatus.READY
+    work()
+    result.refresh()
+    assert result.return_value == 42
+
+
+def test_results_expire_after_result_ttl_or_never(tasks_queue: Callable[..., Queue]) -> None:
+    queue = tasks_queue(result_ttl=120)
+    result = tasks.add.enqueue(1, 2)
+    work()
+    key = queue.store.keys.key(f"task:{result.id}")
+    assert 110 <= queue.store.client.ttl(key) <= 120
+
+    queue = tasks_queue(result_ttl=None)
+    result = tasks.add.enqueue(1, 2)
+    work()
+    assert queue.store.client.ttl(queue.store.keys.key(f"task:{result.id}")) == -1
+
+
+def test_unknown_result_ids_raise_does_not_exist(tasks_queue: Callable[..., Queue]) -> None:
+    queue = tasks_queue()
+    plain = queue.send({"not": "a task"})
+    for result_id in ("missing", plain, ""):
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(result_id)
+
+
+def test_validation_refuses_what_the_backend_cannot_do(tasks_queue: Callable[..., Queue]) -> None:
+    tasks_queue()
+    with pytest.raises(InvalidTask, match="priority"):
+        tasks.add.using(priority=10)
+    with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
+        tasks.add.using(queue_name="elsewhere")
+    with pytest.raises(InvalidTask, match="aware datetime"):
+        tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
+
+
+def raw_task_message(**changes: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "task": "tests.task_app.tasks.add",
+        "backend": "default",
+        "queue": "default",
+        "args": [1, 2],
+        "kwargs": {},
+        "enqueued_at": timezone.now().isoformat(),
+        "run_after": None,
+    }
+    return {**payload, **changes}
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (raw_task_message(task="tests.task_app.tasks.not_a_task"), "is a function, not a task"),
+        (raw_task_message(task="os.system"), "is a builtin_function_or_method, not a task"),
+        (raw_task_message(task="antigravity.geohash"), "outside every installed app"),
+        (raw_task_message(task="tests.task_app.tasks.nothing"), "cannot be imported"),
+        (raw_task_message(task="tests.task_app.tasks.calls"), "is a list, not a task"),
+        (raw_task_message(backend="nope"), "no TASKS backend named 'nope'"),
+        (raw_task_message(queue="other"), "does not carry the tasks"),
+        (raw_task_message(task="add; rm -rf /"), "is not a dotted import path"),
+        ({"task": "tests.task_app.tasks.add"}, "not a task message"),
+        (["tests.task_app.tasks.add"], "not a task message"),
+    ],
+)
+def test_anything_but_a_task_of_this_backend_is_refused_and_dead_lettered(
+    tasks_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture, payload: Any, reason: str
+) -> None:
+    queue = tasks_queue(RETRY_COUNT=5)
+    message_id = queue.send(payload)
+
+    work()
+
+    assert tasks.calls == []
+    assert "antigravity" not in sys.modules  # refused without importing it
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert stored.state == "garbage"  # at once, whatever the retries left
+    assert reason in caplog.text
+    assert queue.store.client.exists(queue.store.keys.key(f"task:{message_id}")) == 0
+
+
+def test_a_task_whose_last_delivery_timed_out_is_recorded_as_failed(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    queue = tasks_queue(RETRY_COUNT=0, MAX_CONSUME_DURATION=0.05)
+    result = tasks.add.enqueue(1, 2)
+    # A worker takes it and dies before running it: its lease runs out.
+    [taken] = queue.fetch().messages
+    assert taken.id == result.id
+    import time
+
+    time.sleep(0.1)
+
+    work()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == [
+        "delayqueue_django.exceptions.TaskAbandoned"
+    ]
+    assert received[-1] == ("finished", TaskResultStatus.FAILED, 0)
+    assert tasks.calls == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_a_send_on_commit_queue_the_task_is_enqueued_with_the_transaction(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    queue = tasks_queue(SEND_ON_COMMIT=True)
+    with transaction.atomic():
+        kept = tasks.add.enqueue(1, 1)
+        assert queue.peek(kept.id) is None
+        assert received == []
+    assert queue.peek(kept.id) is not None
+    assert received == [("enqueued", TaskResultStatus.READY, 0)]
+
+    dropped = []
+    with transaction.atomic():
+        dropped.append(tasks.add.enqueue(2, 2))
+        transaction.set_rollback(True)
+    assert queue.peek(dropped[0].id) is None
+    assert len(received) == 1
+
+
+def checks_of(settings: Any, tasks_setting: dict[str, Any]) -> list[str]:
+    settings.TASKS = tasks_setting
+    return [f"{error.id}: {error.msg}" for error in task_backends["default"].check()]
+
+
+def test_checks_report_configuration_errors(
+    tasks_queue: Callable[..., Queue], settings: Any
+) -> None:
+    tasks_queue()
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["default"]}}) == []
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": []}}) == [
+        "delayqueue_django.E101: TASKS['default']['QUEUES'] is empty; list the DELAYQUEUES queues this backend sends tasks to."
+    ]
+    assert checks_of(
+        settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "gone"]}}
+    ) == [
+        "delayqueue_django.E102: TASKS['default']['QUEUES'] names 'gone', which is not in DELAYQUEUES."
+    ]
+    settings.DELAYQUEUES = {"default": {"URL": "redis://localhost/0", "HANDLER": "x.y"}}
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["default"]}}) == [
+        "delayqueue_django.E103: DELAYQUEUES['default'] carries tasks of TASKS['default'] but also has a handler of its own; a task queue's messages are run as tasks."
+    ]
+    tasks_queue()
+    assert checks_of(
+        settings,
+        {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"RESULT_TTL": "1d"}}},
+    ) == [
+        "delayqueue_django.E104: TASKS['default']: OPTIONS['RESULT_TTL'] must be seconds, a timedelta or None, not '1d'"
+    ]
+    assert checks_of(
+        settings,
+        {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"RESULT_TTL": 0}}},
+    ) == [
+        "delayqueue_django.E104: TASKS['default']: OPTIONS['RESULT_TTL'] must be at least one second, not 0"
+    ]
+
+
+def test_the_record_holds_the_call_and_per_attempt_fields(
+    tasks_queue: Callable[..., Queue],
+) -> None:
+    queue = tasks_queue()
+    result = tasks.add.enqueue(3, 4)
+    work()
+    client: Any = queue.store.client
+    record = {
+        key.decode(): value.decode()
+        for key, value in client.hgetall(queue.store.keys.key(f"task:{result.id}")).items()
+    }
+    assert json.loads(record["call"])["task"] == "tests.task_app.tasks.add"
+    assert set(record) == {
+        "call",
+        "status",
+        "started_at",
+        "last_attempted_at",
+        "finished_at",
+        "return_value",
+        "worker:1",
+    }
