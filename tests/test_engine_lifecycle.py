@@ -346,3 +346,25 @@ def test_a_meta_record_without_a_due_time_is_still_delivered(queue: Queue, raw: 
         0,
     )
     assert queue.ack([message]) == {message_id}
+
+
+def test_stats_keep_running_totals_that_pruning_leaves_alone(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(NACK_REDELIVERY_DELAY=[0], MAX_CONSUME_DURATION=0.05, RETRY_COUNT=1)
+    acked, refused, slow = queue.send_many(["acked", "refused", "slow"])
+    by_id = {message.id: message for message in fetch_when_due(queue, count=3)}
+    queue.ack([by_id[acked]])
+    queue.nack([by_id[refused]])  # retried
+    time.sleep(0.1)  # slow times out: retried too
+    again = {message.id: message for message in fetch_when_due(queue, count=3)}
+    assert set(again) == {refused, slow}
+    queue.nack([again[refused]])  # last attempt: exhausted
+    time.sleep(0.1)
+    queue.fetch()  # slow times out on its last attempt: exhausted
+
+    queue.prune_throughput()
+    stats = queue.stats()
+    totals = {name: stats[f"{name}_total"] for name in ("acked", "failed", "retried")}
+    assert totals == {"acked": 1, "failed": 4, "retried": 2}
+    assert (stats["timed_out_total"], stats["exhausted_total"]) == (2, 2)

@@ -52,6 +52,11 @@ def test_stats_of_an_empty_queue(queue: Queue) -> None:
         "due": 0,
         "unannounced": 0,
         "lag_ms": 0,
+        "acked_total": 0,
+        "failed_total": 0,
+        "retried_total": 0,
+        "timed_out_total": 0,
+        "exhausted_total": 0,
     }
 
 

@@ -134,6 +134,8 @@ def removed_state(reply: Sequence[Any]) -> str | None:
 STATS_NAMES = (
     *("pending", "ready", "unack", "retry", "garbage", "due", "unannounced"),
     *("server_time_ms", "next_due_ms", "lag_ms"),
+    # Running totals since the queue began (they add up across workers).
+    *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
 )
 
 

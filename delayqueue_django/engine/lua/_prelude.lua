@@ -13,7 +13,11 @@
     KEYS[8] exhausted  zset  id -> earliest time its exhaustion may be announced (ms)
     KEYS[9] quarantine any   where a structure of the wrong type is moved aside
     KEYS[10] throughput hash "<minute>:acked" / "<minute>:failed" -> count, minute being
-                             the Redis clock's ms // 60000 (pruned by prune_throughput)
+                             the Redis clock's ms // 60000 (pruned by prune_throughput);
+                             and running totals since the queue began, never pruned:
+                             "all:acked", "all:failed" (refusals and timeouts),
+                             "all:retried" (deliveries scheduled again), "all:timed_out",
+                             "all:exhausted" (buried with retries used up or refused)
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -102,11 +106,20 @@ local function write_meta(id, lease, attempt, budget, due)
     int(lease) .. ':' .. int(attempt) .. ':' .. int(budget) .. ':' .. int(due))
 end
 
+-- Running totals for monitoring: counted here, in the step that makes them true, they add
+-- up across any number of workers and survive a worker's crash.
+local function count_total(what, n)
+  if n > 0 then
+    redis.call('HINCRBY', throughput, 'all:' .. what, n)
+  end
+end
+
 -- Retries used up: park the message as a dead letter and record that its exhaustion
 -- still has to be announced, so a worker dying right after this cannot lose the news.
 local function bury(id, now)
   redis.call('ZADD', garbage, int(now), id)
   redis.call('ZADD', exhausted, int(now), id)
+  count_total('exhausted', 1)
 end
 
 -- A message whose payload or meta record is missing or unreadable cannot be delivered:
@@ -131,10 +144,11 @@ local function wake(channel, due)
   redis.call('PUBLISH', channel, int(due))
 end
 
--- Per-minute counts of acked and failed deliveries, for monitoring.
+-- Per-minute counts of acked and failed deliveries, and their totals, for monitoring.
 local function count_throughput(now, what, n)
   if n > 0 then
     redis.call('HINCRBY', throughput, int(math.floor(now / 60000)) .. ':' .. what, n)
+    count_total(what, n)
   end
 end
 

@@ -56,12 +56,14 @@ if free > 0 then
         bury(id, now)
       else
         redis.call('RPUSH', retry, id)
+        count_total('retried', 1)
       end
     end
   end
 end
 
 count_throughput(now, 'failed', expired)
+count_total('timed_out', expired)
 
 -- 2. Pending messages whose time has come.
 free = room()

@@ -37,6 +37,7 @@ for i = 0, n - 1 do
       due = now + delay_ms
       write_meta(id, lease + 1, attempt, budget, due)
       redis.call('ZADD', pending, int(due), id)
+      count_total('retried', 1)
       if earliest == nil or due < earliest then
         earliest = due
       end

@@ -5,11 +5,12 @@
   ARGV: none.
 
   Returns {pending, ready, unack, retry, garbage, due, unannounced, now_ms,
-  next_due_ms, lag_ms, warnings}:
+  next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, warnings}:
     due          pending messages whose time has come but not yet staged by a worker
     unannounced  exhausted messages whose message_exhausted signal is still owed
     next_due_ms  the earliest due time in pending (-1 when pending is empty)
     lag_ms       how long the oldest due pending message has been waiting (0 if none)
+    acked …      the running totals kept in throughput (see _prelude.lua)
 ]]
 
 local foreign = foreign_keys()
@@ -31,7 +32,15 @@ if not foreign[pending] then
   end
 end
 
+local totals = {0, 0, 0, 0, 0}
+if not foreign[throughput] then
+  totals = redis.call('HMGET', throughput,
+    'all:acked', 'all:failed', 'all:retried', 'all:timed_out', 'all:exhausted')
+end
+
 return {
   size(pending, 'ZCARD'), size(ready, 'LLEN'), size(unack, 'ZCARD'), size(retry, 'LLEN'),
-  size(garbage, 'ZCARD'), due, size(exhausted, 'ZCARD'), now, next_due, lag, warnings,
+  size(garbage, 'ZCARD'), due, size(exhausted, 'ZCARD'), now, next_due, lag,
+  tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
+  tonumber(totals[4]) or 0, tonumber(totals[5]) or 0, warnings,
 }
