@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from delayqueue_django import conf
@@ -26,3 +27,27 @@ def check_delayqueues(
         ]
     _, problems = conf.parse(value)
     return [Error(problem.msg, hint=problem.hint, id=problem.id) for problem in problems]
+
+
+# Shorter tokens can be guessed; the endpoint compares in constant time but cannot rate-limit.
+MIN_METRICS_TOKEN_LENGTH = 16
+
+
+@register()
+def check_metrics_token(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    token = getattr(settings, "DELAYQUEUE_METRICS_TOKEN", None)
+    if token is None or (isinstance(token, str) and len(token) >= MIN_METRICS_TOKEN_LENGTH):
+        return []
+    if isinstance(token, str):
+        problem = f"is {len(token)} characters long; use at least {MIN_METRICS_TOKEN_LENGTH}"
+    else:
+        problem = f"must be a string, not {type(token).__name__}"
+    return [
+        Error(
+            f"DELAYQUEUE_METRICS_TOKEN {problem}.",
+            hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+            id="delayqueue_django.E015",
+        )
+    ]

@@ -6,7 +6,7 @@ import pytest
 from django.core.checks import Error, Warning
 from django.core.management import call_command
 
-from delayqueue_django.checks import check_delayqueues
+from delayqueue_django.checks import check_delayqueues, check_metrics_token
 
 
 def messages(value: Any, settings: Any) -> list[tuple[str, str]]:
@@ -216,3 +216,21 @@ def test_check_and_migrate_work_with_redis_down(settings: Any) -> None:
     settings.DELAYQUEUES = {"default": {"URL": "redis://127.0.0.1:1/0"}}
     call_command("check", "--fail-level", "WARNING")
     call_command("migrate", "--run-syncdb", verbosity=0)
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        (None, []),
+        ("x" * 16, []),
+        ("short", ["DELAYQUEUE_METRICS_TOKEN is 5 characters long; use at least 16."]),
+        (12345678901234567, ["DELAYQUEUE_METRICS_TOKEN must be a string, not int."]),
+    ],
+)
+def test_the_metrics_token_must_be_long_enough(
+    settings: Any, token: Any, expected: list[str]
+) -> None:
+    settings.DELAYQUEUE_METRICS_TOKEN = token
+    errors = check_metrics_token()
+    assert [error.msg for error in errors] == expected
+    assert all(error.id == "delayqueue_django.E015" for error in errors)

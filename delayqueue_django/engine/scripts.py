@@ -11,6 +11,7 @@ from typing import Any
 
 SCRIPT_NAMES = (
     "ack",
+    "add_totals",
     "claim_exhausted",
     "drop_garbage",
     "extend",
@@ -26,6 +27,7 @@ SCRIPT_NAMES = (
     "send",
     "stats",
     "throughput",
+    "totals",
 )
 
 

@@ -7,7 +7,7 @@ consumers may share a queue.
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -320,6 +320,17 @@ class RedisStore:
             (int(flat[i]) * 60_000, int(flat[i + 1]), int(flat[i + 2]))
             for i in range(0, len(flat), 3)
         ]
+
+    def add_totals(self, increments: Mapping[str, int]) -> None:
+        """Add worker-measured counts to the queue's running totals (names without "all:")."""
+        pairs = [(name, count) for name, count in increments.items() if count]
+        if pairs:
+            self._run("add_totals", [len(pairs), *_flatten(pairs)])
+
+    def totals(self) -> dict[str, int]:
+        """Every running total, by name: the scripts' own and those added by workers."""
+        flat, _ = self._run("totals", [])
+        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def prune_throughput(self, keep_minutes: int) -> int:
         """Forget per-minute counts older than ``keep_minutes``; returns how many."""

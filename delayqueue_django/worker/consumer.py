@@ -21,6 +21,7 @@ from delayqueue_django import signals
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
+from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
@@ -77,6 +78,8 @@ class QueueConsumer(threading.Thread):
         self._next_beat = 0.0
         self._next_expiry = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping)
+        # Handler durations and lateness, added to Redis with each heartbeat.
+        self.timings = Timings()
 
     # Called from other threads
 
@@ -102,7 +105,12 @@ class QueueConsumer(threading.Thread):
         return time.monotonic() - fetched_at > self.slack
 
     def handle(self, message: Message) -> Outcome:
+        started_ms = self.redis_now_ms()
         outcome = call_handler(self.handler, message)
+        self.timings.observe("handler_duration", outcome.seconds)
+        if message.due_ms > 0:
+            # Both times on the Redis clock; the estimate can land a hair before the due time.
+            self.timings.observe("delivery_lateness", max(started_ms - message.due_ms, 0) / 1000)
         overrun_ms = self.redis_now_ms() - message.deadline_ms
         if overrun_ms > 0:
             logger.warning(
@@ -244,6 +252,7 @@ class QueueConsumer(threading.Thread):
     def _housekeeping(self) -> None:
         now = time.monotonic()
         if now >= self._next_beat:
+            self._add_timings()
             heartbeat.beat(
                 self.queue,
                 self.worker.worker_id,
@@ -262,9 +271,18 @@ class QueueConsumer(threading.Thread):
                 )
             self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
 
+    def _add_timings(self) -> None:
+        increments = self.timings.drain()
+        try:
+            self.queue.store.add_totals(increments)
+        except RedisError:
+            self.timings.restore(increments)
+            raise
+
     def _goodbye(self) -> None:
-        # If Redis is away, the heartbeat expires on its own.
+        # If Redis is away, the heartbeat expires on its own (and the last timings are lost).
         with contextlib.suppress(RedisError):
+            self._add_timings()
             heartbeat.forget(self.queue, self.worker.worker_id)
 
     # Verdicts

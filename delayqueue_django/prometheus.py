@@ -1,0 +1,160 @@
+"""Prometheus metrics for every configured queue (the optional ``prometheus`` extra).
+
+    # urls.py
+    from delayqueue_django.prometheus import metrics_view
+    urlpatterns = [path("metrics/delayqueue", metrics_view), ...]
+
+Everything is read from Redis at scrape time, so the figures are those of all workers
+together, whichever process serves the scrape: state counts, lag and live workers from
+the queue itself; handled, failed, retried, timed-out and exhausted totals counted by the
+queue's scripts; handler duration and delivery lateness histograms added up by the workers
+(each worker adds its observations with every heartbeat).
+
+The view answers a request carrying ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>``,
+or from a logged-in staff user allowed to view queues in the admin.
+"""
+
+import hmac
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from redis.exceptions import RedisError
+
+from delayqueue_django import registry
+from delayqueue_django.timings import HISTOGRAMS, histogram_from_totals
+from delayqueue_django.worker import heartbeat
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import Collector
+except ImportError:
+    raise ImproperlyConfigured(
+        "delayqueue_django.prometheus needs prometheus-client: "
+        "pip install 'delayqueue-django[prometheus]'"
+    ) from None
+
+TOKEN_SETTING = "DELAYQUEUE_METRICS_TOKEN"
+PERMISSION = "delayqueue_django.view_queue"
+
+STATES = ("pending", "ready", "unack", "retry", "garbage")
+# stats() total -> (metric name without _total, help)
+TOTALS = {
+    "acked_total": ("delayqueue_handled", "Deliveries handled successfully (acked)."),
+    "failed_total": ("delayqueue_failed", "Deliveries that failed: refused or timed out."),
+    "retried_total": ("delayqueue_retried", "Failed deliveries scheduled for another attempt."),
+    "timed_out_total": (
+        "delayqueue_timed_out",
+        "Deliveries not acked within MAX_CONSUME_DURATION.",
+    ),
+    "exhausted_total": (
+        "delayqueue_exhausted",
+        "Messages parked as dead letters with their retries used up.",
+    ),
+}
+HISTOGRAM_HELP = {
+    "handler_duration": "How long handlers ran, in seconds.",
+    "delivery_lateness": "How long after its due time a delivery's handler started, in seconds.",
+}
+
+
+class QueueCollector(Collector):
+    """Collects the metrics of the given queues (default: every queue in DELAYQUEUES) at
+    scrape time. Register it in your own registry to serve them from an existing endpoint."""
+
+    def __init__(self, queue_names: Iterable[str] | None = None) -> None:
+        self.queue_names = None if queue_names is None else list(queue_names)
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "delayqueue_up", "1 if the queue's Redis answered this scrape.", labels=["queue"]
+        )
+        messages = GaugeMetricFamily(
+            "delayqueue_messages", "Messages in each state.", labels=["queue", "state"]
+        )
+        due = GaugeMetricFamily(
+            "delayqueue_due_messages",
+            "Pending messages whose time has come, not yet taken by a worker.",
+            labels=["queue"],
+        )
+        lag = GaugeMetricFamily(
+            "delayqueue_lag_seconds",
+            "How long the oldest due message has waited for a worker.",
+            labels=["queue"],
+        )
+        workers = GaugeMetricFamily(
+            "delayqueue_workers", "Workers with a live heartbeat.", labels=["queue"]
+        )
+        totals = {
+            key: CounterMetricFamily(name, help_text, labels=["queue"])
+            for key, (name, help_text) in TOTALS.items()
+        }
+        histograms = {
+            name: HistogramMetricFamily(
+                f"delayqueue_{name}_seconds", HISTOGRAM_HELP[name], labels=["queue"]
+            )
+            for name in HISTOGRAMS
+        }
+        for name in self.queue_names or registry.queue_names():
+            queue = registry.get_queue(name)
+            try:
+                stats = queue.stats()
+                running = queue.store.totals()
+                live = len(heartbeat.live_workers(queue))
+            except RedisError:
+                up.add_metric([name], 0)
+                continue
+            up.add_metric([name], 1)
+            for state in STATES:
+                messages.add_metric([name, state], stats[state])
+            due.add_metric([name], stats["due"])
+            lag.add_metric([name], stats["lag_ms"] / 1000)
+            workers.add_metric([name], live)
+            for key, family in totals.items():
+                family.add_metric([name], stats[key])
+            for histogram, histogram_family in histograms.items():
+                figures = histogram_from_totals(running, histogram)
+                histogram_family.add_metric(
+                    [name],
+                    [(_bound(le), count) for le, count in figures.buckets],
+                    sum_value=figures.sum_seconds,
+                )
+        yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
+
+
+def _bound(le: float) -> str:
+    return "+Inf" if le == float("inf") else repr(le)
+
+
+def _allowed(request: HttpRequest) -> bool:
+    token = getattr(settings, TOKEN_SETTING, None)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and given:
+        return hmac.compare_digest(given.encode(), str(token).encode())
+    user: Any = request.user if hasattr(request, "user") else None
+    return bool(user and user.is_active and user.is_staff and user.has_perm(PERMISSION))
+
+
+@never_cache
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not _allowed(request):
+        user: Any = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            return HttpResponse("Not allowed.\n", status=403, content_type="text/plain")
+        response = HttpResponse("Authentication required.\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="delayqueue metrics"'
+        return response
+    collectors = CollectorRegistry(auto_describe=False)
+    collectors.register(QueueCollector())
+    return HttpResponse(generate_latest(collectors), content_type=CONTENT_TYPE_LATEST)

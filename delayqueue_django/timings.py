@@ -1,0 +1,73 @@
+"""Histograms of handler durations and delivery lateness, measured by workers and added up
+in Redis, so that the figures of every worker process sum correctly.
+
+A worker counts observations per bucket in memory and adds them to the queue's running
+totals (``RedisStore.add_totals``) with each heartbeat and when it stops; the Prometheus
+collector reads them back. Buckets are fixed here, so every process agrees on them.
+"""
+
+import threading
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Upper bounds in seconds; a last, unbounded bucket catches the rest.
+HISTOGRAMS: dict[str, tuple[float, ...]] = {
+    "handler_duration": (
+        *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+        *(1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+    ),
+    "delivery_lateness": (
+        *(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+        *(1.0, 2.5, 5.0, 10.0, 60.0, 300.0),
+    ),
+}
+
+
+class Timings:
+    """Observations not yet added to Redis. Thread-safe: handler threads observe, the
+    consumer drains."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: Counter[str] = Counter()
+
+    def observe(self, histogram: str, seconds: float) -> None:
+        bucket = bisect_left(HISTOGRAMS[histogram], seconds)
+        with self._lock:
+            self._pending[f"{histogram}:{bucket}"] += 1
+            self._pending[f"{histogram}:count"] += 1
+            # Integer microseconds: Redis adds integers exactly.
+            self._pending[f"{histogram}:sum_us"] += round(seconds * 1_000_000)
+
+    def drain(self) -> dict[str, int]:
+        with self._lock:
+            pending, self._pending = self._pending, Counter()
+        return dict(pending)
+
+    def restore(self, increments: Mapping[str, int]) -> None:
+        """Put back what could not be added (Redis was away), to try again later."""
+        with self._lock:
+            self._pending.update(increments)
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    # (upper bound, observations at or below it), cumulative, ending with +Inf.
+    buckets: list[tuple[float, int]]
+    count: int
+    sum_seconds: float
+
+
+def histogram_from_totals(totals: Mapping[str, int], histogram: str) -> Histogram:
+    bounds = (*HISTOGRAMS[histogram], float("inf"))
+    cumulative, running = [], 0
+    for index, bound in enumerate(bounds):
+        running += totals.get(f"{histogram}:{index}", 0)
+        cumulative.append((bound, running))
+    return Histogram(
+        buckets=cumulative,
+        count=totals.get(f"{histogram}:count", 0),
+        sum_seconds=totals.get(f"{histogram}:sum_us", 0) / 1_000_000,
+    )

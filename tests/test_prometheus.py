@@ -1,0 +1,156 @@
+"""Prometheus metrics: what the collector reads from Redis, totals that add up across
+worker processes, and who may read the endpoint."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from delayqueue_django import get_queue
+from delayqueue_django.queue import Queue
+from delayqueue_django.timings import HISTOGRAMS, Timings, histogram_from_totals
+from tests.redis_servers import RedisServer
+from tests.test_worker_processes import WorkerProcess, events, spawn, workers  # noqa: F401
+
+TOKEN = "a-long-random-scrape-token-0123456789"
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _token(settings: Any) -> None:
+    settings.DELAYQUEUE_METRICS_TOKEN = TOKEN
+
+
+def scrape(
+    client: Client | None = None, **headers: str
+) -> dict[tuple[str, tuple[Any, ...]], float]:
+    """The samples served, by (name, sorted labels)."""
+    client = client or Client()
+    response = client.get("/metrics/", headers=headers or {"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def of(samples: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted({"queue": "default", **labels}.items())))]
+
+
+def test_state_counts_are_read_from_redis_at_scrape_time(configure: Callable[..., Queue]) -> None:
+    queue = configure()
+    queue.send_many(["a", "b"], delay=60)
+    queue.send("due now")
+    samples = scrape()
+    assert of(samples, "delayqueue_up") == 1
+    assert of(samples, "delayqueue_messages", state="pending") == 3
+    assert of(samples, "delayqueue_due_messages") == 1
+    assert of(samples, "delayqueue_messages", state="garbage") == 0
+    assert of(samples, "delayqueue_workers") == 0
+    assert of(samples, "delayqueue_handled_total") == 0
+    assert of(samples, "delayqueue_messages", state="pending", queue="other") == 0
+
+    queue.send("one more", delay=60)
+    assert of(scrape(), "delayqueue_messages", state="pending") == 4
+
+
+def test_worker_totals_and_histograms_add_up_across_processes(
+    workers: list[WorkerProcess],  # noqa: F811
+    redis_server: RedisServer,
+    settings: Any,
+) -> None:
+    # The retry budget travels with each message: set when it is sent.
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "RETRY_COUNT": 0}}
+    queue = get_queue()
+    queue.send_many([{"do": "ok"}] * 200 + [{"do": "raise"}] * 40)
+    env = {"DQ_TEST_RETRY_COUNT": "0"}
+    first = spawn(workers, redis_server.url, "--burst", "--batch-size", "10", **env)
+    second = spawn(workers, redis_server.url, "--burst", "--batch-size", "10", **env)
+    assert first.wait(timeout=60) == 0
+    assert second.wait(timeout=60) == 0
+    # Both processes took part, so the figures below are sums over two processes.
+    assert len({event["pid"] for event in events("start")}) == 2
+
+    samples = scrape()
+    assert of(samples, "delayqueue_handled_total") == 200
+    assert of(samples, "delayqueue_failed_total") == 40
+    assert of(samples, "delayqueue_exhausted_total") == 40
+    assert of(samples, "delayqueue_retried_total") == 0
+    assert of(samples, "delayqueue_messages", state="garbage") == 40
+    for histogram in (
+        "delayqueue_handler_duration_seconds",
+        "delayqueue_delivery_lateness_seconds",
+    ):
+        assert of(samples, f"{histogram}_count") == 240
+        assert of(samples, f"{histogram}_bucket", le="+Inf") == 240
+        assert of(samples, f"{histogram}_sum") > 0
+    # The messages were all due when the workers started: each waited a little, none long.
+    assert of(samples, "delayqueue_delivery_lateness_seconds_bucket", le="60.0") == 240
+
+
+def test_a_queue_whose_redis_is_down_reports_up_zero(
+    configure: Callable[..., Queue], settings: Any
+) -> None:
+    configure()
+    settings.DELAYQUEUES = {**settings.DELAYQUEUES, "other": {"URL": "redis://127.0.0.1:1/0"}}
+    samples = scrape()
+    assert of(samples, "delayqueue_up") == 1
+    assert of(samples, "delayqueue_up", queue="other") == 0
+    assert ("delayqueue_messages", (("queue", "other"), ("state", "pending"))) not in samples
+
+
+def login(permission: bool, staff: bool = True) -> Client:
+    user = User.objects.create_user(f"watcher{User.objects.count()}", is_staff=staff)
+    if permission:
+        user.user_permissions.add(Permission.objects.get(codename="view_queue"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_endpoint_needs_the_token_or_a_staff_user_allowed_to_view_queues() -> None:
+    assert Client().get("/metrics/").status_code == 401
+    assert Client().get("/metrics/").headers["WWW-Authenticate"].startswith("Bearer")
+    assert Client().get("/metrics/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert Client().get("/metrics/", headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+    assert scrape(login(permission=True))  # staff with the view permission, no token
+    assert login(permission=False).get("/metrics/").status_code == 403
+    assert login(permission=True, staff=False).get("/metrics/").status_code == 403
+    assert (
+        Client().post("/metrics/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 405
+    )
+
+
+def test_without_a_token_setting_only_staff_get_in(
+    configure: Callable[..., Queue], settings: Any
+) -> None:
+    configure()
+    del settings.DELAYQUEUE_METRICS_TOKEN
+    assert Client().get("/metrics/", headers={"Authorization": "Bearer "}).status_code == 401
+    assert Client().get("/metrics/", headers={"Authorization": "Bearer None"}).status_code == 401
+    assert scrape(login(permission=True))
+
+
+def test_timings_fall_into_their_buckets_and_survive_a_failed_flush() -> None:
+    timings = Timings()
+    for seconds in (0.0005, 0.001, 0.003, 7200):
+        timings.observe("delivery_lateness", seconds)
+    drained = timings.drain()
+    assert timings.drain() == {}
+    timings.restore(drained)  # Redis was away: try again later
+    totals = timings.drain()
+    histogram = histogram_from_totals(totals, "delivery_lateness")
+    bounds = HISTOGRAMS["delivery_lateness"]
+    cumulative = dict(histogram.buckets)
+    assert cumulative[bounds[0]] == 2  # 0.001 is "at or below" the first bound
+    assert cumulative[0.005] == 3
+    assert cumulative[300.0] == 3
+    assert cumulative[float("inf")] == histogram.count == 4
+    assert histogram.sum_seconds == pytest.approx(7200.0045)
