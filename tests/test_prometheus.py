@@ -1,6 +1,7 @@
 """Prometheus metrics: what the collector reads from Redis, totals that add up across
 worker processes, and who may read the endpoint."""
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
 from delayqueue_django.timings import HISTOGRAMS, Timings, histogram_from_totals
+from delayqueue_django.worker import heartbeat
+from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 from tests.test_worker_processes import WorkerProcess, events, spawn, workers  # noqa: F401
 
@@ -69,12 +72,17 @@ def test_worker_totals_and_histograms_add_up_across_processes(
     # The retry budget travels with each message: set when it is sent.
     settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "RETRY_COUNT": 0}}
     queue = get_queue()
-    queue.send_many([{"do": "ok"}] * 200 + [{"do": "raise"}] * 40)
     env = {"DQ_TEST_RETRY_COUNT": "0"}
-    first = spawn(workers, redis_server.url, "--burst", "--batch-size", "10", **env)
-    second = spawn(workers, redis_server.url, "--burst", "--batch-size", "10", **env)
-    assert first.wait(timeout=60) == 0
-    assert second.wait(timeout=60) == 0
+    started = [spawn(workers, redis_server.url, "--batch-size", "5", **env) for _ in range(2)]
+    wait_for(lambda: len(heartbeat.live_workers(queue)) == 2, timeout=30, what="two workers")
+    # Handlers take a little while, so that both processes get a share.
+    work = [{"do": "sleep", "seconds": 0.005}] * 200 + [{"do": "raise"}] * 40
+    queue.send_many(work)
+    wait_for(lambda: queue.stats()["acked_total"] == 200, timeout=60, what="200 handled")
+    wait_for(lambda: queue.stats()["garbage"] == 40, timeout=60, what="40 dead letters")
+    for worker in started:
+        worker.signal(signal.SIGTERM)  # stopping adds the last timings
+    assert [worker.wait(timeout=30) for worker in started] == [0, 0]
     # Both processes took part, so the figures below are sums over two processes.
     assert len({event["pid"] for event in events("start")}) == 2
 
