@@ -51,3 +51,23 @@ def check_metrics_token(
             id="delayqueue_django.E015",
         )
     ]
+
+
+@register(deploy=True)
+def check_memory_queues_in_deployment(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``check --deploy``: an in-memory queue in production loses its messages."""
+    configs, _ = conf.parse(conf.raw_setting())
+    return [
+        Warning(
+            f"DELAYQUEUES[{name!r}] keeps its messages in this process's memory "
+            f"({config.url}): they are lost when the process ends, and no other process, "
+            "no worker included, sees them.",
+            hint="Give the queue a Redis URL or a REDIS cache alias; memory:// is for tests "
+            "and quick local runs.",
+            id="delayqueue_django.W002",
+        )
+        for name, config in configs.items()
+        if config.memory_name is not None
+    ]

@@ -40,11 +40,14 @@ DEFAULTS: dict[str, Any] = {
 
 URL_SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_URL_SCHEMES = ("redis+cluster", "rediss+cluster")
+# "memory://" or "memory://name": the in-process store, for tests and quick local runs.
+MEMORY_URL_PREFIX = "memory://"
 
 # Batch sizes beyond this would make single script calls long (and Lua's stack is small).
 MAX_BATCH_SIZE = 10_000
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+MEMORY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{0,100}$")
 PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 DOTTED_PATH_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
 
@@ -78,6 +81,14 @@ class QueueConfig:
     send_batch_size: int
     send_on_commit: bool
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def memory_name(self) -> str | None:
+        """The in-memory store's name for a ``memory://name`` URL ("" for ``memory://``), or
+        None for a queue on Redis."""
+        if self.url is None or not self.url.startswith(MEMORY_URL_PREFIX):
+            return None
+        return self.url.removeprefix(MEMORY_URL_PREFIX)
 
     def nack_delay_ms(self, attempt: int) -> int:
         """The wait before retrying a delivery that failed on ``attempt`` (1-based)."""
@@ -148,13 +159,18 @@ def _check_connection(name: str, options: Mapping[str, Any], problems: list[Prob
             )
         return
     scheme = urlsplit(url).scheme if isinstance(url, str) else ""
+    if scheme == "memory":
+        _check_memory_url(where, url, options, problems)
+        return
     if scheme not in URL_SCHEMES + CLUSTER_URL_SCHEMES:
         allowed = ", ".join(f"{s}://" for s in URL_SCHEMES + CLUSTER_URL_SCHEMES)
         problems.append(
             Problem(
                 "delayqueue_django.E007",
-                f"{where}['URL'] is {url!r}; it must start with one of {allowed}.",
-                hint="redis+cluster://host:port connects to a Redis Cluster.",
+                f"{where}['URL'] is {url!r}; it must start with one of {allowed}, "
+                f"{MEMORY_URL_PREFIX}.",
+                hint="redis+cluster://host:port connects to a Redis Cluster; memory:// keeps "
+                "the queue in this process, for tests and quick local runs.",
             )
         )
     if not isinstance(options["OPTIONS"], Mapping):
@@ -163,6 +179,28 @@ def _check_connection(name: str, options: Mapping[str, Any], problems: list[Prob
                 "delayqueue_django.E013",
                 f"{where}['OPTIONS'] must be a dict of redis-py connection arguments, "
                 f"not {type(options['OPTIONS']).__name__}.",
+            )
+        )
+
+
+def _check_memory_url(
+    where: str, url: str, options: Mapping[str, Any], problems: list[Problem]
+) -> None:
+    name = url.removeprefix(MEMORY_URL_PREFIX)
+    if not url.startswith(MEMORY_URL_PREFIX) or not MEMORY_NAME_PATTERN.match(name):
+        problems.append(
+            Problem(
+                "delayqueue_django.E007",
+                f"{where}['URL'] is {url!r}; an in-memory store is memory:// or memory://name, "
+                "the name being up to 100 letters, digits and _ . : -",
+            )
+        )
+    if options["OPTIONS"]:
+        problems.append(
+            Problem(
+                "delayqueue_django.E013",
+                f"{where}['OPTIONS'] only applies to a Redis URL; an in-memory store takes "
+                "no connection options.",
             )
         )
 

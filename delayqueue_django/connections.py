@@ -45,8 +45,8 @@ _async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ClientsBy
 
 def async_client_for(config: QueueConfig) -> AsyncRedisClient | None:
     """A redis.asyncio client for this event loop, or None for a django-redis alias (which has
-    no asyncio client; callers then use the sync client in a thread)."""
-    if config.url is None:
+    no asyncio client; callers then use the sync client in a thread) or a memory queue."""
+    if config.url is None or config.memory_name is not None:
         return None
     loop = asyncio.get_running_loop()
     key = (config.url, repr(sorted(config.options.items())))

@@ -24,16 +24,8 @@ from delayqueue_django.encoding import (
     new_message_id,
     retry_budget,
 )
-from delayqueue_django.engine import (
-    NackOutcome,
-    NewMessage,
-    QueueKeys,
-    RedisStore,
-    StoredMessage,
-    StoreLimits,
-)
+from delayqueue_django.engine import BURY, NackOutcome, NewMessage, Store, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
-from delayqueue_django.engine.store import BURY, RedisClient
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
 
@@ -75,15 +67,11 @@ def _check_id(message_id: Any) -> str:
 
 
 class Queue:
-    def __init__(self, config: QueueConfig, client: RedisClient) -> None:
+    def __init__(self, config: QueueConfig, store: Store) -> None:
         self.config = config
         self.name = config.name
-        limits = StoreLimits(
-            consume_ms=config.max_consume_ms,
-            stage_limit=config.stage_batch_size,
-            send_batch_size=config.send_batch_size,
-        )
-        self.store = RedisStore(client, QueueKeys(config.key_prefix, config.name), limits)
+        # Redis, or the in-process memory store (see delayqueue_django.stores).
+        self.store = store
         self._async_stores: weakref.WeakKeyDictionary[Any, AsyncRedisStore] = (
             weakref.WeakKeyDictionary()
         )
@@ -139,7 +127,7 @@ class Queue:
         return [message.id for message in prepared]
 
     # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
-    # client, so its calls run the sync client in a worker thread.
+    # client (nor has a memory queue), so its calls run the sync client in a worker thread.
 
     async def asend(
         self,
@@ -206,7 +194,7 @@ class Queue:
 
     def async_store(self) -> AsyncRedisStore | None:
         """The redis.asyncio store for the running event loop, or None for a django-redis
-        alias (no asyncio client there)."""
+        alias or a memory queue (no asyncio client there)."""
         client = connections.async_client_for(self.config)
         if client is None:
             return None

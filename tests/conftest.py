@@ -5,8 +5,13 @@ import pytest
 import redis
 
 from delayqueue_django import get_queue
+from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.queue import Queue
+from tests.helpers import redis_store
 from tests.redis_servers import RedisClusterServers, RedisServer
+
+REDIS_BACKENDS = ["standalone", pytest.param("cluster", marks=pytest.mark.cluster)]
+MEMORY_URL = "memory://"
 
 
 @pytest.fixture(scope="session")
@@ -41,26 +46,52 @@ def _private_redis(redis_server: RedisServer, settings: Any) -> None:
     settings.DELAYQUEUES = queue_settings(redis_server.url)
 
 
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def backend_url(request: pytest.FixtureRequest, redis_server: RedisServer, settings: Any) -> str:
-    """Runs a test once on a single Redis and once on a 3-master Redis Cluster."""
-    if request.param == "cluster":
+@pytest.fixture(autouse=True)
+def _empty_memory() -> None:
+    """...and with empty memory stores, as if their process had just started."""
+    flush_servers()
+
+
+def _url_of(backend: str, request: pytest.FixtureRequest, settings: Any) -> str:
+    if backend == "memory":
+        url = MEMORY_URL
+    elif backend == "cluster":
         cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
         cluster.flush()
-        settings.DELAYQUEUES = queue_settings(cluster.url)
-        return cluster.url
-    return redis_server.url
+        url = cluster.url
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        url = server.url
+    settings.DELAYQUEUES = queue_settings(url)
+    return url
+
+
+@pytest.fixture(params=[*REDIS_BACKENDS, "memory"])
+def backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Runs a test on a single Redis, on a 3-master Redis Cluster and on the in-memory store:
+    the engine's contract, expressed through the store and Queue API, holds on all three."""
+    return _url_of(request.param, request, settings)
+
+
+@pytest.fixture(params=REDIS_BACKENDS)
+def redis_backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Runs a test on a single Redis and on a Redis Cluster only: for tests that are about
+    Redis itself (its keys, damaged state, scripts, restarts, slots)."""
+    return _url_of(request.param, request, settings)
+
+
+def _configurer(url: str, settings: Any) -> Callable[..., Queue]:
+    def configure(**options: Any) -> Queue:
+        settings.DELAYQUEUES = queue_settings(url, **options)
+        return get_queue("default")
+
+    return configure
 
 
 @pytest.fixture
 def configure(backend_url: str, settings: Any) -> Callable[..., Queue]:
     """``configure(**options)``: set the default queue's options, return the queue."""
-
-    def configure(**options: Any) -> Queue:
-        settings.DELAYQUEUES = queue_settings(backend_url, **options)
-        return get_queue("default")
-
-    return configure
+    return _configurer(backend_url, settings)
 
 
 @pytest.fixture
@@ -69,6 +100,17 @@ def queue(configure: Callable[..., Queue]) -> Queue:
 
 
 @pytest.fixture
-def raw(queue: Queue) -> redis.Redis | redis.RedisCluster:
+def redis_configure(redis_backend_url: str, settings: Any) -> Callable[..., Queue]:
+    """``configure`` for a queue on Redis (single or cluster)."""
+    return _configurer(redis_backend_url, settings)
+
+
+@pytest.fixture
+def redis_queue(redis_configure: Callable[..., Queue]) -> Queue:
+    return redis_configure()
+
+
+@pytest.fixture
+def raw(redis_queue: Queue) -> redis.Redis | redis.RedisCluster:
     """The queue's own Redis client, for looking at and damaging its keys directly."""
-    return queue.store.client
+    return redis_store(redis_queue).client

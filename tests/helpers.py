@@ -4,6 +4,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delayqueue_django.engine import STATES, RedisStore
 from delayqueue_django.queue import Queue
 
 
@@ -25,18 +26,23 @@ def fetch_when_due(queue: Queue, count: int | None = None, timeout: float = 5.0)
 
 
 def states_of(queue: Queue, message_id: str) -> list[str]:
-    """Every structure holding the id: a healthy message is in exactly one."""
-    client: Any = queue.store.client
-    keys = queue.store.keys
+    """Every state whose listing holds the id, once per time it is there: a healthy message
+    is in exactly one. Read through the store's listings, so it holds for every store."""
     found = []
-    for state in ("pending", "unack", "garbage"):
-        if client.zscore(keys.key(state), message_id) is not None:
-            found.append(state)
-    for state in ("ready", "retry"):
-        found += [state] * client.lrange(keys.key(state), 0, -1).count(message_id.encode())
+    for state in STATES:
+        offset = 0
+        while page := queue.list_messages(state, offset=offset, limit=1000, preview_bytes=0):
+            found += [state for entry in page if entry.id == message_id]
+            offset += len(page)
     return found
 
 
-def redis_time_ms(queue: Queue) -> int:
-    seconds, micros = queue.store.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+def store_time_ms(queue: Queue) -> int:
+    """The queue's clock (Redis's TIME, or the memory store's clock)."""
+    return queue.stats()["server_time_ms"]
+
+
+def redis_store(queue: Queue) -> RedisStore:
+    """The queue's store, for tests about Redis itself (keys, scripts, pub/sub)."""
+    assert isinstance(queue.store, RedisStore), f"{queue!r} is not on Redis"
+    return queue.store

@@ -12,7 +12,7 @@ from django.urls import reverse
 from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
-from tests.helpers import fetch_when_due, states_of
+from tests.helpers import fetch_when_due, redis_store, states_of
 
 pytestmark = pytest.mark.django_db
 
@@ -366,7 +366,7 @@ end
 
 
 def count_round_trips(queue: Queue, fetch: Callable[[], Any]) -> int:
-    client: Any = queue.store.client
+    client: Any = redis_store(queue).client
     calls = 0
     original = client.execute_command
 
@@ -394,7 +394,7 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     small = count_round_trips(queue, lambda: client.get(path))
 
     keys = queue.store.keys
-    fill = queue.store.client.register_script(FILL)
+    fill = redis_store(queue).client.register_script(FILL)
     for first in range(0, 1_000_000, 100_000):
         fill(
             keys=[keys.key("pending"), keys.key("payload"), keys.key("meta")],
@@ -432,3 +432,25 @@ def test_pages_have_breadcrumbs_back_to_the_queues(
     ):
         page = client.get(path).content.decode()
         assert f'&rsaquo; <a href="{url("changelist")}">Queues</a>' in page, path
+
+
+def test_the_admin_works_on_a_memory_queue(users: dict[str, User | None], settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    queue = get_queue()
+    later = queue.send({"order": 42}, delay=60)
+    dead = bury(queue)
+    heartbeat.beat(queue, "host:1:abc", {"host": "worker-host", "pid": 4242}, ttl_seconds=30)
+    client = client_for(users["superuser"])
+
+    assert 'data-dq-stat="pending">1<' in client.get(url("changelist")).content.decode()
+    page = client.get(url("detail", "default")).content.decode()
+    assert 'data-dq-stat="garbage">1<' in page
+    assert "worker-host" in page
+    assert "&quot;order&quot;: 42" in client.get(url("message", "default", later)).content.decode()
+    response = client.post(
+        url("action", "default"), {"action": "requeue", "ids": [dead]}, follow=True
+    )
+    assert "Requeue (fresh retry budget): 1 of 1 message(s) in queue" in response.content.decode()
+    assert states_of(queue, dead) == ["pending"]
+    data = client.get(url("queue_json", "default")).json()
+    assert (data["ok"], data["pending"], data["garbage"], data["workers"]) == (True, 2, 0, 1)

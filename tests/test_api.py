@@ -20,7 +20,8 @@ from delayqueue_django.exceptions import (
     UnknownQueue,
     UnsupportedRedisVersion,
 )
-from tests.helpers import fetch_when_due
+from delayqueue_django.queue import Queue
+from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisServer
 
 
@@ -170,12 +171,26 @@ def test_cancel_needs_a_string_id() -> None:
         delayqueue.cancel(123)  # type: ignore[arg-type]
 
 
-def test_a_duplicate_id_is_refused_and_the_batch_not_written() -> None:
-    store = delayqueue.get_queue().store
-    store.send([NewMessage(id="same", payload='"a"', budget=3)])
+def test_a_duplicate_id_is_refused_and_the_batch_not_written(queue: Queue) -> None:
+    queue.store.send([NewMessage(id="same", payload='"a"', budget=3)])
     with pytest.raises(DuplicateMessageId, match="'same' already exists in queue 'default'"):
-        store.send([NewMessage(id="fresh", payload='"b"', budget=3), NewMessage("same", '"c"', 3)])
-    assert delayqueue.get_queue().peek("fresh") is None
+        queue.store.send(
+            [NewMessage(id="fresh", payload='"b"', budget=3), NewMessage("same", '"c"', 3)]
+        )
+    assert queue.peek("fresh") is None
+    stored = queue.peek("same")
+    assert stored is not None
+    assert stored.payload == '"a"'
+
+
+def test_a_duplicate_of_a_message_in_any_state_is_refused(queue: Queue) -> None:
+    in_flight, dead = queue.send("in flight"), queue.send("dead", retry_count=0)
+    fetched = {m.id: m for m in fetch_when_due(queue, count=2)}
+    queue.nack([fetched[dead]])
+    for message_id in (in_flight, dead):
+        with pytest.raises(DuplicateMessageId):
+            queue.store.send([NewMessage(id=message_id, payload='"again"', budget=3)])
+    assert queue.ack([fetched[in_flight]]) == {in_flight}
 
 
 def test_changed_settings_take_effect_at_once(settings: Any) -> None:
@@ -206,7 +221,7 @@ def test_a_django_redis_cache_alias_shares_the_caches_connection_pool(settings: 
 
     settings.DELAYQUEUES = {"default": {"REDIS": "redis"}}
     queue = delayqueue.get_queue()
-    assert queue.store.client is get_redis_connection("redis")
+    assert redis_store(queue).client is get_redis_connection("redis")
     message_id = delayqueue.send("through the cache's pool")
     [message] = fetch_when_due(queue)
     assert message.id == message_id

@@ -1,4 +1,5 @@
-"""asend, acancel and astats: redis.asyncio for URL queues, a thread for django-redis aliases."""
+"""asend, acancel and astats: redis.asyncio for URL queues, a thread for django-redis aliases
+and memory queues."""
 
 import asyncio
 import time
@@ -14,8 +15,8 @@ from delayqueue_django.queue import Queue
 from tests.redis_servers import RedisServer
 
 
-def test_send_cancel_and_stats_from_async_code(configure: Callable[..., Queue]) -> None:
-    queue = configure()
+def test_send_cancel_and_stats_from_async_code(redis_configure: Callable[..., Queue]) -> None:
+    queue = redis_configure()
 
     async def scenario() -> tuple[str, bool, bool, dict[str, int]]:
         assert isinstance(queue.async_store(), AsyncRedisStore)  # native, not a thread
@@ -106,3 +107,19 @@ def test_each_event_loop_gets_its_own_client(redis_server: RedisServer) -> None:
     first = asyncio.run(client_used())
     second = asyncio.run(client_used())  # a new loop, after the first one closed
     assert second is not first
+
+
+def test_a_memory_queue_works_from_async_code(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    queue = delayqueue.get_queue()
+
+    async def scenario() -> tuple[bool, dict[str, int]]:
+        assert queue.async_store() is None  # no asyncio client: the sync calls in a thread
+        message_id = await queue.asend({"order": 7}, delay=60)
+        stats = await queue.astats()
+        return await queue.acancel(message_id), stats
+
+    cancelled, stats = asyncio.run(scenario())
+    assert cancelled
+    assert stats["pending"] == 1
+    assert queue.stats()["pending"] == 0

@@ -29,6 +29,8 @@ def test_a_valid_setting_passes(settings: Any) -> None:
                 },
                 "cluster": {"URL": "redis+cluster://10.0.0.1:7000"},
                 "local": {"URL": "unix:///run/redis.sock"},
+                "in-memory": {"URL": "memory://"},
+                "named-memory": {"URL": "memory://tests.shop-1"},
             },
             settings,
         )
@@ -106,7 +108,23 @@ def test_an_empty_setting_warns(settings: Any) -> None:
             (
                 "delayqueue_django.E007",
                 "DELAYQUEUES['default']['URL'] is 'http://x'; it must start with one of redis://, "
-                "rediss://, unix://, redis+cluster://, rediss+cluster://.",
+                "rediss://, unix://, redis+cluster://, rediss+cluster://, memory://.",
+            ),
+        ),
+        (
+            {"default": {"URL": "memory://no spaces"}},
+            (
+                "delayqueue_django.E007",
+                "DELAYQUEUES['default']['URL'] is 'memory://no spaces'; an in-memory store is "
+                "memory:// or memory://name, the name being up to 100 letters, digits and _ . : -",
+            ),
+        ),
+        (
+            {"default": {"URL": "memory:default"}},
+            (
+                "delayqueue_django.E007",
+                "DELAYQUEUES['default']['URL'] is 'memory:default'; an in-memory store is "
+                "memory:// or memory://name, the name being up to 100 letters, digits and _ . : -",
             ),
         ),
         (
@@ -185,6 +203,14 @@ def test_an_empty_setting_warns(settings: Any) -> None:
                 "connection options.",
             ),
         ),
+        (
+            {"default": {"URL": "memory://", "OPTIONS": {"socket_timeout": 1}}},
+            (
+                "delayqueue_django.E013",
+                "DELAYQUEUES['default']['OPTIONS'] only applies to a Redis URL; an in-memory store takes "
+                "no connection options.",
+            ),
+        ),
     ],
 )
 def test_each_problem_has_its_id_and_message(
@@ -234,3 +260,34 @@ def test_the_metrics_token_must_be_long_enough(
     errors = check_metrics_token()
     assert [error.msg for error in errors] == expected
     assert all(error.id == "delayqueue_django.E015" for error in errors)
+
+
+def test_an_unknown_scheme_hints_at_cluster_and_memory_urls(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "http://x"}}
+    [error] = check_delayqueues()
+    assert error.hint == (
+        "redis+cluster://host:port connects to a Redis Cluster; memory:// keeps the queue in "
+        "this process, for tests and quick local runs."
+    )
+
+
+def test_check_deploy_warns_about_memory_queues(settings: Any) -> None:
+    from django.core.checks import run_checks
+
+    settings.DELAYQUEUES = {
+        "default": {"URL": "memory://"},
+        "emails": {"URL": "redis://127.0.0.1:1/0"},
+    }
+    assert [m.id for m in run_checks() if m.id and m.id.startswith("delayqueue")] == []
+    [warning] = [
+        m for m in run_checks(include_deployment_checks=True) if m.id == "delayqueue_django.W002"
+    ]
+    assert isinstance(warning, Warning)
+    assert warning.msg == (
+        "DELAYQUEUES['default'] keeps its messages in this process's memory (memory://): they "
+        "are lost when the process ends, and no other process, no worker included, sees them."
+    )
+    assert warning.hint == (
+        "Give the queue a Redis URL or a REDIS cache alias; memory:// is for tests and quick "
+        "local runs."
+    )

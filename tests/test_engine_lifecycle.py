@@ -1,4 +1,5 @@
-"""The message life cycle, on a single Redis and on a Redis Cluster (the ``queue`` fixture)."""
+"""The message life cycle, on a single Redis, a Redis Cluster and the memory store (the
+``queue`` fixture); a few tests about Redis itself use ``redis_queue``."""
 
 import time
 from collections.abc import Callable
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 
 from delayqueue_django.queue import Queue
-from tests.helpers import fetch_when_due, redis_time_ms, states_of, wait_for
+from tests.helpers import fetch_when_due, states_of, store_time_ms, wait_for
 
 
 def test_message_waits_until_due_then_is_delivered_once_and_forgotten_on_ack(queue: Queue) -> None:
@@ -31,12 +32,14 @@ def test_message_waits_until_due_then_is_delivered_once_and_forgotten_on_ack(que
     assert [stats[s] for s in ("pending", "ready", "unack", "retry", "garbage")] == [0] * 5
 
 
-def test_due_time_is_counted_from_the_redis_clock_in_milliseconds(queue: Queue, raw: Any) -> None:
-    before = redis_time_ms(queue)
+def test_due_time_is_counted_from_the_store_clock_in_milliseconds(queue: Queue) -> None:
+    before = store_time_ms(queue)
     message_id = queue.send("x", delay=90.5)
-    after = redis_time_ms(queue)
-    due = raw.zscore(queue.store.keys.key("pending"), message_id)
-    assert before + 90_500 <= due <= after + 90_500
+    after = store_time_ms(queue)
+    [entry] = queue.list_messages("pending")
+    assert entry.id == message_id
+    assert entry.score_ms is not None
+    assert before + 90_500 <= entry.score_ms <= after + 90_500
 
 
 def test_nack_schedules_retries_with_the_configured_backoff_then_buries(
@@ -51,7 +54,7 @@ def test_nack_schedules_retries_with_the_configured_backoff_then_buries(
         attempts.append(message.attempt)
         [outcome] = queue.nack([message])
         assert not outcome.exhausted
-        assert outcome.at_ms - redis_time_ms(queue) <= expected_delay
+        assert outcome.at_ms - store_time_ms(queue) <= expected_delay
         assert states_of(queue, message_id) == ["pending"]
     [message] = fetch_when_due(queue)
     attempts.append(message.attempt)
@@ -177,7 +180,9 @@ def test_extend_pushes_the_deadline(configure: Callable[..., Queue]) -> None:
     deadline, extended = queue.extend([message])
     assert extended == [message_id]
     assert deadline >= message.deadline_ms
-    assert queue.store.client.zscore(queue.store.keys.key("unack"), message_id) == deadline
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert (stored.state, stored.score_ms) == ("unack", deadline)
 
 
 def test_exhaustion_is_claimed_and_confirmed(queue: Queue) -> None:
@@ -215,7 +220,8 @@ def test_bury_skips_the_remaining_retries(queue: Queue) -> None:
     assert states_of(queue, message_id) == ["garbage"]
 
 
-def test_no_key_of_the_queue_ever_has_a_ttl(queue: Queue, raw: Any) -> None:
+def test_no_key_of_the_queue_ever_has_a_ttl(redis_queue: Queue, raw: Any) -> None:
+    queue = redis_queue
     queue.send("months away", delay=90 * 24 * 3600)
     queue.send("retrying")
     [message] = fetch_when_due(queue)
@@ -228,21 +234,22 @@ def test_no_key_of_the_queue_ever_has_a_ttl(queue: Queue, raw: Any) -> None:
     assert raw.ttl(queue.store.keys.key("payload")) == -1
 
 
-def test_all_keys_of_a_queue_share_one_hash_slot(queue: Queue) -> None:
+def test_all_keys_of_a_queue_share_one_hash_slot(redis_queue: Queue) -> None:
     from redis.crc import key_slot
 
-    keys = queue.store.keys
+    keys = redis_queue.store.keys
     slots = {key_slot(key.encode()) for key in [*keys.layout, keys.wakeup_channel]}
     assert len(slots) == 1
     assert keys.tag == "{delayqueue:default}"
 
 
-def test_far_future_due_time_keeps_millisecond_precision(queue: Queue, raw: Any) -> None:
+def test_far_future_due_time_keeps_millisecond_precision(queue: Queue) -> None:
     from datetime import UTC, datetime
 
     at = datetime(9999, 12, 31, 23, 59, 59, 123000, tzinfo=UTC)
     message_id = queue.send("far", at=at)
-    assert raw.zscore(queue.store.keys.key("pending"), message_id) == 253402300799123
+    [entry] = queue.list_messages("pending")
+    assert (entry.id, entry.score_ms) == (message_id, 253402300799123)
 
 
 @pytest.mark.parametrize("state", ["pending", "ready", "retry"])
@@ -308,9 +315,10 @@ def test_next_wakeup_includes_the_lapse_of_an_exhaustion_claim(queue: Queue) -> 
 def test_each_delivery_carries_the_time_it_became_due(configure: Callable[..., Queue]) -> None:
     queue = configure(NACK_REDELIVERY_DELAY=[0.05], MAX_CONSUME_DURATION=0.1, RETRY_COUNT=5)
     message_id = queue.send("x", delay=0.05)
-    sent_due = queue.store.client.zscore(queue.store.keys.key("pending"), message_id)
+    sent = queue.peek(message_id)
+    assert sent is not None
     [first] = fetch_when_due(queue)
-    assert first.due_ms == sent_due
+    assert first.due_ms == sent.score_ms
 
     [outcome] = queue.nack([first])
     [retried] = fetch_when_due(queue)
@@ -321,21 +329,22 @@ def test_each_delivery_carries_the_time_it_became_due(configure: Callable[..., Q
     assert timed_out.due_ms == retried.deadline_ms
 
     queue.bury([timed_out])
-    before = redis_time_ms(queue)
+    before = store_time_ms(queue)
     queue.requeue([message_id])
     [requeued] = fetch_when_due(queue)
-    assert before <= requeued.due_ms <= redis_time_ms(queue)
+    assert before <= requeued.due_ms <= store_time_ms(queue)
     queue.ack([requeued])
 
     later_id = queue.send("y", delay=3600)
-    before = redis_time_ms(queue)
+    before = store_time_ms(queue)
     queue.deliver_now([later_id])
     [promoted] = fetch_when_due(queue)
-    assert before <= promoted.due_ms <= redis_time_ms(queue)
+    assert before <= promoted.due_ms <= store_time_ms(queue)
 
 
-def test_a_meta_record_without_a_due_time_is_still_delivered(queue: Queue, raw: Any) -> None:
+def test_a_meta_record_without_a_due_time_is_still_delivered(redis_queue: Queue, raw: Any) -> None:
     # Records written before the due time was kept have three fields.
+    queue = redis_queue
     message_id = queue.send("old")
     raw.hset(queue.store.keys.key("meta"), message_id, "0:0:3")
     [message] = fetch_when_due(queue)

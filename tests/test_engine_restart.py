@@ -1,4 +1,5 @@
-"""A Redis that forgot the scripts (restart, SCRIPT FLUSH, failover) is served again at once."""
+"""A Redis that forgot the scripts (restart, SCRIPT FLUSH, failover) is served again at once;
+and any JSON value round-trips exactly, on every store."""
 
 from typing import Any
 
@@ -6,13 +7,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayqueue_django.queue import Queue
-from tests.helpers import fetch_when_due
+from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisServer
 
 
-def test_scripts_are_loaded_again_after_script_flush(queue: Queue, raw: Any) -> None:
+def test_scripts_are_loaded_again_after_script_flush(redis_queue: Queue, raw: Any) -> None:
+    queue = redis_queue
     queue.send("before")
-    if queue.store.is_cluster:
+    if redis_store(queue).is_cluster:
         for node in raw.get_primaries():
             node.redis_connection.script_flush()
     else:
@@ -59,10 +61,7 @@ json_values = st.recursive(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(payload=json_values)
-def test_any_json_value_round_trips_exactly(redis_server: RedisServer, payload: Any) -> None:
-    from delayqueue_django import get_queue
-
-    queue = get_queue()
+def test_any_json_value_round_trips_exactly(queue: Queue, payload: Any) -> None:
     message_id = queue.send(payload)
     [message] = queue.fetch(1).messages
     assert message.id == message_id

@@ -1,31 +1,25 @@
-"""Idle workers are woken through pub/sub when work comes due earlier than they planned."""
+"""Idle workers are woken when work comes due earlier than they planned (Redis: pub/sub; the
+memory store: a condition variable), through the store's wake-up subscription."""
 
-import time
 from typing import Any
 
+from delayqueue_django.engine import WakeupSubscription
 from delayqueue_django.queue import Queue
 
 
 class Listener:
     def __init__(self, queue: Queue) -> None:
-        client: Any = queue.store.client  # RedisCluster.pubsub() has no annotations
-        self.pubsub = client.pubsub()
-        self.pubsub.subscribe(queue.store.keys.wakeup_channel)
-        first = self.pubsub.get_message(timeout=2)
-        assert first is not None
-        assert first["type"] == "subscribe"
+        self.subscription: WakeupSubscription = queue.store.subscribe_wakeups()
 
     def wakeups(self, wait: float = 0.2) -> list[int]:
+        """Every wake-up announced within ``wait`` seconds, with the due time it announced."""
         found = []
-        deadline = time.monotonic() + wait
-        while (remaining := deadline - time.monotonic()) > 0:
-            message = self.pubsub.get_message(timeout=remaining)
-            if message and message["type"] == "message":
-                found.append(int(message["data"]))
+        while (due := self.subscription.wait(timeout=wait)) is not None:
+            found.append(due)
         return found
 
     def close(self) -> None:
-        self.pubsub.close()
+        self.subscription.close()
 
 
 def test_a_message_due_earlier_than_all_others_wakes_idle_workers(queue: Queue) -> None:
@@ -67,6 +61,15 @@ def test_release_and_requeue_wake_idle_workers(queue: Queue) -> None:
         assert len(listener.wakeups()) == 1
     finally:
         listener.close()
+
+
+def test_a_closed_subscription_hears_nothing_more(queue: Queue) -> None:
+    listener = Listener(queue)
+    other = Listener(queue)
+    listener.close()
+    queue.send("x")
+    assert len(other.wakeups()) == 1
+    other.close()
 
 
 def test_next_wakeup_is_the_earliest_due_time_or_deadline(configure: Any) -> None:

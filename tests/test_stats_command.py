@@ -14,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
+from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 from tests.redis_servers import RedisServer
 
@@ -26,8 +27,7 @@ def stats(*args: str, **options: Any) -> str:
     return out.getvalue()
 
 
-def test_the_table_shows_counts_lag_and_workers() -> None:
-    queue = get_queue()
+def test_the_table_shows_counts_lag_and_workers(queue: Queue) -> None:
     queue.send("later", delay=3600)
     queue.send("due now")
     heartbeat.beat(

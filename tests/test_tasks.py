@@ -28,21 +28,18 @@ from delayqueue_django.tasks.compat import (
     task_finished,
     task_started,
 )
+from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
 from tests.task_app import tasks
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
 
 
-@pytest.fixture
-def tasks_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue]:
-    """``tasks_queue(result_ttl, **queue_options)``: the default queue, carrying the tasks
-    of a default DelayQueueBackend."""
-
+def _tasks_configurer(url: str, settings: Any) -> Callable[..., Queue]:
     def configure(result_ttl: Any = timedelta(days=7), **options: Any) -> Queue:
         settings.DELAYQUEUES = {
-            "default": {"URL": redis_server.url, "NACK_REDELIVERY_DELAY": 0, **options},
-            "other": {"URL": redis_server.url},
+            "default": {"URL": url, "NACK_REDELIVERY_DELAY": 0, **options},
+            "other": {"URL": url},
         }
         settings.TASKS = {
             "default": {
@@ -54,6 +51,22 @@ def tasks_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue
         return get_queue("default")
 
     return configure
+
+
+@pytest.fixture(params=["redis", "memory"])
+def tasks_queue(
+    request: pytest.FixtureRequest, settings: Any, redis_server: RedisServer
+) -> Callable[..., Queue]:
+    """``tasks_queue(result_ttl, **queue_options)``: the default queue, carrying the tasks
+    of a default DelayQueueBackend; on Redis, and on the memory store."""
+    url = redis_server.url if request.param == "redis" else "memory://"
+    return _tasks_configurer(url, settings)
+
+
+@pytest.fixture
+def redis_tasks_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue]:
+    """``tasks_queue`` on Redis only, for what is about Redis's keys."""
+    return _tasks_configurer(redis_server.url, settings)
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +136,7 @@ def test_a_task_is_enqueued_run_and_its_result_read_from_any_process(
         ("started", TaskResultStatus.RUNNING, 1),
         ("finished", TaskResultStatus.SUCCESSFUL, 1),
     ]
-    # A fresh backend (as in another process) reads the same result from Redis.
+    # A fresh backend (as in another process, on Redis) reads the same result.
     other = DelayQueueBackend("default", {"QUEUES": ["default"]})
     assert other.get_result(result.id).return_value == 5
     assert queue.stats()["pending"] == 0
@@ -217,17 +230,20 @@ def test_aenqueue_and_aget_result(tasks_queue: Callable[..., Queue]) -> None:
     assert result.return_value == 42
 
 
-def test_results_expire_after_result_ttl_or_never(tasks_queue: Callable[..., Queue]) -> None:
-    queue = tasks_queue(result_ttl=120)
+def test_results_expire_after_result_ttl_or_never(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    # The memory store's expiry is tested with its clock moved (test_engine_memory).
+    queue = redis_tasks_queue(result_ttl=120)
     result = tasks.add.enqueue(1, 2)
     work()
-    key = queue.store.keys.key(f"task:{result.id}")
-    assert 110 <= queue.store.client.ttl(key) <= 120
+    client = redis_store(queue).client
+    assert 110 <= client.ttl(queue.store.keys.key(f"task:{result.id}")) <= 120
 
-    queue = tasks_queue(result_ttl=None)
+    queue = redis_tasks_queue(result_ttl=None)
     result = tasks.add.enqueue(1, 2)
     work()
-    assert queue.store.client.ttl(queue.store.keys.key(f"task:{result.id}")) == -1
+    assert client.ttl(queue.store.keys.key(f"task:{result.id}")) == -1
 
 
 def test_unknown_result_ids_raise_does_not_exist(tasks_queue: Callable[..., Queue]) -> None:
@@ -290,7 +306,7 @@ def test_anything_but_a_task_of_this_backend_is_refused_and_dead_lettered(
     assert stored is not None
     assert stored.state == "garbage"  # at once, whatever the retries left
     assert reason in caplog.text
-    assert queue.store.client.exists(queue.store.keys.key(f"task:{message_id}")) == 0
+    assert queue.store.read_result(message_id) == {}
 
 
 def test_a_task_whose_last_delivery_timed_out_is_recorded_as_failed(
@@ -379,11 +395,7 @@ def test_the_record_holds_the_call_and_per_attempt_fields(
     queue = tasks_queue()
     result = tasks.add.enqueue(3, 4)
     work()
-    client: Any = queue.store.client
-    record = {
-        key.decode(): value.decode()
-        for key, value in client.hgetall(queue.store.keys.key(f"task:{result.id}")).items()
-    }
+    record = queue.store.read_result(result.id)
     assert json.loads(record["call"])["task"] == "tests.task_app.tasks.add"
     assert set(record) == {
         "call",

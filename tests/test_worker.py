@@ -1,6 +1,6 @@
-"""The worker in-process: ``call_command("run_delayqueue", burst=True)`` and a Worker thread."""
+"""The worker in-process: ``call_command("run_delayqueue", burst=True)`` and a Worker thread,
+on Redis and (``worker_queue``) on the memory store, whose worker runs in the sending process."""
 
-import json
 import logging
 import re
 import threading
@@ -17,7 +17,7 @@ from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker, heartbeat
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
-from tests.worker_handlers import handle, read_log
+from tests.worker_handlers import MEMORY_LOG, handle, read_log
 
 # A lost wake-up must fail a test, not hide behind the periodic recheck: with the recheck an
 # hour away, any lost wake-up runs into the timeout.
@@ -31,12 +31,23 @@ def _no_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(consumer, "IDLE_RECHECK_SECONDS", 3600.0)
 
 
-@pytest.fixture
-def worker_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queue]:
+@pytest.fixture(autouse=True)
+def _empty_memory_log() -> None:
+    MEMORY_LOG.clear()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def worker_url(request: pytest.FixtureRequest, redis_server: RedisServer) -> str:
+    """The queues' URL: the private Redis, or the memory store (the worker then runs in the
+    process that sends, as it must)."""
+    return redis_server.url if request.param == "redis" else "memory://"
+
+
+def _worker_configurer(url: str, settings: Any) -> Callable[..., Queue]:
     def configure(**options: Any) -> Queue:
         settings.DELAYQUEUES = {
             "default": {
-                "URL": redis_server.url,
+                "URL": url,
                 "HANDLER": "tests.worker_handlers.handle",
                 "NACK_REDELIVERY_DELAY": 0,
                 **options,
@@ -45,6 +56,19 @@ def worker_queue(settings: Any, redis_server: RedisServer) -> Callable[..., Queu
         return get_queue()
 
     return configure
+
+
+@pytest.fixture
+def worker_queue(worker_url: str, settings: Any) -> Callable[..., Queue]:
+    """``worker_queue(**options)``: the default queue, with the test handler, on each store."""
+    return _worker_configurer(worker_url, settings)
+
+
+@pytest.fixture
+def redis_worker_queue(redis_server: RedisServer, settings: Any) -> Callable[..., Queue]:
+    """``worker_queue`` on Redis only: for tests that do not depend on the store, or are
+    about Redis."""
+    return _worker_configurer(redis_server.url, settings)
 
 
 def run_burst(*args: str, **options: Any) -> str:
@@ -150,14 +174,17 @@ def test_database_connections_are_handled_as_for_a_request(
 
 
 def test_verbosity_two_shows_each_message_and_the_banner(
-    worker_queue: Callable[..., Queue],
+    worker_queue: Callable[..., Queue], worker_url: str
 ) -> None:
     queue = worker_queue()
     message_id = queue.send({"n": 1})
     out = run_burst(verbosity=2)
     assert "delayqueue_django worker " in out
     assert "(burst), concurrency 1" in out
-    assert "queue 'default': redis://127.0.0.1:" in out
+    if worker_url.startswith("memory://"):
+        assert "queue 'default': memory:// (in this process), handler " in out
+    else:
+        assert "queue 'default': redis://127.0.0.1:" in out
     assert "handler tests.worker_handlers.handle, retries 3, max consume 30 s, batch 100" in out
     assert f"handled message id={message_id} queue=default attempt=1 verdict=ack" in out
 
@@ -177,12 +204,11 @@ def test_credentials_never_appear_in_the_banner(settings: Any, redis_server: Red
     assert described.startswith("redis://127.0.0.1:")
 
 
-def test_a_handler_registered_with_the_decorator(settings: Any, redis_server: RedisServer) -> None:
-    settings.DELAYQUEUES = {"decorated": {"URL": redis_server.url}}
+def test_a_handler_registered_with_the_decorator(settings: Any, worker_url: str) -> None:
+    settings.DELAYQUEUES = {"decorated": {"URL": worker_url}}
     message_id = get_queue("decorated").send("hi")
     run_burst("decorated")
-    client: Any = get_queue("decorated").store.client
-    assert message_id.encode() in b"".join(client.lrange("test:log", 0, -1))
+    assert [e["id"] for e in read_log("decorated") if e["event"] == "decorated"] == [message_id]
 
 
 def test_max_messages_stops_after_that_many(worker_queue: Callable[..., Queue]) -> None:
@@ -207,9 +233,9 @@ def test_max_messages_stops_after_that_many(worker_queue: Callable[..., Queue]) 
     ],
 )
 def test_bad_arguments_are_command_errors(
-    worker_queue: Callable[..., Queue], args: list[str], words: str
+    redis_worker_queue: Callable[..., Queue], args: list[str], words: str
 ) -> None:
-    worker_queue()
+    redis_worker_queue()
     with pytest.raises(CommandError, match=re.escape(words)):
         call_command("run_delayqueue", *args, burst=True)
 
@@ -239,11 +265,10 @@ def test_invalid_settings_are_a_command_error(settings: Any) -> None:
 
 
 @pytest.fixture
-def running_worker(worker_queue: Callable[..., Queue]) -> Iterator[Callable[..., Worker]]:
+def running_worker() -> Iterator[Callable[..., Worker]]:
     started: list[tuple[Worker, threading.Thread]] = []
 
-    def start(queue: Queue | None = None, **options: Any) -> Worker:
-        queue = queue or get_queue()
+    def start(queue: Queue, **options: Any) -> Worker:
         options.setdefault("heartbeat_interval", 0.2)
         worker = Worker([(queue, handle)], **options)
         thread = threading.Thread(target=worker.run, daemon=True)
@@ -298,11 +323,11 @@ def test_heartbeats_show_live_workers_and_vanish_when_they_stop(
 
 
 def test_an_idle_worker_sends_almost_no_commands(
-    worker_queue: Callable[..., Queue],
+    redis_worker_queue: Callable[..., Queue],
     running_worker: Callable[..., Worker],
     redis_server: RedisServer,
 ) -> None:
-    queue = worker_queue()
+    queue = redis_worker_queue()
     queue.send({"n": "far"}, delay=3600)
     running_worker(queue, heartbeat_interval=10)
     time.sleep(0.5)
@@ -451,21 +476,19 @@ def test_the_worker_runs_on_redis_cluster(settings: Any, redis_cluster: Any) -> 
 
 
 def test_jitter_delays_the_start_and_the_worker_then_runs(
-    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+    redis_worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
 ) -> None:
-    worker_queue().send({"n": 1})
+    redis_worker_queue().send({"n": 1})
     with caplog.at_level(logging.INFO, logger="delayqueue_django"):
         run_burst(jitter=0.2, verbosity=1)
     assert "start-up jitter: waiting" in caplog.text
     assert len(events("done")) == 1
 
 
-def test_queues_sharing_one_handler_thread_all_get_it_back(
-    settings: Any, redis_server: RedisServer
-) -> None:
+def test_queues_sharing_one_handler_thread_all_get_it_back(settings: Any, worker_url: str) -> None:
     handler = "tests.worker_handlers.handle"
     settings.DELAYQUEUES = {
-        name: {"URL": redis_server.url, "KEY_PREFIX": name, "HANDLER": handler}
+        name: {"URL": worker_url, "KEY_PREFIX": name, "HANDLER": handler}
         for name in ("first", "second", "third")
     }
     ids = [
@@ -473,6 +496,5 @@ def test_queues_sharing_one_handler_thread_all_get_it_back(
     ]
     # The heartbeat an hour away too: only the freed thread may wake the other queues.
     call_command("run_delayqueue", burst=True, heartbeat=3600, stdout=StringIO())
-    client: Any = get_queue("first").store.client
-    done = [json.loads(e)["id"] for e in client.lrange("test:log", 0, -1) if b'"done"' in e]
+    done = [entry["id"] for entry in read_log("first") if entry["event"] == "done"]
     assert sorted(done) == sorted(ids)

@@ -1,7 +1,8 @@
 """Handlers and receivers used by the worker tests, in-process and in subprocesses.
 
-Each call is recorded in the Redis list ``test:log`` (on the queue's server) as JSON, so a
-test can see what every worker process did. The payload says what to do:
+Each call is recorded as JSON in the Redis list ``test:log`` on the queue's server, so a test
+can see what every worker process did; for a memory queue, whose worker runs in the test's
+own process, in ``MEMORY_LOG``. The payload says what to do:
 ``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first", "seconds": float}``
 ("sleep-first" sleeps on the first attempt only).
 """
@@ -14,15 +15,21 @@ from typing import Any
 from django.dispatch import receiver
 
 from delayqueue_django import get_queue, handler, signals
+from delayqueue_django.engine import RedisStore
 from delayqueue_django.exceptions import Reject
 from delayqueue_django.message import Message
 
 LOG_KEY = "test:log"
+MEMORY_LOG: list[str] = []
 
 
 def record(queue: str, event: str, **fields: Any) -> None:
-    client: Any = get_queue(queue).store.client
-    client.rpush(LOG_KEY, json.dumps({"event": event, "pid": os.getpid(), **fields}))
+    entry = json.dumps({"event": event, "pid": os.getpid(), **fields})
+    store = get_queue(queue).store
+    if isinstance(store, RedisStore):
+        store.client.rpush(LOG_KEY, entry)
+    else:
+        MEMORY_LOG.append(entry)
 
 
 def handle(message: Message) -> Any:
@@ -64,5 +71,9 @@ def on_exhausted(*, queue: str, message: Any, **kwargs: Any) -> None:
 
 
 def read_log(queue: str = "default") -> list[dict[str, Any]]:
-    client: Any = get_queue(queue).store.client
-    return [json.loads(entry) for entry in client.lrange(LOG_KEY, 0, -1)]
+    store = get_queue(queue).store
+    if isinstance(store, RedisStore):
+        entries: list[Any] = store.client.lrange(LOG_KEY, 0, -1)
+    else:
+        entries = list(MEMORY_LOG)
+    return [json.loads(entry) for entry in entries]

@@ -1,4 +1,5 @@
-"""The Redis protocol of the queue: key layout, Lua scripts and the store that runs them.
+"""Where a queue's messages live: the ``Store`` protocol, the Redis store (key layout, Lua
+scripts and the store that runs them) and the in-memory store (``engine.memory``).
 
 Nothing in this package imports Django; ``delayqueue_django.queue`` wraps it with settings,
 JSON encoding and the public API.
@@ -10,17 +11,22 @@ from delayqueue_django.engine.errors import (
     UnsupportedRedisVersion,
 )
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.protocol import Store, WakeupSubscription
 from delayqueue_django.engine.records import (
+    BURY,
+    STATES,
     Delivery,
     ExhaustedClaim,
     FetchResult,
     NackOutcome,
     NewMessage,
     StoredMessage,
+    StoreLimits,
 )
-from delayqueue_django.engine.store import STATES, RedisStore, StoreLimits
+from delayqueue_django.engine.store import RedisStore
 
 __all__ = [
+    "BURY",
     "STATES",
     "DelayQueueError",
     "Delivery",
@@ -31,7 +37,9 @@ __all__ = [
     "NewMessage",
     "QueueKeys",
     "RedisStore",
+    "Store",
     "StoreLimits",
     "StoredMessage",
     "UnsupportedRedisVersion",
+    "WakeupSubscription",
 ]

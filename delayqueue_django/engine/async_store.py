@@ -10,10 +10,9 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import ResponseError
 
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.records import NewMessage, StoreLimits
 from delayqueue_django.engine.scripts import Scripts
 from delayqueue_django.engine.store import (
-    StoreLimits,
     duplicate_or,
     log_warnings,
     oldest_version,

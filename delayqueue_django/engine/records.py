@@ -1,6 +1,23 @@
-"""Plain records passed in and out of the store."""
+"""Plain records passed in and out of the store, and the constants of its protocol."""
 
 from dataclasses import dataclass
+
+STATES = ("pending", "ready", "unack", "retry", "garbage")
+
+# A nack with this delay buries the message at once, whatever its retry budget.
+BURY = -1
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Bounds that keep every script call short."""
+
+    # How long a delivery may stay unacked before it is redelivered.
+    consume_ms: int = 30_000
+    # The most messages one fetch moves (expired + due) and the staging lists' length.
+    stage_limit: int = 1000
+    # Messages per send script call; a bulk send is cut into calls of this size.
+    send_batch_size: int = 1000
 
 
 @dataclass(frozen=True, slots=True)

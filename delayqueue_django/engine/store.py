@@ -8,7 +8,6 @@ consumers may share a queue.
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from redis import Redis
@@ -17,13 +16,16 @@ from redis.exceptions import ResponseError
 
 from delayqueue_django.engine.errors import DuplicateMessageId, UnsupportedRedisVersion
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
+    STATES,
     Delivery,
     ExhaustedClaim,
     FetchResult,
     NackOutcome,
     NewMessage,
     StoredMessage,
+    StoreLimits,
 )
 from delayqueue_django.engine.scripts import Scripts
 
@@ -31,25 +33,8 @@ logger = logging.getLogger("delayqueue_django.engine")
 
 RedisClient: TypeAlias = Redis | RedisCluster
 
-STATES = ("pending", "ready", "unack", "retry", "garbage")
-
 # LPOP with a count and ZRANGE ... BYSCORE LIMIT arrived in Redis 6.2.
 MINIMUM_REDIS_VERSION = (6, 2)
-
-# A nack with this delay buries the message at once, whatever its retry budget.
-BURY = -1
-
-
-@dataclass(frozen=True)
-class StoreLimits:
-    """Bounds that keep every script call short."""
-
-    # How long a delivery may stay unacked before it is redelivered.
-    consume_ms: int = 30_000
-    # The most messages one fetch moves (expired + due) and the staging lists' length.
-    stage_limit: int = 1000
-    # Messages per send script call; a bulk send is cut into calls of this size.
-    send_batch_size: int = 1000
 
 
 def _text(value: bytes | str) -> str:
@@ -286,6 +271,10 @@ class RedisStore:
             return 0
         return int(self.client.zrem(self.keys.key("exhausted"), *message_ids))
 
+    def subscribe_wakeups(self) -> RedisWakeups:
+        """Listen on the wake-up channel the scripts publish to."""
+        return RedisWakeups(self.client, self._channel)
+
     # Operators
 
     def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:
@@ -359,6 +348,69 @@ class RedisStore:
         return _stored(
             message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
         )
+
+    # Task results (delayqueue_django.tasks): a hash per result, beside the queue's keys,
+    # living ttl_seconds after its last change (or until deleted, with None).
+
+    def write_result(
+        self,
+        result_id: str,
+        fields: Mapping[str, str],
+        *,
+        unless_set: Mapping[str, str],
+        ttl_seconds: int | None,
+    ) -> dict[str, str]:
+        key = self.keys.key(f"task:{result_id}")
+        pipe: Any = self.client.pipeline(transaction=False)
+        pipe.hset(key, mapping=dict(fields))
+        for name, value in unless_set.items():
+            pipe.hsetnx(key, name, value)
+        if ttl_seconds is None:
+            pipe.persist(key)
+        else:
+            pipe.expire(key, ttl_seconds)
+        pipe.hgetall(key)
+        return _text_dict(pipe.execute()[-1])
+
+    def read_result(self, result_id: str) -> dict[str, str]:
+        client: Any = self.client
+        return _text_dict(client.hgetall(self.keys.key(f"task:{result_id}")))
+
+    # Worker heartbeats: a key per worker, expiring on its own, and an index set of their
+    # ids that readers prune of the expired ones.
+
+    def put_heartbeat(self, worker_id: str, details: str, ttl_ms: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.key(f"worker:{worker_id}"), details, px=max(ttl_ms, 1))
+        pipe.sadd(self.keys.key("workers"), worker_id)
+        pipe.execute()
+
+    def drop_heartbeat(self, worker_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.key(f"worker:{worker_id}"))
+        pipe.srem(self.keys.key("workers"), worker_id)
+        pipe.execute()
+
+    def heartbeats(self) -> dict[str, str]:
+        client: Any = self.client  # redis-py types smembers/mget loosely
+        index = self.keys.key("workers")
+        ids = sorted(_text(member) for member in client.smembers(index))
+        if not ids:
+            return {}
+        values = client.mget([self.keys.key(f"worker:{worker_id}") for worker_id in ids])
+        live = {
+            worker_id: _text(value)
+            for worker_id, value in zip(ids, values, strict=True)
+            if value is not None
+        }
+        gone = [worker_id for worker_id in ids if worker_id not in live]
+        if gone:
+            client.srem(index, *gone)
+        return live
+
+
+def _text_dict(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(name): _text(value) for name, value in raw.items()}
 
 
 def _flatten(rows: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -1,8 +1,9 @@
-"""Task results kept in Redis, readable from any process.
+"""Task results kept in the queue's store, readable from any process (on Redis).
 
 One hash per result, ``{prefix:queue}:task:<result id>`` (the result id is the message id),
-beside the queue's own keys. Every write sets the TTL again, so a record lives RESULT_TTL
-after the last thing that happened to its task. Fields:
+beside the queue's own keys; a memory queue keeps the same record in memory. Every write
+sets the TTL again, so a record lives RESULT_TTL after the last thing that happened to its
+task. Fields:
 
     call               the task message's payload (task path, arguments, backend, queue)
     status             READY, RUNNING, SUCCESSFUL or FAILED
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.call import TaskCall
@@ -33,30 +34,17 @@ class ResultRecords:
         self.queue = queue
         self.ttl_seconds = ttl_seconds
 
-    def key(self, result_id: str) -> str:
-        return self.queue.store.keys.key(f"task:{result_id}")
-
     def write(
         self, result_id: str, fields: dict[str, str], *, unless_set: dict[str, str] | None = None
     ) -> dict[str, str]:
         """Set ``fields``, and ``unless_set`` only where absent; renew the TTL; return the
         whole record. One round trip."""
-        key = self.key(result_id)
-        client: Any = self.queue.store.client
-        pipe = client.pipeline(transaction=False)
-        pipe.hset(key, mapping=fields)
-        for name, value in (unless_set or {}).items():
-            pipe.hsetnx(key, name, value)
-        if self.ttl_seconds is None:
-            pipe.persist(key)
-        else:
-            pipe.expire(key, self.ttl_seconds)
-        pipe.hgetall(key)
-        return _decoded(pipe.execute()[-1])
+        return self.queue.store.write_result(
+            result_id, fields, unless_set=unless_set or {}, ttl_seconds=self.ttl_seconds
+        )
 
     def read(self, result_id: str) -> dict[str, str]:
-        client: Any = self.queue.store.client
-        return _decoded(client.hgetall(self.key(result_id)))
+        return self.queue.store.read_result(result_id)
 
 
 def call_fields(call: TaskCall) -> dict[str, str]:
@@ -109,11 +97,3 @@ def _by_attempt(record: dict[str, str], kind: str) -> list[str]:
 
 def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
-
-
-def _decoded(raw: dict[Any, Any]) -> dict[str, str]:
-    return {_text(name): _text(value) for name, value in raw.items()}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

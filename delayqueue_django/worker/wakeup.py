@@ -1,15 +1,15 @@
-"""Listening for wake-ups: scripts publish on the queue's channel when work comes due
-earlier than sleeping workers planned. Waiting on a subscription costs Redis nothing, and
-the wait is timed on the client (Redis's own blocking timeouts are up to 100 ms late)."""
+"""Listening for wake-ups: the store announces when work comes due earlier than sleeping
+workers planned (Redis: the scripts publish on the queue's channel; in memory: a condition
+variable), and the listener wakes its consumer."""
 
 import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.engine.protocol import WakeupSubscription
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.backoff import Backoff
 
@@ -28,17 +28,15 @@ class WakeupListener(threading.Thread):
     def run(self) -> None:
         backoff = Backoff()
         while not self.stop.is_set():
-            pubsub: Any = None
+            subscription: WakeupSubscription | None = None
             try:
-                client: Any = self.queue.store.client
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.queue.store.keys.wakeup_channel)
+                subscription = self.queue.store.subscribe_wakeups()
                 self.subscribed.set()
                 # Anything sent while we were not listening: look again.
                 self.on_wake()
                 backoff.reset()
                 while not self.stop.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
+                    if subscription.wait(timeout=1.0) is not None:
                         self.on_wake()
             except (RedisError, OSError) as error:
                 if self.stop.is_set():
@@ -52,6 +50,6 @@ class WakeupListener(threading.Thread):
                 )
                 self.stop.wait(delay)
             finally:
-                if pubsub is not None:
+                if subscription is not None:
                     with contextlib.suppress(RedisError, OSError):
-                        pubsub.close()
+                        subscription.close()

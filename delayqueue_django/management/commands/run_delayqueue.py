@@ -43,6 +43,8 @@ def non_negative_seconds(text: str) -> float:
 def describe_connection(config: QueueConfig) -> str:
     if config.redis_alias is not None:
         return f"cache {config.redis_alias!r}"
+    if config.memory_name is not None:
+        return f"{config.url} (in this process)"
     parts = urlsplit(config.url or "")
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host  # credentials left out

@@ -1,0 +1,166 @@
+"""``MemoryServer``: what a Redis server is to ``RedisStore``, for ``MemoryStore``.
+
+It holds the state of every queue that uses it, keyed by the queue's hash tag
+(``{KEY_PREFIX:name}``) as Redis keys are, one lock that makes each store operation atomic
+(a ``threading.Condition``, which is also what wake-up subscribers wait on), the clock, and
+the wake-up channels. Servers are named (``memory://name``; the unnamed one is ``""``) and
+live as long as the process, like a Redis server outlives the settings that point at it.
+"""
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from delayqueue_django.engine.memory.clock import Clock, ManualClock, SystemClock
+from delayqueue_django.engine.memory.scored import ScoredSet
+from delayqueue_django.engine.records import NewMessage
+
+
+@dataclass(slots=True)
+class Meta:
+    """The meta record ("lease:attempt:budget:due" in Redis); see _prelude.lua."""
+
+    lease: int
+    attempt: int
+    budget: int
+    due: int
+
+
+@dataclass
+class QueueState:
+    """One queue's structures, named as the Redis keys they stand for."""
+
+    pending: ScoredSet = field(default_factory=ScoredSet)
+    ready: deque[str] = field(default_factory=deque)
+    unack: ScoredSet = field(default_factory=ScoredSet)
+    retry: deque[str] = field(default_factory=deque)
+    garbage: ScoredSet = field(default_factory=ScoredSet)
+    payloads: dict[str, str] = field(default_factory=dict)
+    metas: dict[str, Meta] = field(default_factory=dict)
+    exhausted: ScoredSet = field(default_factory=ScoredSet)
+    # (minute, "acked" | "failed") -> count, minute being the clock's ms // 60000.
+    throughput: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Running totals since the queue began, never pruned ("all:<name>" in Redis).
+    totals: dict[str, int] = field(default_factory=dict)
+    # worker id -> (details JSON, expiry ms)
+    heartbeats: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # task result id -> (record, expiry ms or None)
+    results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SentRecord:
+    """A message as it was sent, for tests that look at what their code sent."""
+
+    queue: str
+    message: NewMessage
+    due_ms: int
+    sent_ms: int
+
+
+class MemoryWakeups:
+    """A subscription to one queue's wake-ups: every publication is queued for each
+    subscriber, as Redis pub/sub delivers it to each."""
+
+    def __init__(self, server: "MemoryServer", channel: str) -> None:
+        self._server = server
+        self._channel = channel
+        self._announced: deque[int] = deque()
+        server.subscribe(channel, self)
+
+    def deliver(self, due_ms: int) -> None:
+        self._announced.append(due_ms)
+
+    def wait(self, timeout: float) -> int | None:
+        with self._server.lock:
+            if self._server.lock.wait_for(lambda: self._announced, timeout=timeout):
+                return self._announced.popleft()
+            return None
+
+    def close(self) -> None:
+        self._server.unsubscribe(self._channel, self)
+
+
+class MemoryServer:
+    def __init__(self, name: str = "", clock: Clock | None = None) -> None:
+        self.name = name
+        self.clock: Clock = SystemClock() if clock is None else clock
+        self.lock = threading.Condition(threading.RLock())
+        self._queues: dict[str, QueueState] = {}
+        self._subscribers: dict[str, list[MemoryWakeups]] = {}
+        # Every send, when a test asked for them (see delayqueue_django.testing).
+        self.sent: list[SentRecord] | None = None
+        if isinstance(self.clock, ManualClock):
+            # Time moved: work may have come due, so wake every listening worker.
+            self.clock.on_advance(self._wake_everyone)
+
+    def state(self, tag: str) -> QueueState:
+        """The queue's state (created empty on first use); call with the lock held."""
+        found = self._queues.get(tag)
+        if found is None:
+            found = self._queues[tag] = QueueState()
+        return found
+
+    def flush(self) -> None:
+        """Forget every queue's messages (Redis's FLUSHALL)."""
+        with self.lock:
+            self._queues.clear()
+            if self.sent is not None:
+                self.sent.clear()
+
+    # Wake-up channels
+
+    def subscribe(self, channel: str, subscriber: MemoryWakeups) -> None:
+        with self.lock:
+            self._subscribers.setdefault(channel, []).append(subscriber)
+
+    def unsubscribe(self, channel: str, subscriber: MemoryWakeups) -> None:
+        with self.lock:
+            listeners = self._subscribers.get(channel, [])
+            if subscriber in listeners:
+                listeners.remove(subscriber)
+
+    def publish(self, channel: str, due_ms: int) -> None:
+        with self.lock:
+            for subscriber in self._subscribers.get(channel, []):
+                subscriber.deliver(due_ms)
+            self.lock.notify_all()
+
+    def _wake_everyone(self, now_ms: int) -> None:
+        with self.lock:
+            for channel in self._subscribers:
+                self.publish(channel, now_ms)
+
+
+_servers: dict[str, MemoryServer] = {}
+_servers_lock = threading.Lock()
+
+
+def get_server(name: str = "") -> MemoryServer:
+    """The process's memory server of that name, created (on the system clock) if needed."""
+    with _servers_lock:
+        found = _servers.get(name)
+        if found is None:
+            found = _servers[name] = MemoryServer(name)
+        return found
+
+
+def add_server(server: MemoryServer) -> None:
+    """Make a server of one's own (a manual clock, say) the one its name refers to."""
+    with _servers_lock:
+        if server.name in _servers:
+            raise ValueError(f"a memory server named {server.name!r} exists already")
+        _servers[server.name] = server
+
+
+def remove_server(name: str) -> None:
+    with _servers_lock:
+        _servers.pop(name, None)
+
+
+def flush_servers() -> None:
+    """Forget every message of every memory server (between tests, say)."""
+    with _servers_lock:
+        servers = list(_servers.values())
+    for server in servers:
+        server.flush()

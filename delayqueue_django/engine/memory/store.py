@@ -1,0 +1,568 @@
+"""``MemoryStore``: one queue's whole life cycle in this process, with the semantics of the
+Lua scripts.
+
+Each method is the script of the same name (``engine/lua/*.lua``, whose headers document
+the semantics) done in Python under the server's lock: the same states, leases, attempts and
+budgets, due times handed out with deliveries, nack delays and burials, timeouts, releases,
+the exhaustion announcements and their claims, the staging bounds, the throughput counts and
+the wake-ups. Nothing else can write to its structures, so the scripts' damage handling
+(missing payloads or meta records, keys of the wrong type) has no counterpart here.
+
+For tests and quick local runs: its messages live and die with the process and are invisible
+to other processes.
+"""
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+from delayqueue_django.engine.errors import DuplicateMessageId
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.memory.server import (
+    MemoryServer,
+    MemoryWakeups,
+    Meta,
+    QueueState,
+    SentRecord,
+)
+from delayqueue_django.engine.records import (
+    STATES,
+    Delivery,
+    ExhaustedClaim,
+    FetchResult,
+    NackOutcome,
+    NewMessage,
+    StoredMessage,
+    StoreLimits,
+)
+
+
+class MemoryStore:
+    def __init__(self, server: MemoryServer, keys: QueueKeys, limits: StoreLimits) -> None:
+        self.server = server
+        self._keys = keys
+        self._limits = limits
+        self._channel = keys.wakeup_channel
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self._keys
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._limits
+
+    def _state(self) -> QueueState:
+        return self.server.state(self._keys.tag)
+
+    def _now(self) -> int:
+        return self.server.clock.now_ms()
+
+    def _wake(self, due_ms: int) -> None:
+        self.server.publish(self._channel, due_ms)
+
+    # Producers
+
+    def send(self, messages: Sequence[NewMessage]) -> list[int]:
+        dues: list[int] = []
+        size = self._limits.send_batch_size
+        # Batch by batch, as RedisStore sends them: each batch is written whole or not at all.
+        for start in range(0, len(messages), size):
+            dues += self._send_batch(messages[start : start + size])
+        return dues
+
+    def _send_batch(self, batch: Sequence[NewMessage]) -> list[int]:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            for message in batch:
+                if message.id in state.metas or message.id in state.payloads:
+                    raise DuplicateMessageId(
+                        f"message id {message.id!r} already exists in queue "
+                        f"{self._keys.queue!r}; nothing in its batch was written"
+                    )
+            previous_head = state.pending.head()
+            dues = []
+            for message in batch:
+                due = now + message.delay_ms if message.at_ms is None else message.at_ms
+                state.pending.add(message.id, due)
+                state.payloads[message.id] = message.payload
+                state.metas[message.id] = Meta(0, 0, message.budget, due)
+                dues.append(due)
+                if self.server.sent is not None:
+                    self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
+            if dues and (previous_head is None or min(dues) < previous_head[1]):
+                self._wake(min(dues))
+            return dues
+
+    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+        with self.server.lock:
+            state = self._state()
+            removed = None
+            if state.pending.remove(message_id):
+                removed = "pending"
+            elif _remove_first(state.ready, message_id):
+                removed = "ready"
+            elif _remove_first(state.retry, message_id):
+                removed = "retry"
+            elif include_in_flight_and_dead:
+                if state.garbage.remove(message_id):
+                    removed = "garbage"
+                elif state.unack.remove(message_id):
+                    removed = "unack"
+            if removed is not None:
+                _forget(state, message_id)
+            return removed
+
+    # Consumers
+
+    def fetch(self, count: int) -> FetchResult:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            stage_limit = self._limits.stage_limit
+
+            def room() -> int:
+                return stage_limit - len(state.ready) - len(state.retry)
+
+            # 1. Deliveries that outlived their deadline: retry, or garbage when used up.
+            expired = 0
+            for message_id, deadline in state.unack.pop_upto(now, room()):
+                meta = state.metas[message_id]
+                expired += 1
+                # Its redelivery is due from the moment the deadline passed.
+                meta.lease, meta.due = meta.lease + 1, deadline
+                if meta.attempt > meta.budget:
+                    _bury(state, message_id, now)
+                else:
+                    state.retry.append(message_id)
+                    _count_total(state, "retried", 1)
+            _count(state, now, "failed", expired)
+            _count_total(state, "timed_out", expired)
+
+            # 2. Pending messages whose time has come.
+            for message_id, _ in state.pending.pop_upto(now, room()):
+                target = state.retry if state.metas[message_id].attempt > 0 else state.ready
+                target.append(message_id)
+
+            # 3. Hand out, redeliveries first: they have waited longest.
+            deliveries: list[Delivery] = []
+            deadline = now + self._limits.consume_ms
+            for source in (state.retry, state.ready):
+                while source and len(deliveries) < count:
+                    message_id = source.popleft()
+                    meta = state.metas[message_id]
+                    meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
+                    state.unack.add(message_id, deadline)
+                    deliveries.append(
+                        Delivery(
+                            id=message_id,
+                            payload=state.payloads[message_id],
+                            attempt=meta.attempt,
+                            lease=meta.lease,
+                            budget=meta.budget,
+                            deadline_ms=deadline,
+                            due_ms=meta.due,
+                        )
+                    )
+
+            # When to look again.
+            next_ms: int | None = None
+            pending_head, unack_head = state.pending.head(), state.unack.head()
+            if (
+                state.ready
+                or state.retry
+                or (pending_head is not None and pending_head[1] <= now)
+                or (unack_head is not None and unack_head[1] <= now)
+            ):
+                next_ms = now
+                if count > 0 and len(deliveries) == count:
+                    self._wake(now)
+
+            # An exhaustion to announce now, or a claim that lapses later.
+            exhausted_head = state.exhausted.head()
+            owed = exhausted_head is not None and exhausted_head[1] <= now
+            if next_ms is None:
+                later = [
+                    head[1]
+                    for head in (pending_head, unack_head, exhausted_head)
+                    if head is not None and head[1] > now
+                ]
+                next_ms = min(later, default=None)
+
+            return FetchResult(
+                now_ms=now,
+                next_ms=next_ms,
+                expired=expired,
+                deliveries=deliveries,
+                exhaustions_owed=owed,
+            )
+
+    def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
+        if not leases:
+            return set()
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            acked: list[str] = []
+            for message_id, lease in leases:
+                if _holds(state, message_id, lease):
+                    state.unack.remove(message_id)
+                    state.payloads.pop(message_id, None)
+                    state.metas.pop(message_id, None)
+                    acked.append(message_id)
+            _count(state, now, "acked", len(acked))
+            return set(acked)
+
+    def nack(self, refusals: Sequence[tuple[str, int, int]]) -> list[NackOutcome]:
+        if not refusals:
+            return []
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            previous_head = state.pending.head()
+            earliest: int | None = None
+            outcomes = []
+            for message_id, lease, delay_ms in refusals:
+                if not _holds(state, message_id, lease):
+                    continue
+                state.unack.remove(message_id)
+                meta = state.metas[message_id]
+                meta.lease += 1
+                if meta.attempt > meta.budget or delay_ms < 0:
+                    _bury(state, message_id, now)
+                    outcomes.append(NackOutcome(message_id, True, now))
+                else:
+                    meta.due = now + delay_ms
+                    state.pending.add(message_id, meta.due)
+                    _count_total(state, "retried", 1)
+                    earliest = meta.due if earliest is None else min(earliest, meta.due)
+                    outcomes.append(NackOutcome(message_id, False, meta.due))
+            if earliest is not None and (previous_head is None or earliest < previous_head[1]):
+                self._wake(earliest)
+            _count(state, now, "failed", len(outcomes))
+            return outcomes
+
+    def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
+        if not leases:
+            return []
+        with self.server.lock:
+            state = self._state()
+            released: deque[str] = deque()
+            # Walk backwards and push to the front, so the first id given ends up first.
+            for message_id, lease in reversed(leases):
+                if not _holds(state, message_id, lease):
+                    continue
+                state.unack.remove(message_id)
+                meta = state.metas[message_id]
+                meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
+                (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)
+                released.appendleft(message_id)
+            if released:
+                self._wake(self._now())
+            return list(released)
+
+    def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:
+        if not leases:
+            return 0, []
+        with self.server.lock:
+            state = self._state()
+            deadline = self._now() + self._limits.consume_ms
+            extended = []
+            for message_id, lease in leases:
+                if _holds(state, message_id, lease):
+                    state.unack.add(message_id, deadline)
+                    extended.append(message_id)
+            return deadline, extended
+
+    def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            claims = []
+            for message_id, _ in state.exhausted.upto(now, count):
+                state.exhausted.add(message_id, now + claim_ms)
+                meta = state.metas.get(message_id)
+                claims.append(
+                    ExhaustedClaim(
+                        message_id,
+                        state.payloads.get(message_id),
+                        0 if meta is None else meta.attempt,
+                    )
+                )
+            return claims
+
+    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
+        with self.server.lock:
+            state = self._state()
+            return sum(state.exhausted.remove(message_id) for message_id in message_ids)
+
+    def subscribe_wakeups(self) -> MemoryWakeups:
+        return MemoryWakeups(self.server, self._channel)
+
+    # Operators
+
+    def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:
+        if not message_ids:
+            return []
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            requeued = []
+            for message_id in message_ids:
+                if message_id not in state.garbage:
+                    continue
+                old = state.metas.get(message_id)
+                lease, budget = (0, default_budget) if old is None else (old.lease, old.budget)
+                state.metas[message_id] = Meta(lease + 1, 0, budget, now)
+                state.garbage.remove(message_id)
+                state.exhausted.remove(message_id)
+                state.pending.add(message_id, now)
+                requeued.append(message_id)
+            if requeued:
+                self._wake(now)
+            return requeued
+
+    def promote(self, message_ids: Sequence[str]) -> list[str]:
+        if not message_ids:
+            return []
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            promoted = []
+            for message_id in message_ids:
+                if message_id in state.pending:
+                    state.pending.add(message_id, now)
+                    state.metas[message_id].due = now
+                    promoted.append(message_id)
+            if promoted:
+                self._wake(now)
+            return promoted
+
+    def drop_garbage(
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool
+    ) -> tuple[int, bool]:
+        with self.server.lock:
+            state = self._state()
+            if older_than_ms is None or older_than_ms < 0:
+                candidates = state.garbage.page(0, limit)
+            else:
+                candidates = state.garbage.upto(self._now() - older_than_ms, limit)
+            dropped = 0
+            for message_id, _ in candidates:
+                if keep_unannounced and message_id in state.exhausted:
+                    continue
+                state.garbage.remove(message_id)
+                _forget(state, message_id)
+                dropped += 1
+            return dropped, len(candidates) == limit and dropped > 0
+
+    def stats(self) -> dict[str, int]:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            head = state.pending.head()
+            next_due = -1 if head is None else head[1]
+            return {
+                "pending": len(state.pending),
+                "ready": len(state.ready),
+                "unack": len(state.unack),
+                "retry": len(state.retry),
+                "garbage": len(state.garbage),
+                "due": state.pending.count_upto(now),
+                "unannounced": len(state.exhausted),
+                "server_time_ms": now,
+                "next_due_ms": next_due,
+                "lag_ms": now - next_due if 0 <= next_due <= now else 0,
+                **{
+                    f"{name}_total": state.totals.get(name, 0)
+                    for name in ("acked", "failed", "retried", "timed_out", "exhausted")
+                },
+            }
+
+    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+        with self.server.lock:
+            state = self._state()
+            current = self._now() // 60_000
+            return [
+                (
+                    minute * 60_000,
+                    state.throughput.get((minute, "acked"), 0),
+                    state.throughput.get((minute, "failed"), 0),
+                )
+                for minute in range(current - minutes + 1, current + 1)
+            ]
+
+    def add_totals(self, increments: Mapping[str, int]) -> None:
+        with self.server.lock:
+            state = self._state()
+            for name, count in increments.items():
+                _count_total(state, name, count)
+
+    def totals(self) -> dict[str, int]:
+        with self.server.lock:
+            return dict(self._state().totals)
+
+    def prune_throughput(self, keep_minutes: int) -> int:
+        with self.server.lock:
+            state = self._state()
+            oldest_kept = self._now() // 60_000 - keep_minutes + 1
+            old = [field for field in state.throughput if field[0] < oldest_kept]
+            for field in old:
+                del state.throughput[field]
+            return len(old)
+
+    def list(
+        self, state: str, *, offset: int, limit: int, preview_bytes: int
+    ) -> list[StoredMessage]:
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; the states are {', '.join(STATES)}")
+        with self.server.lock:
+            queue = self._state()
+            entries: list[tuple[str, int | None]]
+            if state in ("ready", "retry"):
+                staged = queue.ready if state == "ready" else queue.retry
+                entries = [(message_id, None) for message_id in _slice(staged, offset, limit)]
+            else:
+                scored = {"pending": queue.pending, "unack": queue.unack}.get(state, queue.garbage)
+                entries = list(scored.page(offset, limit))
+            return [
+                _stored(queue, message_id, state, score, preview_bytes=preview_bytes)
+                for message_id, score in entries
+            ]
+
+    def peek(self, message_id: str) -> StoredMessage | None:
+        with self.server.lock:
+            queue = self._state()
+            for name, scored in (
+                ("pending", queue.pending),
+                ("unack", queue.unack),
+                ("garbage", queue.garbage),
+            ):
+                score = scored.score(message_id)
+                if score is not None:
+                    return _stored(queue, message_id, name, score, peeked=True)
+            for name, staged in (("ready", queue.ready), ("retry", queue.retry)):
+                if message_id in staged:
+                    return _stored(queue, message_id, name, None, peeked=True)
+            if message_id in queue.payloads or message_id in queue.metas:
+                return _stored(queue, message_id, "unknown", None, peeked=True)
+            return None
+
+    # Task results (delayqueue_django.tasks)
+
+    def write_result(
+        self,
+        result_id: str,
+        fields: Mapping[str, str],
+        *,
+        unless_set: Mapping[str, str],
+        ttl_seconds: int | None,
+    ) -> dict[str, str]:
+        with self.server.lock:
+            now = self._now()
+            record = {**self._live_result(result_id, now), **fields}
+            for name, value in unless_set.items():
+                record.setdefault(name, value)
+            expires = None if ttl_seconds is None else now + ttl_seconds * 1000
+            self._state().results[result_id] = (record, expires)
+            return dict(record)
+
+    def read_result(self, result_id: str) -> dict[str, str]:
+        with self.server.lock:
+            return dict(self._live_result(result_id, self._now()))
+
+    def _live_result(self, result_id: str, now: int) -> dict[str, str]:
+        results = self._state().results
+        record, expires = results.get(result_id, ({}, None))
+        if expires is not None and expires <= now:
+            del results[result_id]
+            return {}
+        return record
+
+    # Worker heartbeats
+
+    def put_heartbeat(self, worker_id: str, details: str, ttl_ms: int) -> None:
+        with self.server.lock:
+            expires = self._now() + max(ttl_ms, 1)
+            self._state().heartbeats[worker_id] = (details, expires)
+
+    def drop_heartbeat(self, worker_id: str) -> None:
+        with self.server.lock:
+            self._state().heartbeats.pop(worker_id, None)
+
+    def heartbeats(self) -> dict[str, str]:
+        with self.server.lock:
+            beats, now = self._state().heartbeats, self._now()
+            for worker_id in [w for w, (_, expires) in beats.items() if expires <= now]:
+                del beats[worker_id]
+            return {worker_id: details for worker_id, (details, _) in beats.items()}
+
+
+# The prelude's helpers (_prelude.lua), on a QueueState.
+
+
+def _holds(state: QueueState, message_id: str, lease: int) -> bool:
+    """The delivery is still in flight under this very lease (see ack.lua)."""
+    meta = state.metas.get(message_id)
+    return meta is not None and meta.lease == lease and message_id in state.unack
+
+
+def _bury(state: QueueState, message_id: str, now: int) -> None:
+    """Retries used up: a dead letter whose exhaustion is still to be announced."""
+    state.garbage.add(message_id, now)
+    state.exhausted.add(message_id, now)
+    _count_total(state, "exhausted", 1)
+
+
+def _forget(state: QueueState, message_id: str) -> None:
+    state.payloads.pop(message_id, None)
+    state.metas.pop(message_id, None)
+    state.exhausted.remove(message_id)
+
+
+def _count(state: QueueState, now: int, what: str, n: int) -> None:
+    """Per-minute counts of acked and failed deliveries, and their totals."""
+    if n > 0:
+        field = (now // 60_000, what)
+        state.throughput[field] = state.throughput.get(field, 0) + n
+        _count_total(state, what, n)
+
+
+def _count_total(state: QueueState, what: str, n: int) -> None:
+    if n > 0:
+        state.totals[what] = state.totals.get(what, 0) + n
+
+
+def _remove_first(staged: deque[str], message_id: str) -> bool:
+    """LREM list 1 id."""
+    try:
+        staged.remove(message_id)
+    except ValueError:
+        return False
+    return True
+
+
+def _slice(staged: deque[str], offset: int, limit: int) -> list[str]:
+    return [staged[i] for i in range(offset, min(offset + limit, len(staged)))]
+
+
+def _stored(
+    state: QueueState,
+    message_id: str,
+    where: str,
+    score: int | None,
+    *,
+    preview_bytes: int | None = None,
+    peeked: bool = False,
+) -> StoredMessage:
+    """What list.lua (a preview of the payload) or peek.lua (all of it, and whether an
+    exhaustion is still to be announced) return about one message."""
+    payload = state.payloads.get(message_id)
+    size = 0 if payload is None else len(payload.encode("utf-8"))
+    if payload is not None and preview_bytes is not None and size > preview_bytes:
+        # Cut on a character boundary, as list.lua does, so the preview is still valid text.
+        payload = payload.encode("utf-8")[:preview_bytes].decode("utf-8", "ignore")
+    meta = state.metas.get(message_id)
+    return StoredMessage(
+        id=message_id,
+        state=where,
+        score_ms=score,
+        payload=payload,
+        payload_size=size,
+        lease=None if meta is None else meta.lease,
+        attempt=None if meta is None else meta.attempt,
+        budget=None if meta is None else meta.budget,
+        unannounced=peeked and message_id in state.exhausted,
+    )
