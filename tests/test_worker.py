@@ -498,3 +498,38 @@ def test_queues_sharing_one_handler_thread_all_get_it_back(settings: Any, worker
     call_command("run_delayqueue", burst=True, heartbeat=3600, stdout=StringIO())
     done = [entry["id"] for entry in read_log("first") if entry["event"] == "done"]
     assert sorted(done) == sorted(ids)
+
+
+def test_a_worker_process_of_its_own_refuses_a_memory_queue(
+    settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delayqueue_django.management.commands.run_delayqueue import Command
+
+    settings.DELAYQUEUES = {
+        "default": {"URL": "memory://", "HANDLER": "tests.worker_handlers.handle"}
+    }
+    with pytest.raises(SystemExit) as exited:  # as manage.py run_delayqueue would
+        Command().run_from_argv(["manage.py", "run_delayqueue", "--burst"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "CommandError: queue 'default' keeps its messages in the memory of the process that "
+        "sends them (memory://); a worker started as a process of its own would never see "
+        "them. Run the worker in that process (delayqueue_django.worker.start_worker_thread(), "
+        "or call_command('run_delayqueue', burst=True) in tests), or give the queue a Redis "
+        "URL.\n"
+    )
+
+
+def test_a_worker_thread_runs_a_memory_queue_in_the_sending_process(settings: Any) -> None:
+    from delayqueue_django.worker import start_worker_thread
+
+    settings.DELAYQUEUES = {
+        "default": {"URL": "memory://", "HANDLER": "tests.worker_handlers.handle"}
+    }
+    with start_worker_thread(heartbeat_interval=0.2) as running:
+        message_id = get_queue().send({"n": 1}, delay=0.1)
+        wait_for(lambda: events("acked"), what="the handler")
+        assert heartbeat.live_workers(get_queue())[0]["id"] == running.worker.worker_id
+    assert not running.thread.is_alive()
+    assert [e["id"] for e in events("done")] == [message_id]
+    assert heartbeat.live_workers(get_queue()) == []

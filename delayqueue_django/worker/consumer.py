@@ -12,17 +12,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from django.dispatch import Signal
 from redis.exceptions import RedisError
 
-from delayqueue_django import signals
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
 from delayqueue_django.timings import Timings
-from delayqueue_django.worker import heartbeat
+from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 from delayqueue_django.worker.wakeup import WakeupListener
@@ -35,19 +33,6 @@ logger = logging.getLogger("delayqueue_django.worker")
 # Even with nothing due, look again this often, in case a wake-up was lost.
 IDLE_RECHECK_SECONDS = 30.0
 GARBAGE_EXPIRY_SECONDS = 60.0
-EXHAUSTED_CLAIM_BATCH = 100
-
-
-def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
-    """Send a signal; a receiver that raises is logged and never reaches the worker."""
-    for receiver, result in signal.send_robust(sender=Queue, queue=queue, **kwargs):
-        if isinstance(result, Exception):
-            logger.error(
-                "signal receiver %r failed queue=%s",
-                receiver,
-                queue,
-                exc_info=(type(result), result, result.__traceback__),
-            )
 
 
 class QueueConsumer(threading.Thread):
@@ -208,7 +193,7 @@ class QueueConsumer(threading.Thread):
                 self.queue.name,
             )
         if fetched.exhaustions_owed:
-            self._announce_exhaustions()
+            verdicts.announce_exhaustions(self.queue)
         if fetched.messages:
             with self._lock:
                 self._in_flight += len(fetched.messages)
@@ -299,10 +284,10 @@ class QueueConsumer(threading.Thread):
             self._shrink_batch()
         done: list[Outcome] = []
         try:
-            for verdict in (Verdict.RELEASE, Verdict.ACK, Verdict.NACK, Verdict.BURY):
+            for verdict in verdicts.COMMIT_ORDER:
                 batch = by_verdict[verdict]
                 if batch:
-                    self._commit(verdict, batch)
+                    verdicts.commit(self.queue, verdict, batch)
                     done += batch
         except RedisError:
             # Keep what was not committed, to retry once Redis is back.
@@ -317,66 +302,3 @@ class QueueConsumer(threading.Thread):
             handled=sum(o.verdict is not Verdict.RELEASE for o in outcomes),
             failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in outcomes),
         )
-
-    def _commit(self, verdict: Verdict, outcomes: list[Outcome]) -> None:
-        messages = [outcome.message for outcome in outcomes]
-        name = self.queue.name
-        if verdict is Verdict.RELEASE:
-            self.queue.release(messages)
-            return
-        if verdict is Verdict.ACK:
-            acked = self.queue.ack(messages)
-            for message in messages:
-                if message.id in acked:
-                    send_robust(signals.message_acked, name, message=message)
-                else:
-                    self._log_lost_lease(message, "ack")
-            return
-        if verdict is Verdict.NACK:
-            results = {r.id: r for r in self.queue.nack(messages)}
-        else:
-            results = {r.id: r for r in self.queue.bury(messages)}
-        for outcome in outcomes:
-            message = outcome.message
-            result = results.get(message.id)
-            if result is None:
-                self._log_lost_lease(message, "nack")
-                continue
-            send_robust(
-                signals.message_nacked,
-                name,
-                message=message,
-                error=outcome.error,
-                retry_at_ms=None if result.exhausted else result.at_ms,
-            )
-        if any(result.exhausted for result in results.values()):
-            self._announce_exhaustions()
-
-    def _log_lost_lease(self, message: Message, what: str) -> None:
-        logger.warning(
-            "%s of message id=%s queue=%s attempt=%s came after its delivery timed out; "
-            "the message is being delivered again",
-            what,
-            message.id,
-            message.queue,
-            message.attempt,
-        )
-
-    def _announce_exhaustions(self) -> None:
-        while True:
-            # Announcing is consumed like a delivery: if this worker dies before confirming,
-            # the claim lapses after MAX_CONSUME_DURATION and another worker announces it.
-            claims = self.queue.claim_exhausted(
-                EXHAUSTED_CLAIM_BATCH, claim_seconds=self.queue.config.max_consume_ms / 1000
-            )
-            for claim in claims:
-                logger.warning(
-                    "message exhausted its retries id=%s queue=%s attempts=%s",
-                    claim.id,
-                    claim.queue,
-                    claim.attempt,
-                )
-                send_robust(signals.message_exhausted, self.queue.name, message=claim)
-            self.queue.confirm_exhausted([claim.id for claim in claims])
-            if len(claims) < EXHAUSTED_CLAIM_BATCH:
-                return

@@ -30,13 +30,17 @@ class Outcome:
     seconds: float = 0.0
 
 
-def call_handler(handler: Handler, message: Message) -> Outcome:
+def call_handler(handler: Handler, message: Message, *, manage_connections: bool = True) -> Outcome:
     """Call the handler as a request would be served: stale DB connections closed around it.
 
     Returns None/True: ack. False: nack. Raises Reject: bury now. Raises anything else: nack,
     with the traceback logged. Nothing a handler does escapes to the worker.
+
+    ``manage_connections=False`` leaves the connections alone, as Django's test client does
+    for requests: inside a test's transaction, closing them would break the test.
     """
-    close_old_connections()
+    if manage_connections:
+        close_old_connections()
     started = time.perf_counter()
     try:
         result = handler(message)
@@ -69,5 +73,6 @@ def call_handler(handler: Handler, message: Message) -> Outcome:
             outcome.seconds * 1000,
         )
     finally:
-        close_old_connections()
+        if manage_connections:
+            close_old_connections()
     return outcome

@@ -1,0 +1,101 @@
+"""Committing handlers' verdicts and announcing them: a batch of acks, nacks or burials in
+one round trip, then the signals, so ``message_acked`` always follows a committed ack; and
+every exhaustion announced at least once. Shared by the worker's consumers and by
+``delayqueue_django.testing``, so both behave alike."""
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+from delayqueue_django import signals
+from delayqueue_django.message import Message
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker.handling import Outcome, Verdict
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+# The order a batch of mixed verdicts is committed in: hand-backs first, so other workers
+# can take those messages at once.
+COMMIT_ORDER = (Verdict.RELEASE, Verdict.ACK, Verdict.NACK, Verdict.BURY)
+EXHAUSTED_CLAIM_BATCH = 100
+
+
+def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
+    """Send a signal; a receiver that raises is logged and never reaches the worker."""
+    for receiver, result in signal.send_robust(sender=Queue, queue=queue, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "signal receiver %r failed queue=%s",
+                receiver,
+                queue,
+                exc_info=(type(result), result, result.__traceback__),
+            )
+
+
+def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> None:
+    """Commit outcomes sharing one verdict, then send their signals."""
+    messages = [outcome.message for outcome in outcomes]
+    name = queue.name
+    if verdict is Verdict.RELEASE:
+        queue.release(messages)
+        return
+    if verdict is Verdict.ACK:
+        acked = queue.ack(messages)
+        for message in messages:
+            if message.id in acked:
+                send_robust(signals.message_acked, name, message=message)
+            else:
+                _log_lost_lease(message, "ack")
+        return
+    if verdict is Verdict.NACK:
+        results = {r.id: r for r in queue.nack(messages)}
+    else:
+        results = {r.id: r for r in queue.bury(messages)}
+    for outcome in outcomes:
+        message = outcome.message
+        result = results.get(message.id)
+        if result is None:
+            _log_lost_lease(message, "nack")
+            continue
+        send_robust(
+            signals.message_nacked,
+            name,
+            message=message,
+            error=outcome.error,
+            retry_at_ms=None if result.exhausted else result.at_ms,
+        )
+    if any(result.exhausted for result in results.values()):
+        announce_exhaustions(queue)
+
+
+def _log_lost_lease(message: Message, what: str) -> None:
+    logger.warning(
+        "%s of message id=%s queue=%s attempt=%s came after its delivery timed out; "
+        "the message is being delivered again",
+        what,
+        message.id,
+        message.queue,
+        message.attempt,
+    )
+
+
+def announce_exhaustions(queue: Queue) -> None:
+    """Send ``message_exhausted`` for every exhaustion whose announcement is owed."""
+    while True:
+        # Announcing is consumed like a delivery: if this worker dies before confirming,
+        # the claim lapses after MAX_CONSUME_DURATION and another worker announces it.
+        claims = queue.claim_exhausted(
+            EXHAUSTED_CLAIM_BATCH, claim_seconds=queue.config.max_consume_ms / 1000
+        )
+        for claim in claims:
+            logger.warning(
+                "message exhausted its retries id=%s queue=%s attempts=%s",
+                claim.id,
+                claim.queue,
+                claim.attempt,
+            )
+            send_robust(signals.message_exhausted, queue.name, message=claim)
+        queue.confirm_exhausted([claim.id for claim in claims])
+        if len(claims) < EXHAUSTED_CLAIM_BATCH:
+            return
