@@ -1,7 +1,11 @@
-"""The example shop, driven as a user would: through its views, with the worker in burst mode."""
+"""The example shop, driven as a user would: through its views, with the worker in burst mode
+on Redis, and with the test helpers (``delayqueue_django.testing``) on memory queues, the way
+a project tests its own queue code without a worker and without waiting."""
 
 import re
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -10,6 +14,7 @@ from django.test import Client
 from shop.models import Event, Order
 
 from delayqueue_django import get_queue
+from delayqueue_django.testing import MemoryQueues, Verdict, memory_queues
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,3 +100,39 @@ def test_an_order_rolled_back_sends_nothing() -> None:
         )
         transaction.set_rollback(True)
     assert get_queue("orders").stats()["pending"] == 0
+
+
+@pytest.fixture
+def delayqueues() -> Iterator[MemoryQueues]:
+    with memory_queues() as queues:
+        yield queues
+
+
+def test_the_shop_with_the_test_helpers(delayqueues: MemoryQueues, settings: Any) -> None:
+    client = Client()
+    unpaid = create_order(client, "kettle")
+    paid = create_order(client, "teapot")
+
+    expiries = [m for m in delayqueues.sent("orders") if m.payload["kind"] == "expire"]
+    assert [m.id for m in expiries] == [unpaid.expiry_message_id, paid.expiry_message_id]
+    assert {m.delay for m in expiries} == {timedelta(seconds=settings.SHOP_PAY_WINDOW)}
+    assert [m.payload for m in delayqueues.sent("warehouse")] == [
+        {"order": unpaid.pk},
+        {"order": paid.pk},
+    ]
+
+    client.post(f"/shop/orders/{paid.pk}/pay/")
+    delayqueues.run_due()  # the reminders, sent with no delay
+    delayqueues.advance(settings.SHOP_PAY_WINDOW)
+    outcomes = delayqueues.run_due()
+
+    unpaid.refresh_from_db()
+    paid.refresh_from_db()
+    assert (unpaid.status, paid.status) == (Order.Status.CANCELLED, Order.Status.PAID)
+    warehouse = [o for o in outcomes if o.message.queue == "warehouse"]
+    assert [o.verdict for o in warehouse] == [Verdict.NACK] * 6  # 3 attempts each
+    kinds = list(Event.objects.filter(queue="warehouse").values_list("kind", flat=True))
+    assert (kinds.count("failed"), kinds.count("exhausted")) == (6, 2)
+    assert f"order #{unpaid.pk} cancelled: not paid in time" in Event.objects.values_list(
+        "text", flat=True
+    )
