@@ -66,7 +66,8 @@ class MemoryQueues:
     def sent(self, queue: str | None = None) -> list[SentMessage]:
         """Every message sent (to ``queue``, or to any) since the block began, in order,
         including those since cancelled or handled."""
-        records = list(self._server.sent or ())
+        with self._server.lock:
+            records = list(self._server.sent or ())
         return [
             SentMessage(
                 id=record.message.id,

@@ -99,6 +99,22 @@ def test_unacked_delivery_is_redelivered_after_its_deadline_using_one_retry(
     assert second.lease != first.lease
 
 
+def test_a_last_attempt_that_times_out_is_buried_and_its_exhaustion_owed(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.05, RETRY_COUNT=0)
+    message_id = queue.send({"k": 1})
+    [message] = fetch_when_due(queue)
+    time.sleep(0.1)
+    result = queue.fetch(0)
+    assert (result.expired, result.exhaustions_owed) == (1, True)
+    assert states_of(queue, message_id) == ["garbage"]
+    [claim] = queue.claim_exhausted(10)
+    assert (claim.id, claim.payload, claim.attempt) == (message_id, {"k": 1}, 1)
+    assert queue.ack([message]) == set()  # too late: the delivery is dead
+    assert sum(failed for _, _, failed in queue.throughput(2)) == 1
+
+
 def test_late_ack_from_a_timed_out_delivery_does_not_touch_the_new_one(
     configure: Callable[..., Queue],
 ) -> None:

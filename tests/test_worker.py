@@ -533,3 +533,21 @@ def test_a_worker_thread_runs_a_memory_queue_in_the_sending_process(settings: An
     assert not running.thread.is_alive()
     assert [e["id"] for e in events("done")] == [message_id]
     assert heartbeat.live_workers(get_queue()) == []
+
+
+def test_a_worker_thread_on_a_memory_queue_wakes_when_the_test_moves_the_clock(
+    settings: Any,
+) -> None:
+    from delayqueue_django.testing import memory_queues
+    from delayqueue_django.worker import start_worker_thread
+
+    settings.DELAYQUEUES = {
+        "default": {"REDIS": "redis", "HANDLER": "tests.worker_handlers.handle"}
+    }
+    with memory_queues() as queues, start_worker_thread():
+        message_id = get_queue().send({"n": 1}, delay=3600)
+        time.sleep(0.2)
+        assert events("start") == []  # an hour away on the queues' clock
+        queues.advance(3600)
+        wait_for(lambda: events("acked"), what="the handler, woken by the clock")
+        assert [e["id"] for e in events("done")] == [message_id]
