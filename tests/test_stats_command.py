@@ -116,3 +116,21 @@ def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_process_of_its_own_refuses_a_memory_queue(
+    settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delayqueue_django.management.commands.delayqueue_stats import Command
+
+    settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    stats()  # in this process (call_command), a memory queue is there to be seen
+    with pytest.raises(SystemExit) as exited:  # as manage.py delayqueue_stats would
+        Command().run_from_argv(["manage.py", "delayqueue_stats"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "CommandError: queue 'default' keeps its messages in the memory of the process that "
+        "sends them (memory://); a process of its own would never see them. Look at them from "
+        "that process (the admin, or call_command('delayqueue_stats')), or give the queue a "
+        "Redis URL.\n"
+    )

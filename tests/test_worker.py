@@ -513,10 +513,9 @@ def test_a_worker_process_of_its_own_refuses_a_memory_queue(
     assert exited.value.code == 1
     assert capsys.readouterr().err == (
         "CommandError: queue 'default' keeps its messages in the memory of the process that "
-        "sends them (memory://); a worker started as a process of its own would never see "
-        "them. Run the worker in that process (delayqueue_django.worker.start_worker_thread(), "
-        "or call_command('run_delayqueue', burst=True) in tests), or give the queue a Redis "
-        "URL.\n"
+        "sends them (memory://); a process of its own would never see them. Run the worker in "
+        "that process (delayqueue_django.worker.start_worker_thread(), or "
+        "call_command('run_delayqueue', burst=True) in tests), or give the queue a Redis URL.\n"
     )
 
 

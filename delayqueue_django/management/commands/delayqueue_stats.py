@@ -7,11 +7,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from delayqueue_django import registry
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.commands.run_delayqueue import non_negative_seconds
+from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.monitoring import queue_report
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
@@ -26,7 +27,7 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-class Command(BaseCommand):
+class Command(OwnProcessCommand):
     help = (
         "Shows each queue's counts, how long its oldest due message has waited, and its live "
         f"workers. Exit codes: {UNREACHABLE} a queue's Redis cannot be reached, {LAGGING} a "
@@ -69,6 +70,11 @@ class Command(BaseCommand):
             chosen = [registry.get_queue(name) for name in names]
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
+        self.refuse_memory_queues(
+            chosen,
+            instead="Look at them from that process (the admin, or "
+            "call_command('delayqueue_stats')), or give the queue a Redis URL.",
+        )
         if watch is None:
             reports = {queue.name: queue_report(queue) for queue in chosen}
             self._print(reports, as_json=json)

@@ -9,13 +9,13 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from delayqueue_django import registry
 from delayqueue_django.conf import QueueConfig
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.handlers import HandlerNotFound, resolve
-from delayqueue_django.queue import Queue
+from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -52,32 +52,11 @@ def describe_connection(config: QueueConfig) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def refuse_memory_queues(queues: list[Queue]) -> None:
-    """A worker process of its own cannot see an in-memory queue's messages: they live in the
-    process that sent them. Say so rather than wait for messages that never come."""
-    for queue in queues:
-        if queue.config.memory_name is not None:
-            raise CommandError(
-                f"queue {queue.name!r} keeps its messages in the memory of the process that "
-                f"sends them ({queue.config.url}); a worker started as a process of its own "
-                "would never see them. Run the worker in that process "
-                "(delayqueue_django.worker.start_worker_thread(), or "
-                "call_command('run_delayqueue', burst=True) in tests), or give the queue a "
-                "Redis URL."
-            )
-
-
-class Command(BaseCommand):
+class Command(OwnProcessCommand):
     help = (
         "Runs a worker delivering delay-queue messages to their handlers, until stopped "
         "(SIGTERM/SIGINT: finish running handlers, then exit; a second signal exits at once)."
     )
-    # True when started as a process of its own (manage.py), not by call_command.
-    own_process = False
-
-    def run_from_argv(self, argv: list[str]) -> None:
-        self.own_process = True
-        super().run_from_argv(argv)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -151,8 +130,12 @@ class Command(BaseCommand):
             handlers = [(queue, resolve(queue.config)) for queue in chosen]
         except (QueueConfigurationError, UnknownQueue, HandlerNotFound) as error:
             raise CommandError(str(error)) from None
-        if self.own_process:
-            refuse_memory_queues(chosen)
+        self.refuse_memory_queues(
+            chosen,
+            instead="Run the worker in that process (delayqueue_django.worker."
+            "start_worker_thread(), or call_command('run_delayqueue', burst=True) in tests), "
+            "or give the queue a Redis URL.",
+        )
 
         worker = Worker(
             handlers,
