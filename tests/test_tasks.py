@@ -406,3 +406,28 @@ def test_the_record_holds_the_call_and_per_attempt_fields(
         "return_value",
         "worker:1",
     }
+
+
+def test_tasks_in_a_users_test_with_the_memory_helpers(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    from delayqueue_django.testing import memory_queues
+
+    redis_tasks_queue(RETRY_COUNT=1)
+    with memory_queues() as queues:
+        later = tasks.add.using(run_after=queues.now + timedelta(hours=1)).enqueue(2, 3)
+        failing = tasks.always_fails.enqueue("no luck")
+        assert [sent.delay for sent in queues.sent()] == [timedelta(hours=1), timedelta(0)]
+
+        queues.run_due()
+        assert refreshed(later).status == TaskResultStatus.READY
+        assert refreshed(failing).status == TaskResultStatus.FAILED  # both attempts, no wait
+        assert len(refreshed(failing).errors) == 2
+
+        queues.advance(timedelta(hours=1))
+        queues.run_due()
+        assert (refreshed(later).status, refreshed(later).return_value) == (
+            TaskResultStatus.SUCCESSFUL,
+            5,
+        )
+    assert tasks.calls == [("always_fails", "no luck")] * 2 + [("add", (2, 3))]
