@@ -5,8 +5,9 @@ Each method is the script of the same name (``engine/lua/*.lua``, whose headers 
 the semantics) done in Python under the server's lock: the same states, leases, attempts and
 budgets, due times handed out with deliveries, nack delays and burials, timeouts, releases,
 the exhaustion announcements and their claims, the staging bounds, the throughput counts and
-the wake-ups. Nothing else can write to its structures, so the scripts' damage handling
-(missing payloads or meta records, keys of the wrong type) has no counterpart here.
+running totals, and the wake-ups; heartbeats and task results expire on its clock as Redis
+keys do on Redis's. Nothing else can write to its structures, so the scripts' damage
+handling (missing payloads or meta records, keys of the wrong type) has no counterpart here.
 
 For tests and quick local runs: its messages live and die with the process and are invisible
 to other processes.
