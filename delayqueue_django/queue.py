@@ -33,6 +33,7 @@ from delayqueue_django.engine import (
     StoreLimits,
 )
 from delayqueue_django.engine.async_store import AsyncRedisStore
+from delayqueue_django.engine.invariants import InvariantReport, check_queue
 from delayqueue_django.engine.store import BURY, RedisClient
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
@@ -346,6 +347,11 @@ class Queue:
         nothing is pending), lag_ms (age of the oldest due pending message).
         """
         return self.store.stats()
+
+    def check_invariants(self) -> InvariantReport:
+        """Check the queue's state in Redis: every message in exactly one state, nothing
+        orphaned (see ``engine.invariants``). One atomic read of the whole queue: O(n)."""
+        return check_queue(self.store.client, self.store.keys)
 
     def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
         """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for
