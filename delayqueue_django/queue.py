@@ -351,7 +351,7 @@ class Queue:
     def check_invariants(self) -> InvariantReport:
         """Check the queue's state in Redis: every message in exactly one state, nothing
         orphaned (see ``engine.invariants``). One atomic read of the whole queue: O(n)."""
-        return check_queue(self.store.client, self.store.keys)
+        return check_queue(self.store)
 
     def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
         """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for
