@@ -26,6 +26,7 @@ from delayqueue_django.encoding import (
 )
 from delayqueue_django.engine import BURY, NackOutcome, NewMessage, Store, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
+from delayqueue_django.engine.invariants import InvariantReport, check_queue
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
 
@@ -334,6 +335,11 @@ class Queue:
         nothing is pending), lag_ms (age of the oldest due pending message).
         """
         return self.store.stats()
+
+    def check_invariants(self) -> InvariantReport:
+        """Check the queue's state in Redis: every message in exactly one state, nothing
+        orphaned (see ``engine.invariants``). One atomic read of the whole queue: O(n)."""
+        return check_queue(self.store)
 
     def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
         """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for

@@ -7,6 +7,11 @@ import redis
 from delayqueue_django import get_queue
 from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.queue import Queue
+from tests.chaos.figures import (  # noqa: F401  (pytest hooks: options and the figures table)
+    pytest_addoption,
+    pytest_configure,
+    pytest_terminal_summary,
+)
 from tests.helpers import redis_store
 from tests.redis_servers import RedisClusterServers, RedisServer
 

@@ -91,6 +91,13 @@ class RedisServer:
         self.stop()
         self.start()
 
+    def crash(self) -> None:
+        """``kill -9``: no shutdown, so only what the kernel already holds of its AOF stays."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -99,10 +106,10 @@ class RedisServer:
 class RedisClusterServers:
     """A Redis Cluster of ``masters`` masters (and ``replicas`` replicas each) on free ports."""
 
-    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0, *extra_args: str) -> None:
         count = masters * (1 + replicas)
         self.nodes = [
-            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000", *extra_args)
             for _ in range(count)
         ]
         # cluster-config-file lands in each node's own --dir.
@@ -124,6 +131,25 @@ class RedisClusterServers:
     @property
     def url(self) -> str:
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def master_for(self, key: str) -> RedisServer:
+        """The node serving ``key``'s slot, as the first live node that answers sees it (it
+        changes with a failover)."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            client = node.client(socket_timeout=1)
+            try:
+                slot = client.cluster("keyslot", key)
+                ranges = client.cluster("slots")
+            except redis.ConnectionError:
+                continue
+            finally:
+                client.close()
+            for start, end, (_, port, *_) in (entry[:3] for entry in ranges):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"no live node answers for {key!r}")
 
     def flush(self) -> None:
         for node in self.nodes:

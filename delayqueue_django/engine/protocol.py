@@ -7,7 +7,7 @@ which run against both.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
@@ -88,6 +88,10 @@ class Store(Protocol):
         """Delete dead letters (all, or buried at least older_than_ms ago), at most limit."""
 
     def stats(self) -> dict[str, int]: ...
+
+    def snapshot(self) -> list[Any]:
+        """Every id the queue holds, read atomically, for the invariant checker."""
+        ...
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""

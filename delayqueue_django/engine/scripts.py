@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "remove",
     "requeue",
     "send",
+    "snapshot",
     "stats",
     "throughput",
     "totals",

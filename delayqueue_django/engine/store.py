@@ -302,6 +302,11 @@ class RedisStore:
     def stats(self) -> dict[str, int]:
         return parse_stats(self._run("stats", []))
 
+    def snapshot(self) -> list[Any]:
+        """Every id the queue holds, read atomically (snapshot.lua; see engine.invariants)."""
+        reply: list[Any] = self._run("snapshot", [])
+        return reply
+
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
         _, flat, _ = self._run("throughput", [minutes])

@@ -12,7 +12,11 @@
     payload    JSON text
 
   Returns {due_ms..., warnings}: the due time given to each message, in order.
-  Errors (nothing written): "DUPLICATE <id>" if an id is already known to the queue.
+  Errors (nothing written): "DUPLICATE <id>" if an id is already known to the queue with
+  another payload (or without one).
+  A message whose id is already stored with this very payload is a replay of a send whose
+  reply was lost (clients re-send after a timeout or a cut connection): it is left as it
+  is, and its due time is its pending score if it is still pending, else now.
   Publishes the earliest due time when it is earlier than every pending message's.
 ]]
 
@@ -21,9 +25,13 @@ quarantine_foreign_keys()
 local now = now_ms()
 
 -- Check the whole batch before writing anything, so a refused batch leaves no trace.
+local replayed = {}
 for i = 0, n - 1 do
-  local id = ARGV[3 + i * 5]
-  if redis.call('HEXISTS', metas, id) == 1 or redis.call('HEXISTS', payloads, id) == 1 then
+  local id, payload = ARGV[3 + i * 5], ARGV[7 + i * 5]
+  local stored = redis.call('HGET', payloads, id)
+  if stored == payload then
+    replayed[i] = true
+  elseif stored or redis.call('HEXISTS', metas, id) == 1 then
     return redis.error_reply('DUPLICATE ' .. id)
   end
 end
@@ -41,13 +49,17 @@ for i = 0, n - 1 do
   else
     due = now + tonumber(delay_ms)
   end
-  redis.call('ZADD', pending, int(due), id)
-  redis.call('HSET', payloads, id, payload)
-  write_meta(id, 0, 0, budget, due)
-  dues[i + 1] = due
-  if earliest == nil or due < earliest then
-    earliest = due
+  if replayed[i] then
+    due = tonumber(redis.call('ZSCORE', pending, id)) or now
+  else
+    redis.call('ZADD', pending, int(due), id)
+    redis.call('HSET', payloads, id, payload)
+    write_meta(id, 0, 0, budget, due)
+    if earliest == nil or due < earliest then
+      earliest = due
+    end
   end
+  dues[i + 1] = due
 end
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then

@@ -15,6 +15,7 @@ to other processes.
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keys import QueueKeys
@@ -74,7 +75,12 @@ class MemoryStore:
     def _send_batch(self, batch: Sequence[NewMessage]) -> list[int]:
         with self.server.lock:
             state, now = self._state(), self._now()
+            # The same id with the same payload is a replay of a send whose reply was lost
+            # (see send.lua): acknowledged, written once.
+            replayed = {m.id for m in batch if state.payloads.get(m.id) == m.payload}
             for message in batch:
+                if message.id in replayed:
+                    continue
                 if message.id in state.metas or message.id in state.payloads:
                     raise DuplicateMessageId(
                         f"message id {message.id!r} already exists in queue "
@@ -83,6 +89,10 @@ class MemoryStore:
             previous_head = state.pending.head()
             dues = []
             for message in batch:
+                if message.id in replayed:
+                    score = state.pending.score(message.id)
+                    dues.append(now if score is None else score)
+                    continue
                 due = now + message.delay_ms if message.at_ms is None else message.at_ms
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
@@ -90,8 +100,11 @@ class MemoryStore:
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
-            if dues and (previous_head is None or min(dues) < previous_head[1]):
-                self._wake(min(dues))
+            written = [
+                due for message, due in zip(batch, dues, strict=True) if message.id not in replayed
+            ]
+            if written and (previous_head is None or min(written) < previous_head[1]):
+                self._wake(min(written))
             return dues
 
     def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
@@ -371,6 +384,27 @@ class MemoryStore:
                     for name in ("acked", "failed", "retried", "timed_out", "exhausted")
                 },
             }
+
+    def snapshot(self) -> list[Any]:
+        """Every id the queue holds, in the reply shape of snapshot.lua (see invariants)."""
+        with self.server.lock:
+            state = self._state()
+            flat_metas = []
+            for message_id, meta in state.metas.items():
+                flat_metas += [message_id, f"{meta.lease}:{meta.attempt}:{meta.budget}:{meta.due}"]
+            return [
+                [member for member, _ in state.pending.ordered()],
+                list(state.ready),
+                [member for member, _ in state.unack.ordered()],
+                list(state.retry),
+                [member for member, _ in state.garbage.ordered()],
+                list(state.payloads),
+                flat_metas,
+                [member for member, _ in state.exhausted.ordered()],
+                0,  # nothing can hold a foreign type here, so nothing is quarantined
+                [],
+                [],
+            ]
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         with self.server.lock:

@@ -1,0 +1,69 @@
+"""Fixtures of the chaos scenarios: sizes, worker fleets, settings shared by the test process
+and its workers, and the figures table."""
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayqueue_django import get_queue
+from delayqueue_django.queue import Queue
+from tests.chaos.figures import FIGURES, Figures
+from tests.chaos.fleet import WorkerFleet
+
+HANDLER = "tests.chaos.handlers.handle"
+
+
+@pytest.fixture
+def chaos_messages(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("chaos_messages"))
+
+
+@pytest.fixture
+def chaos_rounds(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("chaos_rounds"))
+
+
+@pytest.fixture
+def report_figures(request: pytest.FixtureRequest) -> Callable[[Figures], None]:
+    return request.config.stash[FIGURES].append
+
+
+def queue_settings(url: str | None = None, *, redis: str | None = None, **options: Any) -> Any:
+    """DELAYQUEUES for a chaos run: the default queue, on a URL or a cache alias."""
+    queue: dict[str, Any] = {"HANDLER": HANDLER, "NACK_REDELIVERY_DELAY": 0, **options}
+    if url is not None:
+        queue["URL"] = url
+    if redis is not None:
+        queue["REDIS"] = redis
+    return {"DELAYQUEUES": {"default": queue}}
+
+
+@pytest.fixture
+def use_settings(settings: Any) -> Callable[[dict[str, Any]], Queue]:
+    """Apply chaos settings (as passed to the workers) in this process; returns the queue."""
+
+    def apply(chaos_settings: dict[str, Any]) -> Queue:
+        for name, value in chaos_settings.items():
+            setattr(settings, name, value)
+        return get_queue()
+
+    return apply
+
+
+@pytest.fixture
+def fleets(tmp_path: Path) -> Iterator[Callable[..., WorkerFleet]]:
+    """``fleets(chaos_settings, *worker_args, size=n)``: a fleet, closed after the test."""
+    made: list[WorkerFleet] = []
+
+    def make(chaos_settings: dict[str, Any], *worker_args: str, size: int = 2) -> WorkerFleet:
+        fleet = WorkerFleet(
+            tmp_path / f"fleet-{len(made)}", chaos_settings, *worker_args, size=size
+        )
+        made.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.close()
