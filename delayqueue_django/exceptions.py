@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateMessageId,
+    RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
 
@@ -21,6 +22,7 @@ __all__ = [
     "PayloadEncodingError",
     "PayloadTooLarge",
     "QueueConfigurationError",
+    "RedisOutOfMemory",
     "Reject",
     "UnknownQueue",
     "UnsupportedRedisVersion",

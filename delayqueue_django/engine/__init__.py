@@ -7,6 +7,7 @@ JSON encoding and the public API.
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateMessageId,
+    RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
 from delayqueue_django.engine.keys import QueueKeys
@@ -30,6 +31,7 @@ __all__ = [
     "NackOutcome",
     "NewMessage",
     "QueueKeys",
+    "RedisOutOfMemory",
     "RedisStore",
     "StoreLimits",
     "StoredMessage",
