@@ -29,7 +29,9 @@ CONSUME_SECONDS = 3
 
 @pytest.fixture
 def sentinel() -> Iterator[RedisSentinel]:
-    servers = RedisSentinel(replicas=1)
+    # Its own service name: django-redis keeps Sentinel pools by URL (redis://<service>/0)
+    # across settings changes, so a name shared with another test would reach its sentinel.
+    servers = RedisSentinel("chaos-master", replicas=1)
     yield servers
     servers.close()
 
