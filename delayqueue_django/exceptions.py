@@ -19,6 +19,7 @@ __all__ = [
     "DelayQueueError",
     "DuplicateMessageId",
     "InvalidDelay",
+    "InvalidRetryCount",
     "PayloadEncodingError",
     "PayloadTooLarge",
     "QueueConfigurationError",
@@ -50,6 +51,10 @@ class PayloadTooLarge(DelayQueueError, ValueError):
 
 class InvalidDelay(DelayQueueError, ValueError):
     """The delay or due time given to send is not usable."""
+
+
+class InvalidRetryCount(DelayQueueError, ValueError):
+    """The retry_count given to send is not an int from 0 to 1000."""
 
 
 class Reject(DelayQueueError):
