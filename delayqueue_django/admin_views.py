@@ -16,6 +16,7 @@ from django.urls import reverse
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
+from delayqueue_django.encoding import decode_payload
 from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.exceptions import UnknownQueue
 from delayqueue_django.monitoring import queue_report
@@ -50,8 +51,9 @@ def pretty_payload(text: str | None) -> str:
     if text is None:
         return ""
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except ValueError:
+        value = decode_payload(text)
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    except (ValueError, RecursionError):  # shown as stored when it cannot be pretty-printed
         return text
 
 

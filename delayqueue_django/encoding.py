@@ -10,10 +10,17 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from delayqueue_django.exceptions import InvalidDelay, PayloadEncodingError, PayloadTooLarge
+from delayqueue_django.exceptions import (
+    InvalidDelay,
+    InvalidRetryCount,
+    PayloadEncodingError,
+    PayloadTooLarge,
+)
 
 # Zset scores are doubles: due times must stay exact integers of ms.
 LATEST_DUE_MS = 2**53 - 1
+# A delay is added to the Redis clock: half the range leaves room for any clock.
+LATEST_DELAY_SECONDS = LATEST_DUE_MS // 2 / 1000
 
 
 def new_message_id() -> str:
@@ -59,7 +66,17 @@ def encode_payload(payload: Any, *, max_bytes: int, queue: str) -> str:
 
 
 def decode_payload(text: str) -> Any:
-    return json.loads(text)
+    """The payload's value; ValueError if the text cannot be decoded, here and now.
+
+    Valid JSON nested too deeply for this interpreter counts as undecodable: how deep Python
+    can go depends on its version and on the caller's stack, so a payload another process
+    encoded may be too deep for this one, and a RecursionError escaping a fetch would take
+    the messages fetched with it down too.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("payload is nested too deeply to decode") from None
 
 
 def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
@@ -81,15 +98,17 @@ def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
             f"delay must be a number of seconds or a timedelta, not {type(delay).__name__}"
         )
     else:
-        seconds = float(delay)
-    if not math.isfinite(seconds):
+        # Not float(delay): an int too large for a float would raise OverflowError.
+        seconds = delay
+    if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidDelay(f"delay must be a finite number of seconds, not {delay!r}")
     if seconds < 0:
-        raise InvalidDelay(f"delay must not be negative (got {delay!r})")
-    delay_ms = round(seconds * 1000)
-    if delay_ms > LATEST_DUE_MS // 2:
-        raise InvalidDelay(f"delay {delay!r} is too far in the future")
-    return None, delay_ms
+        raise InvalidDelay("delay must not be negative")
+    # Compared before converting to ms, which could overflow a float; and the value is not
+    # quoted, as an int with thousands of digits cannot even be printed.
+    if seconds > LATEST_DELAY_SECONDS:
+        raise InvalidDelay(f"delay is too far in the future (at most {LATEST_DELAY_SECONDS:g} s)")
+    return None, round(seconds * 1000)
 
 
 def _at_ms(at: Any) -> int:
@@ -114,5 +133,5 @@ def retry_budget(retry_count: Any, default: int) -> int:
         or not isinstance(retry_count, int)
         or not 0 <= retry_count <= 1000
     ):
-        raise ValueError(f"retry_count must be an int from 0 to 1000, not {retry_count!r}")
+        raise InvalidRetryCount(f"retry_count must be an int from 0 to 1000, not {retry_count!r}")
     return retry_count

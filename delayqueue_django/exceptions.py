@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateMessageId,
+    RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
 
@@ -18,9 +19,11 @@ __all__ = [
     "DelayQueueError",
     "DuplicateMessageId",
     "InvalidDelay",
+    "InvalidRetryCount",
     "PayloadEncodingError",
     "PayloadTooLarge",
     "QueueConfigurationError",
+    "RedisOutOfMemory",
     "Reject",
     "UnknownQueue",
     "UnsupportedRedisVersion",
@@ -48,6 +51,10 @@ class PayloadTooLarge(DelayQueueError, ValueError):
 
 class InvalidDelay(DelayQueueError, ValueError):
     """The delay or due time given to send is not usable."""
+
+
+class InvalidRetryCount(DelayQueueError, ValueError):
+    """The retry_count given to send is not an int from 0 to 1000."""
 
 
 class Reject(DelayQueueError):

@@ -111,7 +111,8 @@ def _run_due_once(name: str) -> list[Outcome]:
         handler = resolve(queue.config)
         for message in fetched.messages:
             outcome = call_handler(handler, message, manage_connections=False)
-            verdicts.commit(queue, outcome.verdict, [outcome])
+            if verdicts.commit(queue, outcome.verdict, [outcome]):
+                verdicts.announce_exhaustions(queue)
             outcomes.append(outcome)
     return outcomes
 

@@ -9,7 +9,9 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -35,6 +37,14 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0)
             pass
         time.sleep(0.05)
     raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _replicating(client: redis.Redis) -> bool:
+    return bool(client.info("replication").get("master_link_status") == "up")
+
+
+def _master_or_replicating(client: redis.Redis) -> bool:
+    return client.info("replication")["role"] == "master" or _replicating(client)
 
 
 class RedisServer:
@@ -151,6 +161,41 @@ class RedisClusterServers:
                     return next(n for n in self.nodes if n.port == port)
         raise RuntimeError(f"no live node answers for {key!r}")
 
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        client = master.client(socket_timeout=1)
+        try:
+            replica = client.info("replication")["slave0"]
+        finally:
+            client.close()
+        return next(node for node in self.nodes if node.port == int(replica["port"]))
+
+    def wait_until_replicated(self, timeout: float = 30) -> None:
+        """Until every live replica's link to its master is up (a failover needs it)."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            client = node.client(socket_timeout=1)
+            _wait_until(
+                partial(_master_or_replicating, client),
+                f"node {node.port} to replicate its master",
+                timeout=timeout,
+            )
+            client.close()
+
+    def wait_for_failover(self, key: str, old: RedisServer, timeout: float = 30) -> RedisServer:
+        """Until a node other than ``old`` serves ``key``'s slot and the cluster is ok."""
+
+        def promoted() -> bool:
+            node = self.master_for(key)
+            client = node.client(socket_timeout=1)
+            try:
+                return node is not old and client.cluster("info")["cluster_state"] == "ok"
+            finally:
+                client.close()
+
+        _wait_until(promoted, f"a replica to take over {key!r}", timeout=timeout)
+        return self.master_for(key)
+
     def flush(self) -> None:
         for node in self.nodes:
             client = node.client()
@@ -164,34 +209,90 @@ class RedisClusterServers:
 
 
 class RedisSentinel:
-    """A master and one sentinel watching it as ``service`` (for Sentinel-backed clients)."""
+    """A master, ``replicas`` replicas of it, and one sentinel watching them as ``service``
+    (for Sentinel-backed clients; with a replica, the sentinel fails over to it)."""
 
-    def __init__(self, service: str = "mymaster") -> None:
+    def __init__(self, service: str = "mymaster", replicas: int = 0) -> None:
         self.service = service
         self.master = RedisServer()
+        self.servers = [self.master] + [
+            RedisServer("--replicaof", "127.0.0.1", str(self.master.port)) for _ in range(replicas)
+        ]
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix=f"dq-sentinel-{self.port}-"))
         config = self.dir / "sentinel.conf"  # the sentinel rewrites its own config file
+        # A short failover timeout: a sentinel waits twice that before failing over again.
         config.write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
             f"sentinel monitor {service} 127.0.0.1 {self.master.port} 1\n"
             f"sentinel down-after-milliseconds {service} 1000\n"
+            f"sentinel failover-timeout {service} 3000\n"
         )
         self.process = subprocess.Popen(
             ["redis-server", str(config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        client = self._client()
         _wait_until(
             lambda: client.sentinel_get_master_addr_by_name(service) is not None,
             f"sentinel on port {self.port} to know {service}",
         )
+        if replicas:
+            _wait_until(
+                lambda: len(client.sentinel_slaves(service)) == replicas,
+                f"sentinel on port {self.port} to know the replicas",
+            )
         client.close()
+        self.wait_until_replicated()
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+
+    def current_master(self) -> RedisServer:
+        """The server the sentinel names as master now."""
+        client: Any = self._client()
+        try:
+            _, port = client.sentinel_get_master_addr_by_name(self.service)
+        finally:
+            client.close()
+        return next(server for server in self.servers if server.port == int(port))
+
+    def wait_for_failover(self, old: RedisServer, timeout: float = 30) -> RedisServer:
+        """Until the sentinel names another master and holds it healthy: what Sentinel
+        clients ask before they connect."""
+
+        def promoted() -> bool:
+            client: Any = self._client()
+            try:
+                state = client.sentinel_master(self.service)
+            finally:
+                client.close()
+            healthy = state["is_master"] and not (state["is_sdown"] or state["is_odown"])
+            return bool(healthy) and int(state["port"]) != old.port
+
+        _wait_until(promoted, f"the sentinel to fail {self.service} over", timeout=timeout)
+        return self.current_master()
+
+    def wait_until_replicated(self, timeout: float = 30) -> None:
+        """Until every live server but the master replicates it (a master that was failed
+        over and restarted must first be turned into a replica by the sentinel)."""
+        master = self.current_master()
+        for server in self.servers:
+            if server.process is None or server is master:
+                continue
+            client = server.client(socket_timeout=1)
+            _wait_until(
+                partial(_replicating, client),
+                f"server {server.port} to replicate the master",
+                timeout=timeout,
+            )
+            client.close()
 
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
-        self.master.close()
+        for server in self.servers:
+            server.close()
         shutil.rmtree(self.dir, ignore_errors=True)

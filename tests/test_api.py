@@ -14,6 +14,7 @@ from delayqueue_django.exceptions import (
     DelayQueueError,
     DuplicateMessageId,
     InvalidDelay,
+    InvalidRetryCount,
     PayloadEncodingError,
     PayloadTooLarge,
     QueueConfigurationError,
@@ -145,7 +146,7 @@ def test_invalid_delay_is_a_value_error() -> None:
 
 @pytest.mark.parametrize("retry_count", [-1, 1001, "3", 2.5, True])
 def test_bad_retry_count_is_refused(nothing_written: None, retry_count: Any) -> None:
-    with pytest.raises(ValueError, match="retry_count must be an int from 0 to 1000"):
+    with pytest.raises(InvalidRetryCount, match="retry_count must be an int from 0 to 1000"):
         delayqueue.send("x", retry_count=retry_count)
 
 

@@ -8,6 +8,7 @@ JSON encoding and the public API.
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateMessageId,
+    RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
 from delayqueue_django.engine.keys import QueueKeys
@@ -36,6 +37,7 @@ __all__ = [
     "NackOutcome",
     "NewMessage",
     "QueueKeys",
+    "RedisOutOfMemory",
     "RedisStore",
     "Store",
     "StoreLimits",

@@ -13,13 +13,13 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import NewMessage, StoreLimits
 from delayqueue_django.engine.scripts import Scripts
 from delayqueue_django.engine.store import (
-    duplicate_or,
     log_warnings,
     oldest_version,
     parse_stats,
     removed_state,
     require_supported,
     send_calls,
+    send_error,
 )
 
 AsyncRedisClient: TypeAlias = AsyncRedis | AsyncRedisCluster
@@ -56,7 +56,7 @@ class AsyncRedisStore:
         try:
             replies = [await self._run("send", args) for args in calls]
         except ResponseError as error:
-            raise duplicate_or(error, self.keys.queue) from None
+            raise send_error(error, self.keys.queue) from None
         return [int(due) for reply in replies for due in reply[:-1]]
 
     async def remove(self, message_id: str) -> str | None:

@@ -1,5 +1,7 @@
 """Errors raised by the Redis protocol layer."""
 
+from redis.exceptions import OutOfMemoryError
+
 
 class DelayQueueError(Exception):
     """Base class of every error raised by delayqueue_django."""
@@ -11,3 +13,8 @@ class DuplicateMessageId(DelayQueueError):
 
 class UnsupportedRedisVersion(DelayQueueError):
     """The Redis server is older than the oldest version the scripts run on."""
+
+
+class RedisOutOfMemory(DelayQueueError, OutOfMemoryError):
+    """Redis refused to store messages: it is over its maxmemory and may not evict keys
+    (noeviction); nothing was written. Still a redis ``OutOfMemoryError``."""

@@ -12,9 +12,13 @@ from typing import Any, TypeAlias
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
-from delayqueue_django.engine.errors import DuplicateMessageId, UnsupportedRedisVersion
+from delayqueue_django.engine.errors import (
+    DuplicateMessageId,
+    RedisOutOfMemory,
+    UnsupportedRedisVersion,
+)
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
@@ -102,12 +106,21 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
     return calls
 
 
-def duplicate_or(error: ResponseError, queue: str) -> Exception:
-    """The send script's DUPLICATE error as DuplicateMessageId; any other error as it is."""
+def send_error(error: ResponseError, queue: str) -> Exception:
+    """The send script's refusals as the package's exceptions; any other error as it is."""
     if str(error).startswith("DUPLICATE "):
         return DuplicateMessageId(
             f"message id {str(error).split(' ', 1)[1]!r} already exists in queue {queue!r}; "
             "nothing in its batch was written"
+        )
+    if isinstance(error, OutOfMemoryError):
+        # Redis refuses a script's first write when over maxmemory; a send's first write
+        # is its first message, so nothing of the batch was written.
+        return RedisOutOfMemory(
+            f"Redis is out of memory and refused messages for queue {queue!r}; nothing in "
+            "their batch was written. It is over its maxmemory with the noeviction policy: "
+            "let workers drain queues, or give Redis more memory. "
+            f"({error})"
         )
     return error
 
@@ -180,7 +193,7 @@ class RedisStore:
                 for reply in replies:
                     log_warnings(self.keys.queue, reply[-1])
         except ResponseError as error:
-            raise duplicate_or(error, self.keys.queue) from None
+            raise send_error(error, self.keys.queue) from None
         return [int(due) for reply in replies for due in reply[:-1]]
 
     def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:

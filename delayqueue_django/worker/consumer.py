@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
@@ -33,6 +33,8 @@ logger = logging.getLogger("delayqueue_django.worker")
 # Even with nothing due, look again this often, in case a wake-up was lost.
 IDLE_RECHECK_SECONDS = 30.0
 GARBAGE_EXPIRY_SECONDS = 60.0
+# After announcing exhaustions failed, wait this long before claiming again.
+ANNOUNCE_RETRY_SECONDS = 1.0
 
 
 class QueueConsumer(threading.Thread):
@@ -62,6 +64,7 @@ class QueueConsumer(threading.Thread):
         self.starved = False
         self._next_beat = 0.0
         self._next_expiry = 0.0
+        self._announce_after = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping)
         # Handler durations and lateness, added to Redis with each heartbeat.
         self.timings = Timings()
@@ -192,12 +195,12 @@ class QueueConsumer(threading.Thread):
                 fetched.expired,
                 self.queue.name,
             )
-        if fetched.exhaustions_owed:
-            verdicts.announce_exhaustions(self.queue)
         if fetched.messages:
             with self._lock:
                 self._in_flight += len(fetched.messages)
             self.worker.pool.submit(self, fetched.messages)
+        # After the submit: the batch is in hand whatever happens.
+        deferred = fetched.exhaustions_owed and not self._announce_exhaustions()
         full = len(fetched.messages) == count
         if fetched.next_ms is None:
             self._next_fetch = now + IDLE_RECHECK_SECONDS
@@ -207,6 +210,8 @@ class QueueConsumer(threading.Thread):
         else:
             # +1 ms: wake just after the due time, not a hair before it by our clock estimate.
             self._next_fetch = now + (fetched.next_ms - fetched.now_ms + 1) / 1000
+        if deferred:  # nothing else may be due: come back to announce them
+            self._next_fetch = min(self._next_fetch, self._announce_after)
         if self.worker.burst:
             nothing_due = fetched.next_ms is None or fetched.next_ms > fetched.now_ms
             if not fetched.messages and nothing_due and self._idle():
@@ -235,26 +240,51 @@ class QueueConsumer(threading.Thread):
         self.queue.release(messages)
 
     def _housekeeping(self) -> None:
+        """The heartbeat (with the timings) and garbage expiry, each on its own schedule.
+
+        Neither may hold up deliveries: a failure is logged and tried again at the next
+        interval while the loop goes on to fetch. A Redis out of memory refuses the
+        heartbeat's writes, yet fetch, ack and nack still run there, and they free memory.
+        """
         now = time.monotonic()
         if now >= self._next_beat:
-            self._add_timings()
-            heartbeat.beat(
-                self.queue,
-                self.worker.worker_id,
-                self.worker.details(),
-                ttl_seconds=self.worker.heartbeat_interval * 3,
-            )
+            # Scheduled before trying: a failure waits for the next beat instead of being
+            # tried again at once (an overdue beat also cuts every backoff wait to nothing).
             self._next_beat = now + self.worker.heartbeat_interval
+            self._unless_failing("heartbeat", self._beat)
         if now >= self._next_expiry:
-            self.queue.prune_throughput()
-            expired = self.queue.expire_garbage()
-            if expired:
-                logger.info(
-                    "deleted %d dead letters past GARBAGE_RETENTION queue=%s",
-                    expired,
-                    self.queue.name,
-                )
             self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
+            self._unless_failing("garbage expiry", self._expire_garbage)
+
+    def _unless_failing(self, what: str, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except RedisError as error:
+            logger.warning(
+                "%s failed queue=%s: %s; trying again at the next interval",
+                what,
+                self.queue.name,
+                error,
+            )
+
+    def _beat(self) -> None:
+        self._add_timings()
+        heartbeat.beat(
+            self.queue,
+            self.worker.worker_id,
+            self.worker.details(),
+            ttl_seconds=self.worker.heartbeat_interval * 3,
+        )
+
+    def _expire_garbage(self) -> None:
+        self.queue.prune_throughput()
+        expired = self.queue.expire_garbage()
+        if expired:
+            logger.info(
+                "deleted %d dead letters past GARBAGE_RETENTION queue=%s",
+                expired,
+                self.queue.name,
+            )
 
     def _add_timings(self) -> None:
         increments = self.timings.drain()
@@ -283,11 +313,12 @@ class QueueConsumer(threading.Thread):
         if by_verdict[Verdict.RELEASE]:
             self._shrink_batch()
         done: list[Outcome] = []
+        exhausted = False
         try:
             for verdict in verdicts.COMMIT_ORDER:
                 batch = by_verdict[verdict]
                 if batch:
-                    verdicts.commit(self.queue, verdict, batch)
+                    exhausted |= verdicts.commit(self.queue, verdict, batch)
                     done += batch
         except RedisError:
             # Keep what was not committed, to retry once Redis is back.
@@ -302,3 +333,25 @@ class QueueConsumer(threading.Thread):
             handled=sum(o.verdict is not Verdict.RELEASE for o in outcomes),
             failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in outcomes),
         )
+        if exhausted:
+            # After the commit, and never failing it: see _announce_exhaustions.
+            self._announce_exhaustions()
+
+    def _announce_exhaustions(self) -> bool:
+        """Announce owed exhaustions; False if that has to wait. A failure (Redis away, or
+        out of memory: a claim is a write) leaves them owed for a later try, and never fails
+        the fetch or the commit that found them."""
+        if time.monotonic() < self._announce_after:
+            return False
+        try:
+            verdicts.announce_exhaustions(self.queue)
+        except RedisError as error:
+            self._announce_after = time.monotonic() + ANNOUNCE_RETRY_SECONDS
+            logger.warning(
+                "announcing exhausted messages failed queue=%s: %s; trying again in %.0f s",
+                self.queue.name,
+                error,
+                ANNOUNCE_RETRY_SECONDS,
+            )
+            return False
+        return True

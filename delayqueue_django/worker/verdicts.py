@@ -33,13 +33,15 @@ def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
             )
 
 
-def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> None:
-    """Commit outcomes sharing one verdict, then send their signals."""
+def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> bool:
+    """Commit outcomes sharing one verdict, then send their signals. True when some message
+    was exhausted: its announcement is owed (``announce_exhaustions``), left to the caller
+    so that a failure to announce never looks like a failed commit."""
     messages = [outcome.message for outcome in outcomes]
     name = queue.name
     if verdict is Verdict.RELEASE:
         queue.release(messages)
-        return
+        return False
     if verdict is Verdict.ACK:
         acked = queue.ack(messages)
         for message in messages:
@@ -47,7 +49,7 @@ def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> None:
                 send_robust(signals.message_acked, name, message=message)
             else:
                 _log_lost_lease(message, "ack")
-        return
+        return False
     if verdict is Verdict.NACK:
         results = {r.id: r for r in queue.nack(messages)}
     else:
@@ -65,8 +67,7 @@ def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> None:
             error=outcome.error,
             retry_at_ms=None if result.exhausted else result.at_ms,
         )
-    if any(result.exhausted for result in results.values()):
-        announce_exhaustions(queue)
+    return any(result.exhausted for result in results.values())
 
 
 def _log_lost_lease(message: Message, what: str) -> None:

@@ -17,17 +17,19 @@ WAITING_STATES = ("pending", "ready", "unack", "retry")
 @dataclass(frozen=True)
 class Tally:
     handled: Counter[str]  # id -> how many times a handler finished it
-    lost: list[str]  # acknowledged by send, never handled
+    lost: list[str]  # acknowledged by send, never handled (nor rejected by the handler)
     duplicates: int  # handler runs beyond the first, per message
     unacknowledged: set[str]  # handled, though the send that wrote it raised
 
 
 def tally(sent: Iterable[str], entries: Iterable[Entry]) -> Tally:
+    entries = list(entries)
     handled = Counter(entry.id for entry in entries if entry.event == "done")
+    rejected = {entry.id for entry in entries if entry.event == "rejected"}
     sent = set(sent)
     return Tally(
         handled=handled,
-        lost=sorted(message_id for message_id in sent if message_id not in handled),
+        lost=sorted(i for i in sent if i not in handled and i not in rejected),
         duplicates=sum(count - 1 for count in handled.values()),
         unacknowledged=set(handled) - sent,
     )
