@@ -1,6 +1,7 @@
 # make test  — the whole suite: lint, types, tests on Django 5.2 and (where Python 3.13 is
 #              found) again on Django 6.1. Each bootstraps its own virtualenv.
 # make demo  — the example project against Redis.
+# make bench — the benchmark suite (a private Redis, real workers): a Markdown table.
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ PYTEST_ARGS ?=
 
 PY312 := $(shell scripts/find-python 3.12)
 
-.PHONY: test test-main test-next lint demo redis-check tox clean
+.PHONY: test test-main test-next lint demo bench redis-check tox clean
 
 test: redis-check lint test-main test-next
 
@@ -24,7 +25,7 @@ redis-check:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[test,lint,tasks]" "Django>=5.2,<6.0"
+	$(VENV)/bin/pip install --quiet -e ".[test,lint,tasks,hiredis]" "Django>=5.2,<6.0"
 	touch $@
 
 $(VENV_NEXT)/.installed: pyproject.toml
@@ -36,7 +37,7 @@ $(VENV_NEXT)/.installed: pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy delayqueue_django tests example_project
+	$(VENV)/bin/mypy delayqueue_django tests example_project benchmarks
 
 test-main: $(VENV)/.installed
 	@echo "== pytest: $$($(VENV)/bin/python --version), Django $$($(VENV)/bin/python -m django --version)"
@@ -59,6 +60,10 @@ tox: redis-check $(VENV)/.installed
 
 demo: redis-check $(VENV)/.installed
 	$(VENV)/bin/python example_project/demo.py
+
+# BENCH_ARGS="--runs 3 --only send,drain" narrows it; python -m benchmarks --help lists all.
+bench: redis-check $(VENV)/.installed
+	$(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV_NEXT) .tox .mypy_cache .ruff_cache .pytest_cache .demo

@@ -1,0 +1,28 @@
+"""Handlers the benchmark's worker processes run."""
+
+import os
+import time
+
+from delayqueue_django.message import Message
+
+
+def noop(message: Message) -> None:
+    """Does nothing: the drain measures the queue, not the handler."""
+
+
+# One line per message, "<ms late>", appended as each handler starts (file named by
+# DQ_BENCH_LATENESS_FILE); written after the clock is read, so the write is not measured.
+_lateness_file = None
+
+
+def record_lateness(message: Message) -> None:
+    """How late this handler started: the local clock minus the message's due time.
+
+    The due time (``payload["due_ms"]``) was given to ``send(at=...)``, so it is exact; Redis
+    and this process read the same machine's clock.
+    """
+    late_ms = time.time() * 1000 - message.payload["due_ms"]
+    global _lateness_file
+    if _lateness_file is None:
+        _lateness_file = open(os.environ["DQ_BENCH_LATENESS_FILE"], "a", buffering=1)  # noqa: SIM115
+    _lateness_file.write(f"{late_ms:.3f}\n")

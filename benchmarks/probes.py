@@ -1,0 +1,125 @@
+"""Reading what Redis itself counts: commands, memory, the slow log, the queue's sizes."""
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import redis
+
+from delayqueue_django.queue import Queue
+
+
+def command_counts(client: Any) -> Counter[str]:
+    """Calls per command name since the last reset (INFO commandstats). Commands run inside
+    Lua scripts are counted too, under their own names; the scripts under ``evalsha``."""
+    stats = client.info("commandstats")
+    return Counter(
+        {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+    )
+
+
+def track_script_latency(client: Any) -> None:
+    """Start Redis's latency tracking of script calls afresh (it resets with the other
+    statistics), reporting the median, p99, p99.9 and the longest (p100)."""
+    client.config_set("latency-tracking-info-percentiles", "50 99 99.9 100")
+    client.config_resetstat()
+
+
+def script_latency_ms(client: Any) -> dict[str, float]:
+    """Percentiles of EVALSHA calls since track_script_latency, in ms (Redis's own timing
+    of each call, from INFO latencystats)."""
+    stats = client.info("latencystats").get("latency_percentiles_usec_evalsha", {})
+    return {name: float(usec) / 1000 for name, usec in stats.items()}
+
+
+def used_memory(client: Any) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def in_queue(queue: Queue) -> int:
+    """Messages not yet acked: pending, staged (ready, retry) and in flight (unack).
+
+    One pipelined round trip of four plain commands (ZCARD, LLEN, LLEN, ZCARD), so the
+    caller can subtract exactly what its polling cost from the command counts.
+    """
+    keys = queue.store.keys
+    store: Any = queue.store  # always a RedisStore here: the benchmarks run on Redis
+    pipe: Any = store.client.pipeline(transaction=False)
+    pipe.zcard(keys.key("pending"))
+    pipe.llen(keys.key("ready"))
+    pipe.llen(keys.key("retry"))
+    pipe.zcard(keys.key("unack"))
+    return sum(int(n) for n in pipe.execute())
+
+
+POLL_COMMANDS = Counter({"zcard": 2, "llen": 2})
+
+
+def wait_drained(queue: Queue, interval: float, timeout: float) -> tuple[float, int]:
+    """Poll until nothing is left to ack; returns (time.time() when seen empty, polls made)."""
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while True:
+        polls += 1
+        if in_queue(queue) == 0:
+            return time.time(), polls
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{in_queue(queue)} messages still not acked after {timeout} s")
+        time.sleep(interval)
+
+
+def acked_and_failed(queue: Queue) -> tuple[int, int]:
+    """Deliveries acked and failed, from the queue's per-minute throughput counts."""
+    rows = queue.throughput(60)
+    return sum(row[1] for row in rows), sum(row[2] for row in rows)
+
+
+def server_time(client: Any) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1e6
+
+
+class Monitored:
+    """Every command Redis receives while the block runs (MONITOR), for counting round trips:
+    ``client_commands`` came from clients, ``script_commands`` ran inside Lua scripts."""
+
+    _END = "delayqueue-benchmark-monitor-end"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        # MONITOR holds a connection of its own, opened (and greeted) before it starts, so
+        # the only command of ours it sees is the end marker.
+        self._monitor_client: Any = redis.Redis(
+            connection_pool=redis.ConnectionPool(
+                **{**client.connection_pool.connection_kwargs, "socket_timeout": None}
+            )
+        )
+        self.client_commands: Counter[str] = Counter()
+        self.script_commands: Counter[str] = Counter()
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+
+    def __enter__(self) -> "Monitored":
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+        self._started.wait(5)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.client.echo(self._END)
+        assert self._thread is not None
+        self._thread.join(10)
+        self._monitor_client.close()
+
+    def _listen(self) -> None:
+        with self._monitor_client.monitor() as monitor:
+            self._started.set()
+            for entry in monitor.listen():
+                name = entry["command"].split(" ", 1)[0].lower()
+                if name == "echo" and self._END in entry["command"]:
+                    return
+                if entry["client_type"] == "lua":
+                    self.script_commands[name] += 1
+                else:
+                    self.client_commands[name] += 1

@@ -1,0 +1,291 @@
+"""``python -m benchmarks`` (``make bench``): every benchmark, then the Markdown table.
+
+Starts a private redis-server on a free port (never the machine's own Redis), runs real
+worker processes against it, and prints the medians of several runs with their spread.
+Progress goes to stderr, the table to stdout.
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any, TypeVar
+
+import django
+import redis
+from redis.utils import HIREDIS_AVAILABLE
+
+from benchmarks import drain, idle, lateness, scale, send
+from benchmarks.report import Row, percentile, table
+from benchmarks.workers import WorkerProcesses
+from tests.redis_servers import RedisServer
+
+PHASES = ("send", "drain", "lateness", "idle", "scale")
+NOOP = "benchmarks.handlers.noop"
+
+T = TypeVar("T")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    add = parser.add_argument
+    add("--runs", type=int, default=5, help="runs of each repeated benchmark (default: 5)")
+    add("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    add("--send-messages", type=int, default=20_000, help="single sends per run")
+    add("--bulk-messages", type=int, default=100_000, help="messages in one send_many per run")
+    add("--drain-messages", type=int, default=20_000, help="messages due together per drain")
+    add("--workers", default="1,2,4", help="worker process counts to drain with (default: 1,2,4)")
+    add("--lateness-messages", type=int, default=500)
+    add("--lateness-spread", type=float, default=5.0, help="seconds the due times spread over")
+    add("--idle-seconds", type=float, default=10.0)
+    add("--scale-pending", type=int, default=1_000_000, help="pending messages for the scale run")
+    add("--scale-due", type=int, default=100_000, help="messages due in the same second")
+    add("--latency-samples", type=int, default=2_000, help="timed single sends, empty and full")
+    add("--quick", action="store_true", help="tiny sizes and one run: checks the suite works")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs = 1
+        args.send_messages, args.bulk_messages, args.drain_messages = 200, 1_000, 500
+        args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
+        args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
+        args.latency_samples = 50
+    return args
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def repeat(runs: int, what: str, measure: Callable[[], T]) -> list[T]:
+    results = []
+    for run in range(runs):
+        results.append(measure())
+        progress(f"  {what}, run {run + 1}/{runs}: {results[-1]}")
+    return results
+
+
+def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("send")
+
+    def single() -> float:
+        probe.flushall()
+        return send.single_rate(args.send_messages)
+
+    def bulk() -> float:
+        probe.flushall()
+        return send.bulk_rate(args.bulk_messages)
+
+    singles = repeat(args.runs, "send()", single)
+    pings = repeat(args.runs, "PING", lambda: send.ping_rate(args.send_messages))
+    bulks = repeat(args.runs, "send_many", bulk)
+    probe.flushall()
+    trips = send.round_trips_per_send(probe)
+    server_us = send.server_us_per_send(probe, min(args.send_messages, 5_000))
+    return [
+        Row("send(), one call per message, one process", singles, "msg/s", "≥ 10,000/s"),
+        Row("for comparison: bare redis-py PING round trips, same client", pings, "/s", ""),
+        Row("Redis round trips per send()", [trips], "", "1", digits=2),
+        Row("Redis time per send() script call (INFO commandstats)", [server_us], "µs", "", 1),
+        Row(f"send_many, {args.bulk_messages:,} messages", bulks, "msg/s", "≥ 100,000/s"),
+    ]
+
+
+def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    rows: list[Row] = []
+    per_message: list[Row] = []
+    for count in [int(n) for n in args.workers.split(",")]:
+        progress(f"drain with {count} worker process(es)")
+        with WorkerProcesses(count, server.url, NOOP):
+            drains = repeat(args.runs, "drain", lambda: drain.drain(args.drain_messages, probe))
+        plural = "process" if count == 1 else "processes"
+        rows.append(
+            Row(
+                f"drain {args.drain_messages:,} due together, {count} worker {plural}",
+                [d.rate for d in drains],
+                "msg/s",
+                "≥ 20,000/s" if count == 1 else "more than 1 process, until Redis/cores saturate",
+            )
+        )
+        if not per_message:
+            per_message = [
+                Row(
+                    f"Redis commands per handled message ({count} {plural}; inside scripts "
+                    "included)",
+                    [d.commands_per_message for d in drains],
+                    "",
+                    "as few as possible",
+                    digits=2,
+                ),
+                Row(
+                    f"script calls (round trips) per handled message ({count} {plural})",
+                    [d.scripts_per_message for d in drains],
+                    "",
+                    "",
+                    digits=3,
+                ),
+                Row(
+                    f"Redis time per handled message, in those scripts ({count} {plural})",
+                    [d.redis_us_per_message for d in drains],
+                    "µs",
+                    "",
+                    digits=1,
+                ),
+            ]
+    return rows + per_message
+
+
+def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    progress("lateness")
+    p50, p99, worst = [], [], []
+    for run in range(args.runs):
+        probe.flushall()
+        with tempfile.TemporaryDirectory() as folder:
+            results = Path(folder) / "lateness.txt"
+            env = {"DQ_BENCH_LATENESS_FILE": str(results)}
+            with WorkerProcesses(1, server.url, "benchmarks.handlers.record_lateness", **env):
+                values = lateness.lateness_ms(args.lateness_messages, args.lateness_spread, results)
+        p50.append(statistics.median(values))
+        p99.append(percentile(values, 0.99))
+        worst.append(max(values))
+        summary = f"p50 {p50[-1]:.2f}, p99 {p99[-1]:.2f}, max {worst[-1]:.2f} ms"
+        progress(f"  run {run + 1}/{args.runs}: {summary}")
+    what = f"lateness, {args.lateness_messages} messages over {args.lateness_spread:g} s"
+    return [
+        Row(f"{what}: p50", p50, "ms", "≤ 2 ms", digits=2),
+        Row(f"{what}: p99", p99, "ms", "≤ 5 ms", digits=2),
+        Row(f"{what}: max", worst, "ms", "", digits=2),
+    ]
+
+
+def bench_idle(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    progress("idle")
+    probe.flushall()
+    with WorkerProcesses(1, server.url, NOOP) as worker:
+        result = idle.idle(worker, probe, args.idle_seconds)
+    progress(f"  {result}")
+    sent = ", ".join(f"{name} {n}" for name, n in sorted(result.requests.items()))
+    seconds = f"{args.idle_seconds:g} s"
+    return [
+        Row(
+            f"idle worker, {seconds}: requests to Redis per second ({sent or 'none'})",
+            [result.requests_per_second],
+            "/s",
+            "≤ 1/s",
+            digits=2,
+        ),
+        Row(
+            "idle worker: Redis commands per second, inside scripts included",
+            [result.commands_per_second],
+            "/s",
+            "",
+            digits=2,
+        ),
+        Row(f"idle worker: CPU time over {seconds}", [result.cpu_seconds], "s", "near 0", 2),
+    ]
+
+
+def bench_scale(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    pending = args.scale_pending
+    progress(f"scale: send latency empty, fill {pending:,}, send latency full, crowd")
+    probe.flushall()
+    empty = send.latencies_ms(args.latency_samples)
+    probe.flushall()
+    filled = scale.fill(pending, probe)
+    memory = filled.memory
+    progress(f"  {filled}")
+    full = send.latencies_ms(args.latency_samples)
+    with WorkerProcesses(1, server.url, NOOP):
+        crowd = scale.crowd(args.scale_due, probe, filled.rate)
+    progress(f"  {crowd}")
+    slow = ", ".join(f"{name} {n}" for name, n in sorted(crowd.slow_calls.items()))
+    structures = ", ".join(f"{part} {size:.0f} B" for part, size in memory.by_key.items())
+    full_label = f"{pending:,}"
+    return [
+        Row("send() latency p50, empty queue", [statistics.median(empty)], "ms", "flat", 3),
+        Row(
+            f"send() latency p50, {full_label} pending", [statistics.median(full)], "ms", "flat", 3
+        ),
+        Row("send() latency p99, empty queue", [percentile(empty, 0.99)], "ms", "flat", 3),
+        Row(f"send() latency p99, {full_label} pending", [percentile(full, 0.99)], "ms", "flat", 3),
+        Row(
+            f"longest single script call while filling to {full_label} (send_many, "
+            "Redis latency tracking)",
+            [filled.longest_send_ms],
+            "ms",
+            "≤ 5 ms",
+            digits=2,
+        ),
+        Row(
+            f"Redis memory per pending message beyond its {memory.payload_bytes:.0f}-byte "
+            f"payload (MEMORY USAGE per message: {structures})",
+            [memory.per_message],
+            "bytes",
+            "as low as the design allows",
+        ),
+        Row(
+            f"{args.scale_due:,} due in the same second, {full_label} pending, 1 worker: "
+            "last ack after the first due time",
+            [crowd.seconds],
+            "s",
+            "all delivered",
+            digits=2,
+        ),
+        Row(
+            "meanwhile, the longest single script call (Redis latency tracking, "
+            f"p99.9 {crowd.p999_call_ms:.2f} ms; calls over {scale.SLOW_CALL_MS} ms in "
+            f"SLOWLOG: {slow or 'none'})",
+            [crowd.longest_call_ms],
+            "ms",
+            "≤ 5 ms",
+            digits=2,
+        ),
+    ]
+
+
+def header(server: RedisServer, probe: Any) -> str:
+    version = probe.info("server")["redis_version"]
+    return (
+        f"delayqueue_django benchmarks, {date.today()}: {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, Django {django.get_version()}, "
+        f"redis-py {redis.__version__} (hiredis {'on' if HIREDIS_AVAILABLE else 'off'}), "
+        f"Redis {version} (private, port {server.port})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    chosen = args.only.split(",")
+    unknown = set(chosen) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"unknown --only {', '.join(sorted(unknown))}; choose from {PHASES}")
+    server = RedisServer()
+    os.environ["DQ_BENCH_REDIS_URL"] = server.url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    django.setup()
+    probe = server.client()
+    started = time.monotonic()
+    rows: list[Row] = []
+    try:
+        if "send" in chosen:
+            rows += bench_send(args, probe)
+        if "drain" in chosen:
+            rows += bench_drain(args, server, probe)
+        if "lateness" in chosen:
+            rows += bench_lateness(args, server, probe)
+        if "idle" in chosen:
+            rows += bench_idle(args, server, probe)
+        if "scale" in chosen:
+            rows += bench_scale(args, server, probe)
+        print(header(server, probe))
+        print()
+        print(table(rows))
+        progress(f"done in {time.monotonic() - started:.0f} s")
+    finally:
+        probe.close()
+        server.close()

@@ -1,0 +1,18 @@
+"""Django settings for the benchmark and its worker processes: one queue, on the private
+Redis the benchmark started (its URL comes in ``DQ_BENCH_REDIS_URL``)."""
+
+import os
+from typing import Any
+
+SECRET_KEY = "benchmarks-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "delayqueue_django"]
+DATABASES: dict[str, Any] = {}
+
+DELAYQUEUES = {
+    "default": {
+        "URL": os.environ.get("DQ_BENCH_REDIS_URL", "redis://127.0.0.1:1/0"),
+        "HANDLER": os.environ.get("DQ_BENCH_HANDLER", "benchmarks.handlers.noop"),
+    }
+}

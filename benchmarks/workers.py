@@ -1,0 +1,81 @@
+"""Worker processes for the benchmark: real ``manage.py run_delayqueue`` subprocesses."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from delayqueue_django import get_queue
+from delayqueue_django.worker.heartbeat import live_workers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerProcesses:
+    """``count`` worker processes on the benchmark's queue, started and ready on entry
+    (each has published its heartbeat, so it listens for wake-ups), stopped on exit."""
+
+    def __init__(
+        self, count: int, redis_url: str, handler: str, *arguments: str, **env: str
+    ) -> None:
+        self.count = count
+        # The workers' output, for the error when one fails; closed by stop().
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
+        environment = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+            "DQ_BENCH_REDIS_URL": redis_url,
+            "DQ_BENCH_HANDLER": handler,
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        command = [sys.executable, "-m", "django", "run_delayqueue", "-v", "0", *arguments]
+        self.processes = [
+            subprocess.Popen(command, env=environment, cwd=ROOT, stdout=self._log, stderr=self._log)
+            for _ in range(count)
+        ]
+
+    def __enter__(self) -> "WorkerProcesses":
+        deadline = time.monotonic() + 60
+        while len(live_workers(get_queue())) < self.count:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start within 60 s:\n{self.log()}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"a worker exited with {process.returncode}:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by all the worker processes (Linux /proc)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for process in self.processes:
+            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._log.close()

@@ -1,0 +1,40 @@
+"""The benchmark suite runs (at a tiny size). Its figures are never checked here: they
+depend on the machine; ``make bench`` is for reading them."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(60)
+def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0] == "| measure | median (min-max over runs) | target |"
+    measures = "\n".join(table)
+    for measure in (
+        "send(), one call per message",
+        "send_many",
+        "drain 500 due together, 1 worker process",
+        "Redis commands per handled message",
+        "lateness",
+        "idle worker",
+        "send() latency p99, 2,000 pending",
+        "Redis memory per pending message",
+        "500 due in the same second",
+        "longest single script call",
+    ):
+        assert measure in measures
+    assert "cores" in result.stdout
