@@ -240,6 +240,8 @@ def test_several_worker_processes_share_a_queue_without_duplicates(
     assert max(handled.values()) == 1  # no timeouts, so no duplicates
     assert len({e["pid"] for e in events("done")}) >= 2
     for worker in workers:
+        # A slow start can leave a worker idle before it has set up its signal handlers.
+        worker.wait_for_line("queue 'default'")
         worker.signal(signal.SIGTERM)
     assert [worker.wait(timeout=20) for worker in workers] == [0, 0, 0]
 

@@ -147,8 +147,10 @@ class Command(OwnProcessCommand):
             jitter=jitter,
             heartbeat_interval=max(heartbeat, 0.1),
         )
-        self._banner(worker, verbosity)
         with self._logging(verbosity), self._signals(worker):
+            # Printed once the signal handlers are in place: a supervisor (or a test) that
+            # sees it knows SIGTERM now means a clean stop.
+            self._banner(worker, verbosity)
             worker.run()
         if verbosity >= 1:
             self.stdout.write(
