@@ -27,6 +27,7 @@ from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
 from delayqueue_django.tasks.claims import task_queue_names
 from delayqueue_django.tasks.compat import (
     InvalidTask,
+    Task,
     TaskContext,
     TaskError,
     TaskResultStatus,
@@ -44,14 +45,16 @@ logger = logging.getLogger("delayqueue_django.tasks")
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
 
 
+# Why a message is not a task this process may run.
+NOT_A_TASK = (MalformedTaskMessage, UnknownTask, InvalidTask)
+
+
 def run_task(message: Message) -> None:
     """Run the task a message names; raise to have the worker retry it (or bury it)."""
     try:
-        call = TaskCall.from_payload(message.payload)
-        backend = _backend_for(call, message.queue)
-        task = locate_task(call.task_path).using(queue_name=call.queue_name)
+        call, backend, task = _task_of(message.payload, message.queue)
         backend.validate_task(task)
-    except (MalformedTaskMessage, UnknownTask, InvalidTask) as error:
+    except NOT_A_TASK as error:
         # Bury at once: retrying cannot make a message into a task.
         raise Reject(f"refusing to run message {message.id} as a task: {error}") from None
 
@@ -78,17 +81,9 @@ def run_task(message: Message) -> None:
         # fail every reader of the result.
         returned = json.dumps(normalize_json(value), separators=(",", ":"))
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
-        last = message.is_last_attempt
-        fields = {
-            f"error:{message.attempt}": error_json(_task_error(error)),
-            "status": TaskResultStatus.FAILED if last else TaskResultStatus.READY,
-        }
-        if last:
-            fields["finished_at"] = timezone.now().isoformat()
-        record = records.write(message.id, fields)
-        if last:
-            result = build_result(task, message.id, call, record)
-            task_finished.send(sender=type(backend), task_result=result)
+        _record_failure(
+            backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
+        )
         raise
     record = records.write(
         message.id,
@@ -109,31 +104,53 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
     if queue not in task_queue_names():
         return
     try:
-        call = TaskCall.from_payload(message.payload)
-        backend = _backend_for(call, queue)
-        task = locate_task(call.task_path).using(queue_name=call.queue_name)
-    except (MalformedTaskMessage, UnknownTask, InvalidTask):
+        call, backend, task = _task_of(message.payload, queue)
+    except NOT_A_TASK:
         return  # refused as a task when it was delivered; nothing ran, nothing to record
-    records = backend.records(get_queue(queue))
-    record = records.read(message.id)
+    record = backend.records(get_queue(queue)).read(message.id)
     if record.get("status") in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
         return
     abandoned = TaskAbandoned(
         f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "
         "its worker stopped, or it ran past the queue's MAX_CONSUME_DURATION"
     )
-    record = records.write(
-        message.id,
-        {
-            **call_fields(call),
-            "status": TaskResultStatus.FAILED,
-            "finished_at": timezone.now().isoformat(),
-            f"error:{message.attempt}": error_json(_task_error(abandoned)),
-        },
+    # The record may never have been written (the task never started): write the call too.
+    _record_failure(
+        backend, task, call, message.id, message.attempt, abandoned, last=True, with_call=True
     )
-    task_finished.send(
-        sender=type(backend), task_result=build_result(task, message.id, call, record)
-    )
+
+
+def _task_of(payload: Any, queue: str) -> tuple[TaskCall, DelayQueueBackend, Task[..., Any]]:
+    """The call a message carries, its backend and its task; raises one of NOT_A_TASK."""
+    call = TaskCall.from_payload(payload)
+    backend = _backend_for(call, queue)
+    return call, backend, locate_task(call.task_path).using(queue_name=call.queue_name)
+
+
+def _record_failure(
+    backend: DelayQueueBackend,
+    task: Task[..., Any],
+    call: TaskCall,
+    result_id: str,
+    attempt: int,
+    error: BaseException,
+    *,
+    last: bool,
+    with_call: bool = False,
+) -> None:
+    """Record an attempt's error: READY again while retries are left, else FAILED, which
+    finishes the task (task_finished)."""
+    fields = {
+        **(call_fields(call) if with_call else {}),
+        f"error:{attempt}": error_json(_task_error(error)),
+        "status": TaskResultStatus.FAILED if last else TaskResultStatus.READY,
+    }
+    if last:
+        fields["finished_at"] = timezone.now().isoformat()
+    record = backend.records(get_queue(call.queue_name)).write(result_id, fields)
+    if last:
+        result = build_result(task, result_id, call, record)
+        task_finished.send(sender=type(backend), task_result=result)
 
 
 def _backend_for(call: TaskCall, queue: str) -> DelayQueueBackend:
