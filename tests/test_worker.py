@@ -385,6 +385,41 @@ def _try_send(queue: Queue) -> str | None:
         return None
 
 
+def test_the_next_batch_is_fetched_before_the_handlers_run_dry(
+    redis_worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
+) -> None:
+    queue = redis_worker_queue()
+    queue.send_many([{"do": "sleep", "seconds": 0.005, "count_unack": True}] * 60)
+    running_worker(queue, batch_size=10)
+    wait_for(lambda: len(events("done")) == 60, timeout=15, what="all handled")
+    in_flight = [start["unack"] for start in events("start")]
+    # Fetching only once the pool is empty, the last message of every batch would start
+    # alone. (The first batches ramp up; the last ones run out of messages.)
+    assert min(in_flight[20:-10]) >= 2, in_flight
+
+
+def test_verdicts_of_fast_handlers_are_committed_together(
+    redis_worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue = redis_worker_queue()
+    acks: list[int] = []
+    real_ack = Queue.ack
+
+    def counting_ack(self: Queue, messages: Any) -> set[str]:
+        messages = list(messages)
+        acks.append(len(messages))
+        return real_ack(self, messages)
+
+    monkeypatch.setattr(Queue, "ack", counting_ack)
+    queue.send_many([{"do": "sleep", "seconds": 0.001}] * 120)
+    running_worker(queue)
+    wait_for(lambda: sum(acks) == 120, timeout=15, what="all acked")
+    # One round trip per message would be 120 acks.
+    assert len(acks) <= 40, acks
+
+
 def test_a_stale_buffered_message_is_handed_back_not_started(
     worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
 ) -> None:

@@ -4,7 +4,8 @@ Each call is recorded as JSON in the Redis list ``test:log`` on the queue's serv
 can see what every worker process did; for a memory queue, whose worker runs in the test's
 own process, in ``MEMORY_LOG``. The payload says what to do:
 ``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first", "seconds": float}``
-("sleep-first" sleeps on the first attempt only).
+("sleep-first" sleeps on the first attempt only); with ``"count_unack": true`` the start
+record also holds the queue's unack count.
 """
 
 import json
@@ -33,8 +34,13 @@ def record(queue: str, event: str, **fields: Any) -> None:
 
 
 def handle(message: Message) -> Any:
-    action = message.payload.get("do", "ok") if isinstance(message.payload, dict) else "ok"
-    record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time())
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    action = payload.get("do", "ok")
+    # "count_unack": also note how many deliveries are in flight as this one starts.
+    seen = (
+        {"unack": get_queue(message.queue).stats()["unack"]} if payload.get("count_unack") else {}
+    )
+    record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time(), **seen)
     if action == "sleep" or (action == "sleep-first" and message.attempt == 1):
         time.sleep(message.payload.get("seconds", 1.0))
     if action == "false":

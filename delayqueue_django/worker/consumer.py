@@ -1,10 +1,12 @@
 """One queue's consumer loop: fetch, hand to the pool, flush verdicts, sleep until due.
 
-It runs in its own thread. Verdicts from the handler threads are flushed in batches (one
-round trip per kind), then the signals are sent, so ``message_acked`` always follows a
-committed ack. It sleeps until the queue's next due time (timed on the client, from the
-Redis clock) or a wake-up, and never gives up because Redis is away: it logs, backs off and
-tries again.
+It runs in its own thread. It fetches the next batch while the handlers still work through
+half of the last one, so fast handlers never wait for a round trip. Verdicts from the handler
+threads are committed in batches (one round trip per kind, at most VERDICT_FLUSH_SECONDS
+after the first of them, or before the next fetch), then the signals are sent, so
+``message_acked`` always follows a committed ack. It sleeps until the queue's next due time
+(timed on the client, from the Redis clock) or a wake-up, and never gives up because Redis is
+away: it logs, backs off and tries again.
 """
 
 import contextlib
@@ -35,6 +37,9 @@ IDLE_RECHECK_SECONDS = 30.0
 GARBAGE_EXPIRY_SECONDS = 60.0
 # After announcing exhaustions failed, wait this long before claiming again.
 ANNOUNCE_RETRY_SECONDS = 1.0
+# A verdict waits at most this long to be committed together with the ones that follow it:
+# one round trip for many fast handlers, and an ack that is never late by more than this.
+VERDICT_FLUSH_SECONDS = 0.005
 
 
 class QueueConsumer(threading.Thread):
@@ -47,12 +52,17 @@ class QueueConsumer(threading.Thread):
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
+        self._first_outcome_at = 0.0  # time.monotonic() of the oldest uncommitted verdict
         self._in_flight = 0
         # A buffered message not started within this many seconds of its fetch goes back.
         self.slack = min(1.0, queue.config.max_consume_ms / 1000 / 10)
         limit = worker.batch_size or queue.config.fetch_batch_size
         self._batch_limit = limit
+        # How many messages may be handed to the pool at once: starts at the thread count,
+        # grows while handlers are fast enough to start them all well within the slack.
         self._batch = min(limit, worker.concurrency)
+        # A moving average of handler durations, for deciding how large batches may grow.
+        self._handler_seconds = 0.0
         # Redis clock = local monotonic clock + offset (ms), set at every fetch (and a
         # handler only ever runs after one).
         self._clock_offset_ms = 0.0
@@ -77,11 +87,36 @@ class QueueConsumer(threading.Thread):
         self._event.set()
 
     def report(self, outcome: Outcome) -> None:
-        """A handler thread is done with a message: flush its verdict, and fetch again since
-        a thread is free."""
+        """A handler thread is done with a message: its verdict is committed within
+        VERDICT_FLUSH_SECONDS. (The freed thread wakes this consumer separately, through
+        the pool, if it was waiting for room to fetch.)"""
         with self._lock:
             self._outcomes.append(outcome)
-        self.wake()
+            waiting = len(self._outcomes)
+            if waiting == 1:
+                self._first_outcome_at = time.monotonic()
+        if waiting == 1 or waiting == self._batch_limit:
+            # Only the first verdict wakes the loop, to time the commit; a full batch goes
+            # at once. Waking for each one would cost a round trip per message.
+            self._event.set()
+
+    def has_room(self) -> bool:
+        return self._room() > 0
+
+    def _room(self) -> int:
+        """How many messages this consumer may fetch now.
+
+        The pool may hold ``_batch`` messages (running or waiting for a thread), at least
+        one per thread. It is refilled once it is down to the threads plus half of what
+        may wait: the next batch arrives while the handlers work through the rest.
+        """
+        concurrency = self.worker.concurrency
+        target = max(self._batch, concurrency)
+        refill_at = concurrency + (target - concurrency) // 2
+        outstanding = self.worker.pool.outstanding()
+        if outstanding >= target or outstanding > refill_at:
+            return 0
+        return target - outstanding
 
     @property
     def in_flight(self) -> int:
@@ -96,6 +131,8 @@ class QueueConsumer(threading.Thread):
         started_ms = self.redis_now_ms()
         outcome = call_handler(self.handler, message)
         self.timings.observe("handler_duration", outcome.seconds)
+        # Races between handler threads only blur the average a little.
+        self._handler_seconds += (outcome.seconds - self._handler_seconds) / 8
         if message.due_ms > 0:
             # Both times on the Redis clock; the estimate can land a hair before the due time.
             self.timings.observe("delivery_lateness", max(started_ms - message.due_ms, 0) / 1000)
@@ -128,7 +165,7 @@ class QueueConsumer(threading.Thread):
         backoff = Backoff()
         while True:
             try:
-                self._flush()
+                self._flush(force=self.worker.stopping.is_set())
                 if self.worker.stopping.is_set():
                     self._hand_back(self.worker.pool.take_back(self))
                     if self._idle() or self.worker.abandoning.is_set():
@@ -167,8 +204,11 @@ class QueueConsumer(threading.Thread):
             return self._in_flight == 0 and not self._outcomes
 
     def _wait(self, seconds: float) -> None:
-        deadline = min(self._next_beat, self._next_expiry) - time.monotonic()
-        self._event.wait(timeout=max(min(seconds, deadline), 0.0))
+        deadline = min(self._next_beat, self._next_expiry)
+        with self._lock:
+            if self._outcomes:
+                deadline = min(deadline, self._first_outcome_at + VERDICT_FLUSH_SECONDS)
+        self._event.wait(timeout=max(min(seconds, deadline - time.monotonic()), 0.0))
         self._event.clear()
 
     def _fetch_if_due(self) -> float | None:
@@ -179,14 +219,22 @@ class QueueConsumer(threading.Thread):
         self._woken = False
         # Say so before looking: a thread freed after the look then wakes us.
         self.starved = True
-        free = self.worker.pool.free_slots()
+        stale = self._release_stale_buffer()
+        if self._room() <= 0:
+            # The pool is full enough: a handler thread finishing wakes us.
+            return IDLE_RECHECK_SECONDS
+        # Commit what is done before fetching more: the quota counts it. The fetch below
+        # sees what the commit changed, so the commit need not call for another look.
+        self._flush(force=True)
+        self._woken = False
         quota = self.worker.quota()
-        if free <= 0 or quota == 0:
-            # Nothing can start now: a handler thread finishing wakes us.
+        if quota == 0:
             return IDLE_RECHECK_SECONDS
         self.starved = False
-        self._release_stale_buffer()
-        count = max(min(self._batch, quota if quota is not None else self._batch), 1)
+        if not stale and self._batch < self._batch_limit:
+            self._grow_batch()
+        room = self._room()
+        count = max(room if quota is None else min(room, quota), 1)
         fetched = self.queue.fetch(count)
         self._clock_offset_ms = fetched.now_ms - time.monotonic() * 1000
         if fetched.expired:
@@ -205,7 +253,8 @@ class QueueConsumer(threading.Thread):
         if fetched.next_ms is None:
             self._next_fetch = now + IDLE_RECHECK_SECONDS
         elif fetched.next_ms <= fetched.now_ms:
-            # More is due: fetch again at once while handlers are free (else report wakes us).
+            # More is due: fetch again at once while there is room (else a freed thread
+            # wakes us).
             self._next_fetch = now if full else now + 0.001
         else:
             # +1 ms: wake just after the due time, not a hair before it by our clock estimate.
@@ -218,15 +267,22 @@ class QueueConsumer(threading.Thread):
                 return None
         return max(self._next_fetch - now, 0.0)
 
-    def _release_stale_buffer(self) -> None:
-        pool = self.worker.pool
-        stale = pool.take_back(self, keep=lambda job: not self.is_stale(job.fetched_at))
+    def _release_stale_buffer(self) -> bool:
+        """Hand back buffered messages that waited past the slack; True if there were any."""
+        stale = self.worker.pool.take_back(self, keep=lambda job: not self.is_stale(job.fetched_at))
         if stale:
             self._shrink_batch()
             self._hand_back(stale)
-        elif not pool.buffered(self) and self._batch < self._batch_limit:
-            # The last batch was all started in time: handlers keep up, fetch more at once.
-            self._batch = min(self._batch * 2, self._batch_limit)
+        return bool(stale)
+
+    def _grow_batch(self) -> None:
+        """Double the batch if, at the handlers' usual pace, the last message of a doubled
+        batch would still start within half the slack (slow handlers never buffer)."""
+        concurrency = self.worker.concurrency
+        grown = min(self._batch * 2, self._batch_limit)
+        queued_behind = max(grown - concurrency, 0) / concurrency
+        if queued_behind * self._handler_seconds < self.slack / 2:
+            self._batch = grown
 
     def _shrink_batch(self) -> None:
         """Handlers are slower than the buffer: fetch about what can start at once."""
@@ -302,11 +358,16 @@ class QueueConsumer(threading.Thread):
 
     # Verdicts
 
-    def _flush(self) -> None:
+    def _flush(self, *, force: bool = False) -> None:
+        """Commit the handlers' verdicts: all of them when ``force``d, else once the oldest
+        has waited VERDICT_FLUSH_SECONDS or a batch is full."""
         with self._lock:
+            if not self._outcomes:
+                return
+            due = self._first_outcome_at + VERDICT_FLUSH_SECONDS
+            if not force and len(self._outcomes) < self._batch_limit and time.monotonic() < due:
+                return
             outcomes, self._outcomes = self._outcomes, []
-        if not outcomes:
-            return
         by_verdict: dict[Verdict, list[Outcome]] = {verdict: [] for verdict in Verdict}
         for outcome in outcomes:
             by_verdict[outcome.verdict].append(outcome)
@@ -327,8 +388,12 @@ class QueueConsumer(threading.Thread):
             raise
         with self._lock:
             self._in_flight -= len(outcomes)
-        # What the last fetch saw (deadlines of these deliveries, nothing due) is stale now.
-        self._woken = True
+            idle = self._in_flight == 0
+        if idle or len(by_verdict[Verdict.ACK]) < len(outcomes):
+            # Retries and hand-backs change what is due, and with nothing left in hand the
+            # last fetch's plan is stale too (a burst run ends on the look that finds the
+            # queue empty): look again. Acks in the middle of a batch only take work away.
+            self._woken = True
         self.worker.count(
             handled=sum(o.verdict is not Verdict.RELEASE for o in outcomes),
             failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in outcomes),

@@ -8,7 +8,7 @@ used) for any worker to take, and the consumer fetches smaller batches from then
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,6 +33,9 @@ class HandlerPool:
         # Told whenever a thread frees up: consumers of other queues may be waiting for one.
         self.on_slot_freed = on_slot_freed
         self._jobs: deque[Job] = deque()
+        # Jobs waiting in the buffer, per consumer: asked after every message, so kept
+        # as counts rather than found by walking the buffer.
+        self._waiting: Counter[QueueConsumer] = Counter()
         self._running = 0
         self._closed = False
         self._lock = threading.Condition()
@@ -45,29 +48,35 @@ class HandlerPool:
         for thread in self._threads:
             thread.start()
 
-    def free_slots(self) -> int:
+    def outstanding(self) -> int:
+        """Messages handed to the pool and not finished: running or waiting for a thread."""
         with self._lock:
-            return self.concurrency - self._running - len(self._jobs)
+            return self._running + len(self._jobs)
 
     def submit(self, consumer: "QueueConsumer", messages: list[Message]) -> None:
         now = time.monotonic()
         with self._lock:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
+            self._waiting[consumer] += len(messages)
             self._lock.notify(len(messages))
 
     def buffered(self, consumer: "QueueConsumer") -> int:
         """How many of the consumer's messages wait here, not started yet."""
         with self._lock:
-            return sum(job.consumer is consumer for job in self._jobs)
+            return self._waiting[consumer]
 
     def take_back(
         self, consumer: "QueueConsumer", keep: Callable[[Job], bool] = lambda job: False
     ) -> list[Message]:
         """Remove and return the consumer's buffered messages, except those ``keep`` keeps."""
         with self._lock:
+            if not self._waiting[consumer]:
+                return []
             taken = [job for job in self._jobs if job.consumer is consumer and not keep(job)]
-            for job in taken:
-                self._jobs.remove(job)
+            if taken:
+                chosen = {id(job) for job in taken}
+                self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
+                self._waiting[consumer] -= len(taken)
         return [job.message for job in taken]
 
     def close(self) -> None:
@@ -84,6 +93,7 @@ class HandlerPool:
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
+                self._waiting[job.consumer] -= 1
                 self._running += 1
             try:
                 if job.consumer.is_stale(job.fetched_at):
@@ -93,7 +103,6 @@ class HandlerPool:
             finally:
                 with self._lock:
                     self._running -= 1
-                    self._lock.notify_all()
             # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
             self.on_slot_freed()

@@ -87,8 +87,10 @@ class Worker:
         }
 
     def _wake_starved_consumers(self) -> None:
+        # Only those that may fetch now: waking one per finished message for nothing
+        # would cost its loop a turn each time.
         for consumer in self.consumers:
-            if consumer.starved:
+            if consumer.starved and consumer.has_room():
                 consumer.wake()
 
     # Running and stopping
