@@ -21,7 +21,7 @@ from delayqueue_django.encoding import (
     decode_payload,
     due_spec,
     encode_payload,
-    new_message_id,
+    new_message_ids,
     retry_budget,
 )
 from delayqueue_django.engine import BURY, NackOutcome, NewMessage, Store, StoredMessage
@@ -217,25 +217,30 @@ class Queue:
         retry_count: int | None,
     ) -> list[NewMessage]:
         """Validate and encode every message (payloads, or Outgoing with their own timing)."""
-        return [
-            self._prepare(item)
-            if isinstance(item, Outgoing)
-            else self._prepare(Outgoing(item, delay=delay, at=at, retry_count=retry_count))
-            for item in messages
-        ]
+        items = list(messages)
+        if not items:
+            return []
+        max_bytes, name = self.config.max_payload_bytes, self.name
+        shared: tuple[int | None, int, int] | None = None  # the call's own timing, checked once
+        prepared = []
+        for message_id, item in zip(new_message_ids(len(items)), items, strict=True):
+            if isinstance(item, Outgoing):
+                at_ms, delay_ms, budget = self._timing(item.delay, item.at, item.retry_count)
+                payload = item.payload
+            else:
+                if shared is None:
+                    shared = self._timing(delay, at, retry_count)
+                at_ms, delay_ms, budget = shared
+                payload = item
+            text = encode_payload(payload, max_bytes=max_bytes, queue=name)
+            prepared.append(NewMessage(message_id, text, budget, at_ms, delay_ms))
+        return prepared
 
-    def _prepare(self, outgoing: Outgoing) -> NewMessage:
-        config = self.config
-        at_ms, delay_ms = due_spec(outgoing.delay, outgoing.at)
-        return NewMessage(
-            id=new_message_id(),
-            payload=encode_payload(
-                outgoing.payload, max_bytes=config.max_payload_bytes, queue=self.name
-            ),
-            budget=retry_budget(outgoing.retry_count, config.retry_count),
-            at_ms=at_ms,
-            delay_ms=delay_ms,
-        )
+    def _timing(
+        self, delay: float | timedelta | None, at: datetime | None, retry_count: int | None
+    ) -> tuple[int | None, int, int]:
+        at_ms, delay_ms = due_spec(delay, at)
+        return at_ms, delay_ms, retry_budget(retry_count, self.config.retry_count)
 
     def cancel(self, message_id: str) -> bool:
         """True if the message was waiting and now will never be delivered.

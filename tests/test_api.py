@@ -1,6 +1,7 @@
 """The public API: send, cancel, get_queue; bad input raises and writes nothing."""
 
 import decimal
+import re
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -40,6 +41,15 @@ def test_send_and_cancel_through_the_module(redis_server: RedisServer) -> None:
     assert delayqueue.cancel(message_id) is True
     assert delayqueue.cancel(message_id) is False
     assert redis_server.client().dbsize() == 0
+
+
+def test_a_bulk_send_gives_each_message_an_id_of_its_own(redis_server: RedisServer) -> None:
+    queue = delayqueue.get_queue()
+    ids = queue.send_many(list(range(500)), delay=60)
+    assert len(set(ids)) == 500
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", message_id) for message_id in ids)
+    assert sorted(entry.id for entry in queue.list_messages("pending", limit=1000)) == sorted(ids)
+    assert queue.send_many([]) == []
 
 
 def test_send_to_a_named_queue_with_a_retry_count() -> None:
