@@ -166,19 +166,25 @@ local function count_total(what, n)
   end
 end
 
--- Retries used up: park the message as a dead letter and record that its exhaustion
+-- Retries used up: park the messages as dead letters and record that their exhaustion
 -- still has to be announced, so a worker dying right after this cannot lose the news.
-local function bury(id, now)
-  redis.call('ZADD', garbage, int(now), id)
-  redis.call('ZADD', exhausted, int(now), id)
-  count_total('exhausted', 1)
+local function bury(ids, now)
+  local scored = at_score(int(now), ids)
+  call_chunked('ZADD', garbage, scored)
+  call_chunked('ZADD', exhausted, scored)
+  count_total('exhausted', #ids)
 end
 
 -- A message whose payload or meta record is missing or unreadable cannot be delivered:
--- park it in garbage (not announced as exhausted: it never ran) and say why.
-local function set_aside(id, now, reason)
-  redis.call('ZADD', garbage, int(now), id)
+-- it goes to garbage (not announced as exhausted: it never ran), and the warning says
+-- why. Noted in `aside` on the way; set_aside then parks a step's noted ids at once.
+local function note_damage(aside, id, reason)
+  table.insert(aside, id)
   table.insert(warnings, {id, reason})
+end
+
+local function set_aside(aside, now)
+  call_chunked('ZADD', garbage, at_score(int(now), aside))
 end
 
 local function damage_of(id, has_payload, lease)

@@ -29,7 +29,7 @@ for i = 0, n - 1 do
     redis.call('ZREM', unack, id)
     if attempt > budget or delay_ms < 0 then
       write_meta(id, lease + 1, attempt, budget, due)
-      bury(id, now)
+      bury({id}, now)
       table.insert(outcomes, id)
       table.insert(outcomes, 2)
       table.insert(outcomes, now)
