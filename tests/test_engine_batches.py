@@ -6,7 +6,10 @@ from collections.abc import Callable
 import pytest
 
 from delayqueue_django import Outgoing
+from delayqueue_django.conf import MAX_BATCH_SIZE
+from delayqueue_django.engine import NewMessage
 from delayqueue_django.queue import Queue
+from tests.helpers import wait_for
 
 BATCH = 10
 
@@ -109,3 +112,50 @@ def test_hundred_thousand_messages_due_in_the_same_second_are_all_delivered(
     assert max(seen.values()) == 1
     stats = queue.stats()
     assert [stats[s] for s in ("pending", "ready", "unack", "retry", "garbage")] == [0] * 5
+
+
+def test_the_largest_batch_passes_through_each_hot_script_in_one_call(
+    configure: Callable[..., Queue],
+) -> None:
+    """MAX_BATCH_SIZE messages in one send (and its replay), one fetch staging and handing
+    them all out, one fetch sweeping them all out of unack when they time out, one nack and
+    one ack. The scripts name a whole batch in each command, and Lua's unpack() fails past
+    about 8,000 values (a ZADD of 10,000 messages takes 20,000): they must chunk."""
+    size = MAX_BATCH_SIZE
+    queue = configure(
+        SEND_BATCH_SIZE=size,
+        STAGE_BATCH_SIZE=size,
+        FETCH_BATCH_SIZE=size,
+        MAX_CONSUME_DURATION=0.05,
+    )
+    # Zero-padded ids, all due at once: pending orders equal scores by id, so this is the
+    # order in which they are staged and handed out.
+    ids = [f"big-{i:05d}" for i in range(size)]
+    batch = [NewMessage(message_id, str(i), 3) for i, message_id in enumerate(ids)]
+    dues = queue.store.send(batch)
+    assert len(dues) == size
+    assert queue.store.send(batch) == dues  # a replay: each due time is its pending score
+
+    first = queue.fetch(size)
+    assert [m.id for m in first.messages] == ids
+    assert [m.payload for m in first.messages] == list(range(size))
+    assert {m.attempt for m in first.messages} == {1}
+
+    swept = wait_for(lambda: queue.fetch(0).expired, what="the deliveries to time out")
+    assert swept == size
+    assert queue.stats()["retry"] == size
+
+    second = queue.fetch(size)
+    assert [m.id for m in second.messages] == ids
+    assert {m.attempt for m in second.messages} == {2}
+    outcomes = queue.nack(second.messages, delay=0)
+    assert [o.id for o in outcomes] == ids
+    assert not any(o.exhausted for o in outcomes)
+
+    third = queue.fetch(size)
+    assert [m.id for m in third.messages] == ids
+    assert queue.ack(first.messages + second.messages) == set()  # stale leases
+    assert queue.ack(third.messages) == set(ids)
+    stats = queue.stats()
+    assert [stats[s] for s in ("pending", "ready", "unack", "retry", "garbage")] == [0] * 5
+    assert (stats["acked_total"], stats["timed_out_total"]) == (size, size)

@@ -158,6 +158,19 @@ def test_duplicate_ack_and_nack_after_ack_are_harmless(queue: Queue) -> None:
     assert states_of(queue, message_id) == []
 
 
+def test_a_batch_naming_a_delivery_twice_counts_it_once(queue: Queue) -> None:
+    first_id, second_id = queue.send_many(["a", "b"])
+    fetched = {m.id: m for m in fetch_when_due(queue, count=2)}
+    first, second = fetched[first_id], fetched[second_id]
+    assert queue.ack([first, first]) == {first_id}
+    assert queue.stats()["acked_total"] == 1
+
+    outcomes = queue.nack([second, second], delay=60)
+    assert [(o.id, o.exhausted) for o in outcomes] == [(second_id, False)]
+    stats = queue.stats()
+    assert (stats["failed_total"], stats["retried_total"], stats["pending"]) == (1, 1, 1)
+
+
 def test_ack_after_nack_of_the_same_delivery_is_ignored(queue: Queue) -> None:
     message_id = queue.send("x")
     [message] = fetch_when_due(queue)

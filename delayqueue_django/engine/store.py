@@ -37,7 +37,7 @@ logger = logging.getLogger("delayqueue_django.engine")
 
 RedisClient: TypeAlias = Redis | RedisCluster
 
-# LPOP with a count and ZRANGE ... BYSCORE LIMIT arrived in Redis 6.2.
+# LPOP with a count, ZRANGE ... BYSCORE LIMIT and ZMSCORE arrived in Redis 6.2.
 MINIMUM_REDIS_VERSION = (6, 2)
 
 

@@ -19,25 +19,37 @@ local channel, n = ARGV[1], tonumber(ARGV[2])
 quarantine_foreign_keys()
 local now = now_ms()
 local previous_head = head_score(pending)
-local earliest = nil
-local outcomes = {}
+
+-- One read of every meta record and unack score, one write per key (see "Batches" in
+-- the prelude).
+local ids = {}
 for i = 0, n - 1 do
-  local base = 3 + i * 3
-  local id, token, delay_ms = ARGV[base], tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local lease, attempt, budget, due = read_meta(id)
-  if lease == token and redis.call('ZSCORE', unack, id) then
-    redis.call('ZREM', unack, id)
+  ids[i + 1] = ARGV[3 + i * 3]
+end
+local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
+local earliest = nil
+local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
+for i, id in ipairs(ids) do
+  local token, delay_ms = tonumber(ARGV[1 + i * 3]), tonumber(ARGV[2 + i * 3])
+  local lease, attempt, budget, due = parse_meta(raw[i])
+  -- An id named twice counts once, like the first of its triples that holds: that one
+  -- takes it out of unack, so no later triple could hold.
+  if not done[id] and lease == token and scores[i] then
+    done[id] = true
+    table.insert(refused, id)
     if attempt > budget or delay_ms < 0 then
-      write_meta(id, lease + 1, attempt, budget, due)
-      bury(id, now)
+      table.insert(records, id)
+      table.insert(records, format_meta(lease + 1, attempt, budget, due))
+      table.insert(to_bury, id)
       table.insert(outcomes, id)
       table.insert(outcomes, 2)
       table.insert(outcomes, now)
     else
       due = now + delay_ms
-      write_meta(id, lease + 1, attempt, budget, due)
-      redis.call('ZADD', pending, int(due), id)
-      count_total('retried', 1)
+      table.insert(records, id)
+      table.insert(records, format_meta(lease + 1, attempt, budget, due))
+      table.insert(scored, int(due))
+      table.insert(scored, id)
       if earliest == nil or due < earliest then
         earliest = due
       end
@@ -47,6 +59,11 @@ for i = 0, n - 1 do
     end
   end
 end
+call_chunked('ZREM', unack, refused)
+call_chunked('HSET', metas, records)
+bury(to_bury, now)
+call_chunked('ZADD', pending, scored)
+count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
