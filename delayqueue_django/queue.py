@@ -43,12 +43,14 @@ class Fetched:
     """What one fetch brought: messages, and when the queue next has work."""
 
     messages: list[Message]
-    now_ms: int
+    now_ms: int  # the Redis clock when the fetch ran (now_us: the microseconds past it)
     # now_ms if more work is waiting; the next due time or deadline; None if nothing is.
     next_ms: int | None
     expired: int
     # An exhausted message's announcement is owed: claim_exhausted has work.
     exhaustions_owed: bool
+    now_us: int = 0
+    read_at: float = 0.0  # time.monotonic() when the clock was read (see FetchResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +284,13 @@ class Queue:
             )
         self.store.nack(undecodable)
         return Fetched(
-            messages, result.now_ms, result.next_ms, result.expired, result.exhaustions_owed
+            messages,
+            result.now_ms,
+            result.next_ms,
+            result.expired,
+            result.exhaustions_owed,
+            result.now_us,
+            result.read_at,
         )
 
     def ack(self, messages: Iterable[Message]) -> set[str]:

@@ -3,6 +3,7 @@ hour off still deliver on time."""
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import time_machine
@@ -44,3 +45,16 @@ def test_an_absolute_time_in_the_past_is_due_now(queue: Queue) -> None:
     message_id = queue.send("overdue", at=datetime(2001, 1, 1, tzinfo=UTC))
     [message] = queue.fetch().messages
     assert message.id == message_id
+
+
+def test_a_fetch_reads_the_redis_clock_to_the_microsecond(redis_queue: Queue, raw: Any) -> None:
+    # Workers time their wake-ups with it; a clock read to the millisecond would make them
+    # up to a millisecond late.
+    for _ in range(5):
+        seconds, micros = raw.time()
+        before_us = seconds * 1_000_000 + micros
+        fetched = redis_queue.fetch()
+        seconds, micros = raw.time()
+        after_us = seconds * 1_000_000 + micros
+        assert 0 <= fetched.now_us <= 999
+        assert before_us <= fetched.now_ms * 1000 + fetched.now_us <= after_us

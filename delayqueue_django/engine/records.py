@@ -54,6 +54,11 @@ class FetchResult:
     deliveries: list[Delivery]
     # An exhaustion is waiting to be announced (claim_exhausted would return it).
     exhaustions_owed: bool = False
+    # Microseconds past now_ms on the store's clock (0-999), and when (time.monotonic())
+    # that clock was read, as best this process can tell: workers time their wake-ups to
+    # the due time with them, instead of up to a millisecond after.
+    now_us: int = 0
+    read_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

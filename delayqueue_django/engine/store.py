@@ -7,6 +7,7 @@ consumers may share a queue.
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -210,9 +211,12 @@ class RedisStore:
     def fetch(self, count: int) -> FetchResult:
         """Hand out up to ``count`` due messages, leased until now + consume_ms."""
         limits = self.limits
-        now, next_ms, expired, flat, owed, _ = self._run(
+        sent_at = time.monotonic()
+        now, next_ms, expired, flat, owed, now_us, _ = self._run(
             "fetch", [self._channel, count, limits.consume_ms, limits.stage_limit]
         )
+        # Redis read its clock between sending and receiving: the middle is the best guess.
+        read_at = (sent_at + time.monotonic()) / 2
         deadline = now + limits.consume_ms
         deliveries = [
             Delivery(
@@ -232,6 +236,8 @@ class RedisStore:
             expired=int(expired),
             deliveries=deliveries,
             exhaustions_owed=bool(owed),
+            now_us=int(now_us),
+            read_at=read_at,
         )
 
     def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:

@@ -236,7 +236,8 @@ class QueueConsumer(threading.Thread):
         room = self._room()
         count = max(room if quota is None else min(room, quota), 1)
         fetched = self.queue.fetch(count)
-        self._clock_offset_ms = fetched.now_ms - time.monotonic() * 1000
+        store_ms = fetched.now_ms + fetched.now_us / 1000
+        self._clock_offset_ms = store_ms - fetched.read_at * 1000
         if fetched.expired:
             logger.info(
                 "%d deliveries passed their deadline and were requeued queue=%s",
@@ -257,15 +258,17 @@ class QueueConsumer(threading.Thread):
             # wakes us).
             self._next_fetch = now if full else now + 0.001
         else:
-            # +1 ms: wake just after the due time, not a hair before it by our clock estimate.
-            self._next_fetch = now + (fetched.next_ms - fetched.now_ms + 1) / 1000
+            # When the Redis clock reaches the due time, by our estimate of it. Waking a hair
+            # early costs one more fetch, which waits out what is left by the same reckoning.
+            self._next_fetch = (fetched.next_ms - self._clock_offset_ms) / 1000
         if deferred:  # nothing else may be due: come back to announce them
             self._next_fetch = min(self._next_fetch, self._announce_after)
         if self.worker.burst:
             nothing_due = fetched.next_ms is None or fetched.next_ms > fetched.now_ms
             if not fetched.messages and nothing_due and self._idle():
                 return None
-        return max(self._next_fetch - now, 0.0)
+        # From the clock as it is now: the fetch's round trip has passed since `now`.
+        return max(self._next_fetch - time.monotonic(), 0.0)
 
     def _release_stale_buffer(self) -> bool:
         """Hand back buffered messages that waited past the slack; True if there were any."""

@@ -50,8 +50,13 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- The microseconds past the millisecond of the last now_ms() reading: fetch hands them
+-- out, so that workers can time their wake-ups to the due time, not up to 1 ms after it.
+local now_us = 0
+
 local function now_ms()
   local t = redis.call('TIME')
+  now_us = tonumber(t[2]) % 1000
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 

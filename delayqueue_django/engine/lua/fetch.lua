@@ -15,7 +15,7 @@
   ARGV[3]  consume_ms, how long a delivery may stay unacked before redelivery
   ARGV[4]  stage_limit, the bound on ids moved and on the staging lists' length
 
-  Returns {now_ms, next_ms, expired, deliveries, owed, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -24,6 +24,7 @@
     deliveries  flat list: id, payload, attempt, lease, budget, due for each message
                 handed out
     owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
+    now_us      the microseconds past now_ms on the server's clock (0-999)
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -168,4 +169,4 @@ if next_ms < 0 then
   end
 end
 
-return {now, next_ms, expired, deliveries, owed, warnings}
+return {now, next_ms, expired, deliveries, owed, now_us, warnings}

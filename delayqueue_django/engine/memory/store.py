@@ -13,6 +13,7 @@ For tests and quick local runs: its messages live and die with the process and a
 to other processes.
 """
 
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -131,6 +132,7 @@ class MemoryStore:
     def fetch(self, count: int) -> FetchResult:
         with self.server.lock:
             state, now = self._state(), self._now()
+            read_at = time.monotonic()
             stage_limit = self._limits.stage_limit
 
             def room() -> int:
@@ -207,6 +209,7 @@ class MemoryStore:
                 expired=expired,
                 deliveries=deliveries,
                 exhaustions_owed=owed,
+                read_at=read_at,
             )
 
     def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
