@@ -25,6 +25,17 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
 }
 
 
+# Each histogram's total names, made once: per bucket (the last one unbounded), count, sum.
+_KEYS = {
+    name: (
+        [f"{name}:{bucket}" for bucket in range(len(bounds) + 1)],
+        f"{name}:count",
+        f"{name}:sum_us",
+    )
+    for name, bounds in HISTOGRAMS.items()
+}
+
+
 class Timings:
     """Observations not yet added to Redis. Thread-safe: handler threads observe, the
     consumer drains."""
@@ -34,12 +45,24 @@ class Timings:
         self._pending: Counter[str] = Counter()
 
     def observe(self, histogram: str, seconds: float) -> None:
-        bucket = bisect_left(HISTOGRAMS[histogram], seconds)
         with self._lock:
-            self._pending[f"{histogram}:{bucket}"] += 1
-            self._pending[f"{histogram}:count"] += 1
-            # Integer microseconds: Redis adds integers exactly.
-            self._pending[f"{histogram}:sum_us"] += round(seconds * 1_000_000)
+            self._add(histogram, seconds)
+
+    def observe_delivery(self, handler_seconds: float, lateness_seconds: float | None) -> None:
+        """A handled delivery's duration and, when its due time is known, its lateness:
+        both under one lock, as workers do it for every message."""
+        with self._lock:
+            self._add("handler_duration", handler_seconds)
+            if lateness_seconds is not None:
+                self._add("delivery_lateness", lateness_seconds)
+
+    def _add(self, histogram: str, seconds: float) -> None:
+        bucket_key, count_key, sum_key = _KEYS[histogram]
+        pending = self._pending
+        pending[bucket_key[bisect_left(HISTOGRAMS[histogram], seconds)]] += 1
+        pending[count_key] += 1
+        # Integer microseconds: Redis adds integers exactly.
+        pending[sum_key] += round(seconds * 1_000_000)
 
     def drain(self) -> dict[str, int]:
         with self._lock:

@@ -173,6 +173,24 @@ def test_database_connections_are_handled_as_for_a_request(
     assert calls == ["close", "close"]
 
 
+def test_messages_handled_back_to_back_share_the_connection_check_between_them(
+    redis_worker_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from delayqueue_django.worker import handling
+
+    calls: list[str] = []
+    monkeypatch.setattr(handling, "close_old_connections", lambda: calls.append("check"))
+    queue = redis_worker_queue()
+    queue.send_many([{"n": n} for n in range(30)])
+    Worker([(queue, lambda message: calls.append("handle"))], burst=True).run()
+    assert calls.count("handle") == 30
+    # Every handler runs after a check (its own, or the one after the message before it)
+    # and is followed by one; back to back, the check after one is the check before the next.
+    assert calls[0] == calls[-1] == "check"
+    assert "handle handle" not in " ".join(calls)
+    assert calls.count("check") < 2 * 30
+
+
 def test_verbosity_two_shows_each_message_and_the_banner(
     worker_queue: Callable[..., Queue], worker_url: str
 ) -> None:

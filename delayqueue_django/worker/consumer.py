@@ -127,15 +127,15 @@ class QueueConsumer(threading.Thread):
     def is_stale(self, fetched_at: float) -> bool:
         return time.monotonic() - fetched_at > self.slack
 
-    def handle(self, message: Message) -> Outcome:
+    def handle(self, message: Message, *, back_to_back: bool = False) -> Outcome:
+        """Run the handler; ``back_to_back`` when this thread ran another message just now."""
         started_ms = self.redis_now_ms()
-        outcome = call_handler(self.handler, message)
-        self.timings.observe("handler_duration", outcome.seconds)
+        outcome = call_handler(self.handler, message, connections_checked=back_to_back)
+        # Both times on the Redis clock; the estimate can land a hair before the due time.
+        lateness = max(started_ms - message.due_ms, 0) / 1000 if message.due_ms > 0 else None
+        self.timings.observe_delivery(outcome.seconds, lateness)
         # Races between handler threads only blur the average a little.
         self._handler_seconds += (outcome.seconds - self._handler_seconds) / 8
-        if message.due_ms > 0:
-            # Both times on the Redis clock; the estimate can land a hair before the due time.
-            self.timings.observe("delivery_lateness", max(started_ms - message.due_ms, 0) / 1000)
         overrun_ms = self.redis_now_ms() - message.deadline_ms
         if overrun_ms > 0:
             logger.warning(
@@ -272,7 +272,7 @@ class QueueConsumer(threading.Thread):
 
     def _release_stale_buffer(self) -> bool:
         """Hand back buffered messages that waited past the slack; True if there were any."""
-        stale = self.worker.pool.take_back(self, keep=lambda job: not self.is_stale(job.fetched_at))
+        stale = self.worker.pool.take_back(self, fetched_before=time.monotonic() - self.slack)
         if stale:
             self._shrink_batch()
             self._hand_back(stale)

@@ -30,8 +30,17 @@ class Outcome:
     seconds: float = 0.0
 
 
-def call_handler(handler: Handler, message: Message, *, manage_connections: bool = True) -> Outcome:
+def call_handler(
+    handler: Handler,
+    message: Message,
+    *,
+    manage_connections: bool = True,
+    connections_checked: bool = False,
+) -> Outcome:
     """Call the handler as a request would be served: stale DB connections closed around it.
+
+    ``connections_checked`` skips the check before the call when this thread has just done it,
+    after the message it handled before (back to back, with no wait in between).
 
     Returns None/True: ack. False: nack. Raises Reject: bury now. Raises anything else: nack,
     with the traceback logged. Nothing a handler does escapes to the worker.
@@ -39,7 +48,7 @@ def call_handler(handler: Handler, message: Message, *, manage_connections: bool
     ``manage_connections=False`` leaves the connections alone, as Django's test client does
     for requests: inside a test's transaction, closing them would break the test.
     """
-    if manage_connections:
+    if manage_connections and not connections_checked:
         close_old_connections()
     started = time.perf_counter()
     try:

@@ -66,13 +66,20 @@ class HandlerPool:
             return self._waiting[consumer]
 
     def take_back(
-        self, consumer: "QueueConsumer", keep: Callable[[Job], bool] = lambda job: False
+        self, consumer: "QueueConsumer", fetched_before: float | None = None
     ) -> list[Message]:
-        """Remove and return the consumer's buffered messages, except those ``keep`` keeps."""
+        """Remove and return the consumer's buffered messages: all of them, or those fetched
+        before ``fetched_before`` (time.monotonic())."""
         with self._lock:
             if not self._waiting[consumer]:
                 return []
-            taken = [job for job in self._jobs if job.consumer is consumer and not keep(job)]
+            taken = []
+            for job in self._jobs:
+                if job.consumer is not consumer:
+                    continue
+                if fetched_before is not None and job.fetched_at >= fetched_before:
+                    break  # a consumer's jobs wait in fetch order: the rest are newer
+                taken.append(job)
             if taken:
                 chosen = {id(job) for job in taken}
                 self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
@@ -86,9 +93,11 @@ class HandlerPool:
             self._lock.notify_all()
 
     def _work(self) -> None:
+        ran_before = False  # this thread handled a message and has not waited since
         while True:
             with self._lock:
                 while not self._jobs and not self._closed:
+                    ran_before = False
                     self._lock.wait()
                 if not self._jobs:
                     return
@@ -99,7 +108,8 @@ class HandlerPool:
                 if job.consumer.is_stale(job.fetched_at):
                     outcome = Outcome(job.message, Verdict.RELEASE)
                 else:
-                    outcome = job.consumer.handle(job.message)
+                    outcome = job.consumer.handle(job.message, back_to_back=ran_before)
+                    ran_before = True
             finally:
                 with self._lock:
                     self._running -= 1
