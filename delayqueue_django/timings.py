@@ -26,23 +26,28 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
 
 
 # Each histogram's total names, made once: per bucket (the last one unbounded), count, sum.
-_KEYS = {
-    name: (
-        [f"{name}:{bucket}" for bucket in range(len(bounds) + 1)],
+_NAMES = {
+    name: [
+        *(f"{name}:{bucket}" for bucket in range(len(bounds) + 1)),
         f"{name}:count",
         f"{name}:sum_us",
-    )
+    ]
     for name, bounds in HISTOGRAMS.items()
 }
 
 
 class Timings:
     """Observations not yet added to Redis. Thread-safe: handler threads observe, the
-    consumer drains."""
+    consumer drains.
+
+    Workers observe every message, so observations are tallied in plain lists (one slot per
+    bucket, then count and sum, in ``_NAMES`` order) and named only when drained."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: Counter[str] = Counter()
+        self._tallies = _empty_tallies()
+        # What a failed flush handed back, by name (see restore).
+        self._restored: Counter[str] = Counter()
 
     def observe(self, histogram: str, seconds: float) -> None:
         with self._lock:
@@ -57,22 +62,31 @@ class Timings:
                 self._add("delivery_lateness", lateness_seconds)
 
     def _add(self, histogram: str, seconds: float) -> None:
-        bucket_key, count_key, sum_key = _KEYS[histogram]
-        pending = self._pending
-        pending[bucket_key[bisect_left(HISTOGRAMS[histogram], seconds)]] += 1
-        pending[count_key] += 1
+        tally = self._tallies[histogram]
+        tally[bisect_left(HISTOGRAMS[histogram], seconds)] += 1
+        tally[-2] += 1
         # Integer microseconds: Redis adds integers exactly.
-        pending[sum_key] += round(seconds * 1_000_000)
+        tally[-1] += round(seconds * 1_000_000)
 
     def drain(self) -> dict[str, int]:
+        """Every count observed (or restored) since the last drain, by total name."""
         with self._lock:
-            pending, self._pending = self._pending, Counter()
-        return dict(pending)
+            tallies, self._tallies = self._tallies, _empty_tallies()
+            totals, self._restored = self._restored, Counter()
+        for histogram, tally in tallies.items():
+            for name, value in zip(_NAMES[histogram], tally, strict=True):
+                if value:
+                    totals[name] += value
+        return dict(totals)
 
     def restore(self, increments: Mapping[str, int]) -> None:
         """Put back what could not be added (Redis was away), to try again later."""
         with self._lock:
-            self._pending.update(increments)
+            self._restored.update(increments)
+
+
+def _empty_tallies() -> dict[str, list[int]]:
+    return {name: [0] * len(names) for name, names in _NAMES.items()}
 
 
 @dataclass(frozen=True, slots=True)
