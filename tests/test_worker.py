@@ -416,6 +416,25 @@ def test_the_next_batch_is_fetched_before_the_handlers_run_dry(
     assert min(in_flight[20:-10]) >= 2, in_flight
 
 
+def test_no_fetch_takes_more_than_the_batch_size_even_with_more_threads(
+    redis_worker_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = redis_worker_queue()
+    asked: list[int | None] = []
+    real_fetch = Queue.fetch
+
+    def recording_fetch(self: Queue, count: int | None = None) -> Any:
+        asked.append(count)
+        return real_fetch(self, count)
+
+    monkeypatch.setattr(Queue, "fetch", recording_fetch)
+    queue.send_many([{"do": "sleep", "seconds": 0.01}] * 12)
+    Worker([(queue, handle)], concurrency=4, batch_size=2, burst=True).run()
+    assert len(events("done")) == 12
+    assert asked
+    assert all(count is not None and 1 <= count <= 2 for count in asked), asked
+
+
 def test_verdicts_of_fast_handlers_are_committed_together(
     redis_worker_queue: Callable[..., Queue],
     running_worker: Callable[..., Worker],

@@ -233,8 +233,10 @@ class QueueConsumer(threading.Thread):
         self.starved = False
         if not stale and self._batch < self._batch_limit:
             self._grow_batch()
-        room = self._room()
-        count = max(room if quota is None else min(room, quota), 1)
+        limit = self._batch_limit if quota is None else min(self._batch_limit, quota)
+        # The room, but never more than the batch limit (--batch-size: the room exceeds it
+        # when the threads outnumber it) or the quota; at least one, as the room said.
+        count = max(min(self._room(), limit), 1)
         fetched = self.queue.fetch(count)
         store_ms = fetched.now_ms + fetched.now_us / 1000
         self._clock_offset_ms = store_ms - fetched.read_at * 1000
