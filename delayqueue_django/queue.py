@@ -253,9 +253,20 @@ class Queue:
 
     # Consuming
 
-    def fetch(self, count: int | None = None) -> Fetched:
-        """Take up to ``count`` due messages (default FETCH_BATCH_SIZE), leased to the caller."""
-        result = self.store.fetch(self.config.fetch_batch_size if count is None else count)
+    def fetch(self, count: int | None = None, *, fetcher: str = "", request: str = "") -> Fetched:
+        """Take up to ``count`` due messages (default FETCH_BATCH_SIZE), leased to the caller.
+
+        A fetch's reply can be lost after Redis ran it (a cut connection, a timeout): to get
+        those messages rather than leave them waiting for their deadline with an attempt
+        used, name the fetcher and each request, and repeat the request that failed. A fetch
+        with the same ``request`` as the fetcher's last one hands out again what that one
+        took, and nothing new; use a new request id once a fetch returned.
+        """
+        result = self.store.fetch(
+            self.config.fetch_batch_size if count is None else count,
+            fetcher=fetcher,
+            request=request,
+        )
         messages: list[Message] = []
         undecodable = []
         for delivery in result.deliveries:

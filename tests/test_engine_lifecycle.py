@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from delayqueue_django.queue import Queue
-from tests.helpers import fetch_when_due, states_of, store_time_ms, wait_for
+from tests.helpers import fetch_when_due, redis_store, states_of, store_time_ms, wait_for
 
 
 def test_message_waits_until_due_then_is_delivered_once_and_forgotten_on_ack(queue: Queue) -> None:
@@ -406,3 +406,69 @@ def test_stats_keep_running_totals_that_pruning_leaves_alone(
     totals = {name: stats[f"{name}_total"] for name in ("acked", "failed", "retried")}
     assert totals == {"acked": 1, "failed": 4, "retried": 2}
     assert (stats["timed_out_total"], stats["exhausted_total"]) == (2, 2)
+
+
+def test_a_repeated_fetch_request_hands_out_again_what_it_took(queue: Queue) -> None:
+    # A fetch whose reply was lost (Redis ran it; the fetcher never saw the answer) is
+    # repeated with the same request id: the same deliveries again, with new leases and
+    # the same attempt, and nothing new.
+    ids = queue.send_many(["a", "b", "c"])
+    lost = wait_for(
+        lambda: queue.fetch(2, fetcher="w1", request="1").messages, timeout=5, what="delivery"
+    )
+    again = queue.fetch(3, fetcher="w1", request="1").messages
+    assert [m.id for m in again] == [m.id for m in lost]
+    first, second = (m.id for m in again)
+    [third] = set(ids) - {first, second}
+    assert [m.attempt for m in again] == [1, 1]
+    assert all(a.lease > b.lease for a, b in zip(again, lost, strict=True))
+    assert queue.ack(lost) == set()  # the lost reply's leases are void
+    assert queue.stats()["unack"] == 2
+
+    assert queue.ack(again[:1]) == {first}
+    # Repeated once more (that reply was lost too): what is still in flight.
+    [still] = queue.fetch(3, fetcher="w1", request="1").messages
+    assert (still.id, still.attempt) == (second, 1)
+    # A new request takes new work, and other fetchers never see a fetcher's record.
+    assert [m.id for m in queue.fetch(3, fetcher="w2", request="1").messages] == [third]
+    assert queue.fetch(3, fetcher="w1", request="2").messages == []
+    assert queue.fetch(3, fetcher="w1", request="2").messages == []
+    assert queue.ack([still]) == {second}
+
+
+def test_a_repeated_fetch_request_skips_what_timed_out_since(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.1)
+    message_id = queue.send("slow")
+    [lost] = wait_for(
+        lambda: queue.fetch(1, fetcher="w", request="7").messages, timeout=5, what="delivery"
+    )
+    time.sleep(0.2)  # its deadline passes: the next fetch takes it as a retry
+    [retried] = fetch_when_due(queue)
+    assert (retried.id, retried.attempt) == (message_id, 2)
+    assert queue.fetch(1, fetcher="w", request="7").messages == []
+    assert queue.ack([lost]) == set()
+    assert queue.ack([retried]) == {message_id}
+
+
+def test_a_fetchers_replay_record_lives_as_long_as_its_deliveries_lease(
+    redis_configure: Callable[..., Queue],
+) -> None:
+    # About Redis: one small key per fetcher, never one per fetch, and it never outlives the
+    # deliveries it lists (nothing else in the queue expires).
+    queue = redis_configure(MAX_CONSUME_DURATION=30)
+    client: Any = redis_store(queue).client
+    record = redis_store(queue).keys.key("fetch:w1")
+    queue.send_many(["a", "b"])
+    handed = wait_for(
+        lambda: queue.fetch(5, fetcher="w1", request="1").messages, timeout=5, what="delivery"
+    )
+    assert client.lrange(record, 0, -1) == [b"1"] + [
+        value for m in handed for value in (m.id.encode(), str(m.lease).encode())
+    ]
+    assert 29_000 < client.pttl(record) <= 30_000
+    assert queue.fetch(5, fetcher="w1", request="2").messages == []
+    assert client.exists(record) == 0  # a new request: the last reply arrived
+    assert queue.fetch(5).messages == []  # fetching without a request keeps no record
+    assert client.keys("*fetch*") == []

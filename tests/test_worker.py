@@ -423,9 +423,9 @@ def test_no_fetch_takes_more_than_the_batch_size_even_with_more_threads(
     asked: list[int | None] = []
     real_fetch = Queue.fetch
 
-    def recording_fetch(self: Queue, count: int | None = None) -> Any:
+    def recording_fetch(self: Queue, count: int | None = None, **kw: Any) -> Any:
         asked.append(count)
-        return real_fetch(self, count)
+        return real_fetch(self, count, **kw)
 
     monkeypatch.setattr(Queue, "fetch", recording_fetch)
     queue.send_many([{"do": "sleep", "seconds": 0.01}] * 12)
@@ -433,6 +433,33 @@ def test_no_fetch_takes_more_than_the_batch_size_even_with_more_threads(
     assert len(events("done")) == 12
     assert asked
     assert all(count is not None and 1 <= count <= 2 for count in asked), asked
+
+
+def test_a_fetch_whose_reply_was_lost_is_repeated_and_its_messages_handled_at_once(
+    redis_worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    queue = redis_worker_queue(MAX_CONSUME_DURATION=30)
+    lost: list[Any] = []
+    real_fetch = Queue.fetch
+
+    def fetch_losing_the_first_reply(self: Queue, count: int | None = None, **kw: Any) -> Any:
+        fetched = real_fetch(self, count, **kw)
+        if fetched.messages and not lost:
+            lost.extend(fetched.messages)  # Redis ran it; the worker never hears back
+            raise RedisTimeout("Timeout reading from socket (the reply is lost on purpose)")
+        return fetched
+
+    monkeypatch.setattr(Queue, "fetch", fetch_losing_the_first_reply)
+    message_id = queue.send({"n": 1})
+    running_worker(queue)
+    # Not after the 30 s deadline, and without using up an attempt.
+    wait_for(lambda: events("done"), timeout=10, what="the message handled")
+    assert [m.id for m in lost] == [message_id]
+    assert [(e["id"], e["attempt"]) for e in events("start")] == [(message_id, 1)]
 
 
 def test_verdicts_of_fast_handlers_are_committed_together(

@@ -50,8 +50,13 @@ class Store(Protocol):
 
     # Consumers
 
-    def fetch(self, count: int) -> FetchResult:
-        """Hand out up to ``count`` due messages, leased until now + consume_ms."""
+    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+        """Hand out up to ``count`` due messages, leased until now + consume_ms.
+
+        A fetch that repeats ``request``, the id of the ``fetcher``'s last fetch, hands out
+        again what that fetch took (its reply was lost), with new leases and the same
+        attempts, and takes nothing new.
+        """
 
     def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held."""

@@ -169,9 +169,12 @@ class RedisStore:
             require_supported(oldest_version(self.client.info("server")), self.keys.queue)
             self._version_checked = True
 
-    def _run(self, name: str, args: Sequence[Any], client: Any = None) -> Any:
+    def _run(
+        self, name: str, args: Sequence[Any], client: Any = None, extra_keys: Sequence[str] = ()
+    ) -> Any:
         self.check_server()
-        reply = self._scripts[name](keys=self._layout, args=args, client=client)
+        keys = [*self._layout, *extra_keys] if extra_keys else self._layout
+        reply = self._scripts[name](keys=keys, args=args, client=client)
         if client is None:
             log_warnings(self.keys.queue, reply[-1])
         return reply
@@ -208,12 +211,17 @@ class RedisStore:
 
     # Consumers
 
-    def fetch(self, count: int) -> FetchResult:
-        """Hand out up to ``count`` due messages, leased until now + consume_ms."""
+    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+        """Hand out up to ``count`` due messages, leased until now + consume_ms.
+
+        A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
+        the repeat hands out again what that fetch took (see fetch.lua)."""
         limits = self.limits
         sent_at = time.monotonic()
         now, next_ms, expired, flat, owed, now_us, _ = self._run(
-            "fetch", [self._channel, count, limits.consume_ms, limits.stage_limit]
+            "fetch",
+            [self._channel, count, limits.consume_ms, limits.stage_limit, request],
+            extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
         # Redis read its clock between sending and receiving: the middle is the best guess.
         read_at = (sent_at + time.monotonic()) / 2

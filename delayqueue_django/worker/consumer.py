@@ -63,6 +63,10 @@ class QueueConsumer(threading.Thread):
         self._batch = min(limit, worker.concurrency)
         # A moving average of handler durations, for deciding how large batches may grow.
         self._handler_seconds = 0.0
+        # Each fetch is a numbered request of this consumer; after a fetch that failed the
+        # next one repeats its number, and gets what it took if Redis ran it after all.
+        self._fetcher = worker.worker_id
+        self._request = 1
         # Redis clock = local monotonic clock + offset (ms), set at every fetch (and a
         # handler only ever runs after one).
         self._clock_offset_ms = 0.0
@@ -237,7 +241,8 @@ class QueueConsumer(threading.Thread):
         # The room, but never more than the batch limit (--batch-size: the room exceeds it
         # when the threads outnumber it) or the quota; at least one, as the room said.
         count = max(min(self._room(), limit), 1)
-        fetched = self.queue.fetch(count)
+        fetched = self.queue.fetch(count, fetcher=self._fetcher, request=str(self._request))
+        self._request += 1
         store_ms = fetched.now_ms + fetched.now_us / 1000
         self._clock_offset_ms = store_ms - fetched.read_at * 1000
         if fetched.expired:

@@ -44,6 +44,8 @@ class QueueState:
     totals: dict[str, int] = field(default_factory=dict)
     # worker id -> (details JSON, expiry ms)
     heartbeats: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # fetcher -> its last fetch: (request, [(id, lease), ...], expiry ms); see fetch.lua.
+    fetches: dict[str, tuple[str, list[tuple[str, int]], int]] = field(default_factory=dict)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
 

@@ -129,88 +129,116 @@ class MemoryStore:
 
     # Consumers
 
-    def fetch(self, count: int) -> FetchResult:
+    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
         with self.server.lock:
             state, now = self._state(), self._now()
             read_at = time.monotonic()
-            stage_limit = self._limits.stage_limit
-
-            def room() -> int:
-                return stage_limit - len(state.ready) - len(state.retry)
-
-            # 1. Deliveries that outlived their deadline: retry, or garbage when used up.
-            expired = 0
-            for message_id, deadline in state.unack.pop_upto(now, room()):
-                meta = state.metas[message_id]
-                expired += 1
-                # Its redelivery is due from the moment the deadline passed.
-                meta.lease, meta.due = meta.lease + 1, deadline
-                if meta.attempt > meta.budget:
-                    _bury(state, message_id, now)
-                else:
-                    state.retry.append(message_id)
-                    _count_total(state, "retried", 1)
-            _count(state, now, "failed", expired)
-            _count_total(state, "timed_out", expired)
-
-            # 2. Pending messages whose time has come.
-            for message_id, _ in state.pending.pop_upto(now, room()):
-                target = state.retry if state.metas[message_id].attempt > 0 else state.ready
-                target.append(message_id)
-
-            # 3. Hand out, redeliveries first: they have waited longest.
-            deliveries: list[Delivery] = []
             deadline = now + self._limits.consume_ms
-            for source in (state.retry, state.ready):
-                while source and len(deliveries) < count:
-                    message_id = source.popleft()
-                    meta = state.metas[message_id]
-                    meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
-                    state.unack.add(message_id, deadline)
-                    deliveries.append(
-                        Delivery(
-                            id=message_id,
-                            payload=state.payloads[message_id],
-                            attempt=meta.attempt,
-                            lease=meta.lease,
-                            budget=meta.budget,
-                            deadline_ms=deadline,
-                            due_ms=meta.due,
-                        )
-                    )
+            last = state.fetches.pop(fetcher, None) if request else None
+            if last is not None and last[0] == request and last[2] > now:
+                deliveries = self._hand_out_again(state, last[1], deadline)
+                expired = 0
+            else:
+                deliveries, expired = self._take_due(state, now, count, deadline)
+            if request and deliveries:
+                handed = [(delivery.id, delivery.lease) for delivery in deliveries]
+                state.fetches[fetcher] = (request, handed, deadline)
+            return self._fetched(state, now, read_at, count, deliveries, expired)
 
-            # When to look again.
-            next_ms: int | None = None
-            pending_head, unack_head = state.pending.head(), state.unack.head()
-            if (
-                state.ready
-                or state.retry
-                or (pending_head is not None and pending_head[1] <= now)
-                or (unack_head is not None and unack_head[1] <= now)
-            ):
-                next_ms = now
-                if count > 0 and len(deliveries) == count:
-                    self._wake(now)
+    def _hand_out_again(
+        self, state: QueueState, handed: list[tuple[str, int]], deadline: int
+    ) -> list[Delivery]:
+        """A repeated request's deliveries still in unack under their lease (fetch.lua)."""
+        deliveries = []
+        for message_id, lease in handed:
+            meta = state.metas.get(message_id)
+            if meta is None or meta.lease != lease or message_id not in state.unack:
+                continue
+            meta.lease += 1
+            state.unack.add(message_id, deadline)
+            deliveries.append(_delivery(state, message_id, meta, deadline))
+        return deliveries
 
-            # An exhaustion to announce now, or a claim that lapses later.
-            exhausted_head = state.exhausted.head()
-            owed = exhausted_head is not None and exhausted_head[1] <= now
-            if next_ms is None:
-                later = [
-                    head[1]
-                    for head in (pending_head, unack_head, exhausted_head)
-                    if head is not None and head[1] > now
-                ]
-                next_ms = min(later, default=None)
+    def _take_due(
+        self, state: QueueState, now: int, count: int, deadline: int
+    ) -> tuple[list[Delivery], int]:
+        stage_limit = self._limits.stage_limit
 
-            return FetchResult(
-                now_ms=now,
-                next_ms=next_ms,
-                expired=expired,
-                deliveries=deliveries,
-                exhaustions_owed=owed,
-                read_at=read_at,
-            )
+        def room() -> int:
+            return stage_limit - len(state.ready) - len(state.retry)
+
+        # 1. Deliveries that outlived their deadline: retry, or garbage when used up.
+        expired = 0
+        for message_id, passed in state.unack.pop_upto(now, room()):
+            meta = state.metas[message_id]
+            expired += 1
+            # Its redelivery is due from the moment the deadline passed.
+            meta.lease, meta.due = meta.lease + 1, passed
+            if meta.attempt > meta.budget:
+                _bury(state, message_id, now)
+            else:
+                state.retry.append(message_id)
+                _count_total(state, "retried", 1)
+        _count(state, now, "failed", expired)
+        _count_total(state, "timed_out", expired)
+
+        # 2. Pending messages whose time has come.
+        for message_id, _ in state.pending.pop_upto(now, room()):
+            target = state.retry if state.metas[message_id].attempt > 0 else state.ready
+            target.append(message_id)
+
+        # 3. Hand out, redeliveries first: they have waited longest.
+        deliveries: list[Delivery] = []
+        for source in (state.retry, state.ready):
+            while source and len(deliveries) < count:
+                message_id = source.popleft()
+                meta = state.metas[message_id]
+                meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
+                state.unack.add(message_id, deadline)
+                deliveries.append(_delivery(state, message_id, meta, deadline))
+        return deliveries, expired
+
+    def _fetched(
+        self,
+        state: QueueState,
+        now: int,
+        read_at: float,
+        count: int,
+        deliveries: list[Delivery],
+        expired: int,
+    ) -> FetchResult:
+        # When to look again.
+        next_ms: int | None = None
+        pending_head, unack_head = state.pending.head(), state.unack.head()
+        if (
+            state.ready
+            or state.retry
+            or (pending_head is not None and pending_head[1] <= now)
+            or (unack_head is not None and unack_head[1] <= now)
+        ):
+            next_ms = now
+            if count > 0 and len(deliveries) == count:
+                self._wake(now)
+
+        # An exhaustion to announce now, or a claim that lapses later.
+        exhausted_head = state.exhausted.head()
+        owed = exhausted_head is not None and exhausted_head[1] <= now
+        if next_ms is None:
+            later = [
+                head[1]
+                for head in (pending_head, unack_head, exhausted_head)
+                if head is not None and head[1] > now
+            ]
+            next_ms = min(later, default=None)
+
+        return FetchResult(
+            now_ms=now,
+            next_ms=next_ms,
+            expired=expired,
+            deliveries=deliveries,
+            exhaustions_owed=owed,
+            read_at=read_at,
+        )
 
     def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
         if not leases:
@@ -542,6 +570,18 @@ def _bury(state: QueueState, message_id: str, now: int) -> None:
     state.garbage.add(message_id, now)
     state.exhausted.add(message_id, now)
     _count_total(state, "exhausted", 1)
+
+
+def _delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> Delivery:
+    return Delivery(
+        id=message_id,
+        payload=state.payloads[message_id],
+        attempt=meta.attempt,
+        lease=meta.lease,
+        budget=meta.budget,
+        deadline_ms=deadline,
+        due_ms=meta.due,
+    )
 
 
 def _forget(state: QueueState, message_id: str) -> None:
