@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from delayqueue_django.queue import Queue
-from tests.chaos import ledger
-from tests.chaos.accounting import drain, first_handled_after, tally
 from tests.chaos.conftest import queue_settings
+from tests.chaos.failover import conclude_failover
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.producer import Producer
@@ -26,7 +25,6 @@ from tests.redis_servers import RedisClusterServers
 
 pytestmark = [pytest.mark.chaos, pytest.mark.cluster]
 
-REPLICATION_WINDOW = 1.0  # seconds of acknowledged writes a failover may lose, allowed
 CONSUME_SECONDS = 3
 TAG = "{delayqueue:default}"
 
@@ -74,36 +72,13 @@ def test_a_master_killed_under_load_fails_over_to_its_replica(
         master.start()  # comes back as a replica of the node that replaced it
         cluster.wait_until_replicated()
         assert cluster.master_for(TAG) is promoted
-    time.sleep(1.5)
-    producer.stop()
-    drain(queue, timeout=CONSUME_SECONDS * 3 + 15)
-    entries = ledger.read(fleet.ledger)
-    result = tally(producer.sent, entries)
-    final = queue.check_invariants()
-    exit_codes = fleet.stop()
-
-    report_figures(
-        Figures(
-            "Redis Cluster: master kill -9, replica promoted",
-            len(producer.sent),
-            len(result.lost),
-            result.duplicates,
-            max(first_handled_after(back, producer.sent, entries) for _, back in failovers),
-            f"failovers: {len(failovers)}, each {max(b - k for k, b in failovers):.1f} s at most; "
-            f"recovery from the promotion",
-        )
+    conclude_failover(
+        "Redis Cluster: master kill -9, replica promoted",
+        queue,
+        fleet,
+        producer,
+        failovers,
+        problems,
+        report_figures,
+        consume_seconds=CONSUME_SECONDS,
     )
-    assert producer.unexpected == []
-    assert problems == []
-    outside = [
-        message_id
-        for message_id in result.lost
-        if not any(
-            killed - REPLICATION_WINDOW <= producer.sent[message_id] <= killed
-            for killed, _ in failovers
-        )
-    ]
-    assert outside == []
-    assert final.ok, final.problems
-    assert final.counts["garbage"] == 0
-    assert set(exit_codes.values()) == {0}, fleet.output()

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from delayqueue_django.queue import Queue
-from tests.chaos import ledger
-from tests.chaos.accounting import drain, first_handled_after, tally
 from tests.chaos.conftest import queue_settings
+from tests.chaos.failover import conclude_failover
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.producer import Producer
@@ -23,7 +22,6 @@ from tests.redis_servers import RedisSentinel
 
 pytestmark = pytest.mark.chaos
 
-REPLICATION_WINDOW = 1.0
 CONSUME_SECONDS = 3
 
 
@@ -84,36 +82,13 @@ def test_the_sentinel_fails_over_under_load_and_everyone_follows(
         problems += queue.check_invariants().problems
         master.start()  # the sentinel turns it into a replica of the new master
         sentinel.wait_until_replicated()
-    time.sleep(1.5)
-    producer.stop()
-    drain(queue, timeout=CONSUME_SECONDS * 3 + 15)
-    entries = ledger.read(fleet.ledger)
-    result = tally(producer.sent, entries)
-    final = queue.check_invariants()
-    exit_codes = fleet.stop()
-
-    report_figures(
-        Figures(
-            "Sentinel: master kill -9, replica promoted",
-            len(producer.sent),
-            len(result.lost),
-            result.duplicates,
-            max(first_handled_after(back, producer.sent, entries) for _, back in failovers),
-            f"failovers: {len(failovers)}, each {max(b - k for k, b in failovers):.1f} s at "
-            "most; recovery from the promotion",
-        )
+    conclude_failover(
+        "Sentinel: master kill -9, replica promoted",
+        queue,
+        fleet,
+        producer,
+        failovers,
+        problems,
+        report_figures,
+        consume_seconds=CONSUME_SECONDS,
     )
-    assert producer.unexpected == []
-    assert problems == []
-    outside = [
-        message_id
-        for message_id in result.lost
-        if not any(
-            killed - REPLICATION_WINDOW <= producer.sent[message_id] <= killed
-            for killed, _ in failovers
-        )
-    ]
-    assert outside == []
-    assert final.ok, final.problems
-    assert final.counts["garbage"] == 0
-    assert set(exit_codes.values()) == {0}, fleet.output()
