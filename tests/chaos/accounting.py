@@ -35,6 +35,19 @@ def tally(sent: Iterable[str], entries: Iterable[Entry]) -> Tally:
     )
 
 
+def lost_outside_windows(
+    tally: Tally, sent: Mapping[str, float], faults: Iterable[tuple[float, float]], window: float
+) -> list[str]:
+    """Lost messages that were not acknowledged within ``window`` seconds before one of
+    the ``faults`` (start, end): the losses the design does not allow."""
+    starts = [start for start, _ in faults]
+    return [
+        message_id
+        for message_id in tally.lost
+        if not any(start - window <= sent[message_id] <= start for start in starts)
+    ]
+
+
 def first_handled_after(moment: float, sent: Mapping[str, float], entries: list[Entry]) -> float:
     """Seconds from ``moment`` until a message sent after it was handled: end-to-end recovery
     (the producer sends again, a worker fetches and handles)."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from delayqueue_django.engine.invariants import Problem
 from delayqueue_django.queue import Queue
 from tests.chaos import ledger
-from tests.chaos.accounting import drain, first_handled_after, tally
+from tests.chaos.accounting import drain, first_handled_after, lost_outside_windows, tally
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.producer import Producer
@@ -51,15 +51,7 @@ def conclude_failover(
     )
     assert producer.unexpected == []
     assert problems == []
-    outside = [
-        message_id
-        for message_id in result.lost
-        if not any(
-            killed - REPLICATION_WINDOW <= producer.sent[message_id] <= killed
-            for killed, _ in failovers
-        )
-    ]
-    assert outside == []
+    assert lost_outside_windows(result, producer.sent, failovers, REPLICATION_WINDOW) == []
     assert final.ok, final.problems
     assert final.counts["garbage"] == 0
     assert set(exit_codes.values()) == {0}, fleet.output()

@@ -17,7 +17,7 @@ import pytest
 
 from delayqueue_django.queue import Queue
 from tests.chaos import ledger
-from tests.chaos.accounting import drain, first_handled_after, tally
+from tests.chaos.accounting import drain, first_handled_after, lost_outside_windows, tally
 from tests.chaos.conftest import queue_settings
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
@@ -90,13 +90,5 @@ def test_redis_crashes_and_restarts_from_its_aof(
     if fsync == "always":
         assert result.lost == []
     else:
-        outside = [
-            message_id
-            for message_id in result.lost
-            if not any(
-                crashed - EVERYSEC_WINDOW <= producer.sent[message_id] <= crashed
-                for crashed, _ in crashes
-            )
-        ]
-        assert outside == []
+        assert lost_outside_windows(result, producer.sent, crashes, EVERYSEC_WINDOW) == []
     assert set(exit_codes.values()) == {0}, fleet.output()
