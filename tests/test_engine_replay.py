@@ -35,6 +35,19 @@ def test_an_id_reused_for_another_payload_is_still_refused(queue: Queue) -> None
     assert queue.peek("new") is None
 
 
+def test_an_id_given_twice_is_judged_per_entry_as_replay_or_duplicate(queue: Queue) -> None:
+    # Only direct store calls can do this (Queue makes the ids); every store must agree.
+    queue.store.send([NewMessage("a", '"one"', 3)])
+    with pytest.raises(DuplicateMessageId):
+        queue.store.send(
+            [NewMessage("new", '"x"', 3), NewMessage("a", '"one"', 3), NewMessage("a", '"two"', 3)]
+        )
+    assert queue.peek("new") is None
+    stored = queue.peek("a")
+    assert stored is not None
+    assert stored.payload == '"one"'
+
+
 @pytest.fixture
 def sleepy_redis() -> Iterator[RedisServer]:
     server = RedisServer("--enable-debug-command", "yes")

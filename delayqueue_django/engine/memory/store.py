@@ -77,10 +77,11 @@ class MemoryStore:
         with self.server.lock:
             state, now = self._state(), self._now()
             # The same id with the same payload is a replay of a send whose reply was lost
-            # (see send.lua): acknowledged, written once.
-            replayed = {m.id for m in batch if state.payloads.get(m.id) == m.payload}
-            for message in batch:
-                if message.id in replayed:
+            # (see send.lua): acknowledged, written once. Decided per entry, as the script
+            # does: an id given twice may be a replay once and a duplicate the other time.
+            replayed = [state.payloads.get(m.id) == m.payload for m in batch]
+            for message, replay in zip(batch, replayed, strict=True):
+                if replay:
                     continue
                 if message.id in state.metas or message.id in state.payloads:
                     raise DuplicateMessageId(
@@ -89,8 +90,8 @@ class MemoryStore:
                     )
             previous_head = state.pending.head()
             dues = []
-            for message in batch:
-                if message.id in replayed:
+            for message, replay in zip(batch, replayed, strict=True):
+                if replay:
                     score = state.pending.score(message.id)
                     dues.append(now if score is None else score)
                     continue
@@ -101,9 +102,7 @@ class MemoryStore:
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
-            written = [
-                due for message, due in zip(batch, dues, strict=True) if message.id not in replayed
-            ]
+            written = [due for due, replay in zip(dues, replayed, strict=True) if not replay]
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
