@@ -107,3 +107,19 @@ def test_a_payload_hash_of_the_wrong_type_only_costs_the_payloads_it_held(
     delivered = fetch_when_due(queue)
     assert [m.id for m in delivered] == [fresh]
     assert states_of(queue, lost) == ["garbage"]
+
+
+def test_a_token_that_is_no_lease_never_matches_a_delivery_whose_meta_is_gone(
+    redis_queue: Queue, raw: Any
+) -> None:
+    # Both read as nothing in the scripts; nothing must not match nothing. (Only a direct
+    # store call can pass such a token: Queue passes the leases fetch handed out.)
+    store = redis_queue.store
+    [first, second] = [redis_queue.send(n) for n in ("one", "two")]
+    fetch_when_due(redis_queue, count=2)
+    raw.hdel(store.keys.key("meta"), first, second)
+    assert store.ack([(first, "not a lease")]) == set()  # type: ignore[list-item]
+    assert store.nack([(second, "not a lease", 0)]) == []  # type: ignore[list-item]
+    assert store.release([(first, "x")]) == []  # type: ignore[list-item]
+    assert store.extend([(first, "x")])[1] == []  # type: ignore[list-item]
+    assert states_of(redis_queue, first) == states_of(redis_queue, second) == ["unack"]

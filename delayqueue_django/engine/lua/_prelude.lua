@@ -110,6 +110,12 @@ local function read_meta(id)
   return parse_meta(redis.call('HGET', metas, id))
 end
 
+-- Whether a delivery's token still holds: it must equal the lease of a readable meta
+-- record (a missing or damaged record reads as nil, as does a token that is no number).
+local function holds(lease, token)
+  return lease ~= nil and lease == token
+end
+
 -- A meta record's text (see the fields above), every field through "%d" like int(); in
 -- one string.format call, which costs Lua less than four joined ones.
 local function format_meta(lease, attempt, budget, due)

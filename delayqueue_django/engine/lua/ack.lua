@@ -26,7 +26,7 @@ for i, id in ipairs(ids) do
   local lease = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its pairs that holds: once acked,
   -- its meta record and unack entry are gone, so no later pair could hold.
-  if not done[id] and lease == token and scores[i] then
+  if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(acked, id)
   end

@@ -18,7 +18,7 @@ local extended = {}
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
   local lease = read_meta(id)
-  if lease == token and redis.call('ZSCORE', unack, id) then
+  if holds(lease, token) and redis.call('ZSCORE', unack, id) then
     redis.call('ZADD', unack, 'XX', int(deadline), id)
     table.insert(extended, id)
   end

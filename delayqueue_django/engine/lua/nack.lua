@@ -34,7 +34,7 @@ for i, id in ipairs(ids) do
   local lease, attempt, budget, due = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its triples that holds: that one
   -- takes it out of unack, so no later triple could hold.
-  if not done[id] and lease == token and scores[i] then
+  if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(refused, id)
     if attempt > budget or delay_ms < 0 then

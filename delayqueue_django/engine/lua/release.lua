@@ -18,7 +18,7 @@ local released = {}
 for i = n - 1, 0, -1 do
   local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
   local lease, attempt, budget, due = read_meta(id)
-  if lease == token and redis.call('ZSCORE', unack, id) then
+  if holds(lease, token) and redis.call('ZSCORE', unack, id) then
     redis.call('ZREM', unack, id)
     write_meta(id, lease + 1, attempt - 1, budget, due)
     if attempt - 1 > 0 then
