@@ -45,11 +45,25 @@ quarantine_foreign_keys()
 local now = now_ms()
 local deadline = int(now + consume_ms)
 local expired, handed, deliveries = 0, 0, {}
--- id, lease of each delivery handed out, for the replay record.
-local handed_leases = {}
+-- The new meta records and unack entries of the deliveries, written once at the end.
+local records, leased = {}, {}
 
 local function room()
   return stage_limit - redis.call('LLEN', ready) - redis.call('LLEN', retry)
+end
+
+-- Hands a message out under the next lease until the deadline; returns its new record.
+-- Appended by index, which costs Lua a fraction of table.insert's call: this runs for
+-- every message handed out.
+local function lease_out(id, payload, lease, attempt, budget, due)
+  local record = format_meta(lease + 1, attempt, budget, due)
+  local pair, six = 2 * handed, 6 * handed
+  records[pair + 1], records[pair + 2] = id, record
+  leased[pair + 1], leased[pair + 2] = deadline, id
+  deliveries[six + 1], deliveries[six + 2], deliveries[six + 3] = id, payload, attempt
+  deliveries[six + 4], deliveries[six + 5], deliveries[six + 6] = lease + 1, budget, due
+  handed = handed + 1
+  return record
 end
 
 local function take_due()
@@ -68,7 +82,7 @@ local function take_due()
     end
     call_chunked('ZREM', unack, ids)
     local raw = gather('HMGET', metas, ids)
-    local records, to_retry, to_bury, aside = {}, {}, {}, {}
+    local expired_records, to_retry, to_bury, aside = {}, {}, {}, {}
     for i, id in ipairs(ids) do
       local lease, attempt, budget = parse_meta(raw[i])
       if not lease then
@@ -76,8 +90,8 @@ local function take_due()
       else
         expired = expired + 1
         -- Its redelivery is due from the moment the deadline passed.
-        table.insert(records, id)
-        table.insert(records, format_meta(lease + 1, attempt, budget, deadlines[i]))
+        table.insert(expired_records, id)
+        table.insert(expired_records, format_meta(lease + 1, attempt, budget, deadlines[i]))
         if attempt > budget then
           table.insert(to_bury, id)
         else
@@ -85,7 +99,8 @@ local function take_due()
         end
       end
     end
-    call_chunked('HSET', metas, records)
+    -- Written now: step 3 may hand these out again and reads their records.
+    call_chunked('HSET', metas, expired_records)
     set_aside(aside, now)
     bury(to_bury, now)
     call_chunked('RPUSH', retry, to_retry)
@@ -118,7 +133,7 @@ local function take_due()
   end
 
   -- 3. Hand out, redeliveries first: they have waited longest.
-  local records, leased, aside = {}, {}, {}
+  local aside = {}
   -- The meta records this step has written so far, by id. Only a damaged queue lists an id
   -- twice; its second delivery must then build on the first, as when each record was
   -- written before the next one was read.
@@ -138,23 +153,11 @@ local function take_due()
         if damage then
           note_damage(aside, id, damage)
         else
-          local record = format_meta(lease + 1, attempt + 1, budget, due)
-          written[id] = record
-          -- Appended by index, which costs Lua a fraction of table.insert's call: this loop
-          -- runs for every message handed out.
-          local pair, six = 2 * handed, 6 * handed
-          records[pair + 1], records[pair + 2] = id, record
-          leased[pair + 1], leased[pair + 2] = deadline, id
-          deliveries[six + 1], deliveries[six + 2], deliveries[six + 3] = id, payload, attempt + 1
-          deliveries[six + 4], deliveries[six + 5], deliveries[six + 6] = lease + 1, budget, due
-          handed_leases[pair + 1], handed_leases[pair + 2] = id, lease + 1
-          handed = handed + 1
+          written[id] = lease_out(id, payload, lease, attempt + 1, budget, due)
         end
       end
     end
   end
-  call_chunked('HSET', metas, records)
-  call_chunked('ZADD', unack, leased)
   set_aside(aside, now)
 end
 
@@ -170,21 +173,12 @@ local function hand_out_again(recorded)
   end
   local payload_of, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
   local in_flight = gather('ZMSCORE', unack, ids)
-  local records, leased = {}, {}
   for i, id in ipairs(ids) do
     local lease, attempt, budget, due = parse_meta(raw[i])
-    if lease == leases[i] and in_flight[i] and payload_of[i] then
-      local pair, six = 2 * handed, 6 * handed
-      records[pair + 1], records[pair + 2] = id, format_meta(lease + 1, attempt, budget, due)
-      leased[pair + 1], leased[pair + 2] = deadline, id
-      deliveries[six + 1], deliveries[six + 2], deliveries[six + 3] = id, payload_of[i], attempt
-      deliveries[six + 4], deliveries[six + 5], deliveries[six + 6] = lease + 1, budget, due
-      handed_leases[pair + 1], handed_leases[pair + 2] = id, lease + 1
-      handed = handed + 1
+    if holds(lease, leases[i]) and in_flight[i] and payload_of[i] then
+      lease_out(id, payload_of[i], lease, attempt, budget, due)
     end
   end
-  call_chunked('HSET', metas, records)
-  call_chunked('ZADD', unack, leased)
 end
 
 local recorded = nil
@@ -199,14 +193,20 @@ if recorded then
 else
   take_due()
 end
+call_chunked('HSET', metas, records)
+call_chunked('ZADD', unack, leased)
 
--- Record what this request handed out, for a repeat of it; a new request means the
--- fetcher received the reply to its last one, whose record is then of no more use.
+-- Record what this request handed out (each delivery's id and lease), for a repeat of it;
+-- a new request means the fetcher received the reply to its last one, whose record is
+-- then of no more use.
 if request ~= '' then
   redis.call('DEL', record_key)
   if handed > 0 then
-    redis.call('RPUSH', record_key, request)
-    call_chunked('RPUSH', record_key, handed_leases)
+    local entries = {request}
+    for i = 0, handed - 1 do
+      entries[2 * i + 2], entries[2 * i + 3] = deliveries[6 * i + 1], deliveries[6 * i + 4]
+    end
+    call_chunked('RPUSH', record_key, entries)
     redis.call('PEXPIRE', record_key, consume_ms)
   end
 end
