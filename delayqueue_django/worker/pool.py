@@ -8,7 +8,7 @@ used) for any worker to take, and the consumer fetches smaller batches from then
 
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,9 +33,6 @@ class HandlerPool:
         # Told whenever a thread frees up: consumers of other queues may be waiting for one.
         self.on_slot_freed = on_slot_freed
         self._jobs: deque[Job] = deque()
-        # Jobs waiting in the buffer, per consumer: asked after every message, so kept
-        # as counts rather than found by walking the buffer.
-        self._waiting: Counter[QueueConsumer] = Counter()
         self._running = 0
         self._closed = False
         self._lock = threading.Condition()
@@ -57,13 +54,7 @@ class HandlerPool:
         now = time.monotonic()
         with self._lock:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
-            self._waiting[consumer] += len(messages)
             self._lock.notify(len(messages))
-
-    def buffered(self, consumer: "QueueConsumer") -> int:
-        """How many of the consumer's messages wait here, not started yet."""
-        with self._lock:
-            return self._waiting[consumer]
 
     def take_back(
         self, consumer: "QueueConsumer", fetched_before: float | None = None
@@ -71,8 +62,6 @@ class HandlerPool:
         """Remove and return the consumer's buffered messages: all of them, or those fetched
         before ``fetched_before`` (time.monotonic())."""
         with self._lock:
-            if not self._waiting[consumer]:
-                return []
             taken = []
             for job in self._jobs:
                 if job.consumer is not consumer:
@@ -83,7 +72,6 @@ class HandlerPool:
             if taken:
                 chosen = {id(job) for job in taken}
                 self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
-                self._waiting[consumer] -= len(taken)
         return [job.message for job in taken]
 
     def close(self) -> None:
@@ -102,7 +90,6 @@ class HandlerPool:
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
-                self._waiting[job.consumer] -= 1
                 self._running += 1
             try:
                 if job.consumer.is_stale(job.fetched_at):
