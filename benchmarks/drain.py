@@ -16,6 +16,7 @@ class Drain:
     commands_per_message: float  # every Redis command, those inside scripts included
     scripts_per_message: float  # script calls (round trips) per message
     redis_us_per_message: float  # Redis's time in those scripts (INFO commandstats)
+    redis_cpu_us_per_message: float  # the server's CPU time, the send included (INFO cpu)
 
 
 def drain(count: int, probe_client: Any, *, poll: float = 0.002, lead: float = 1.0) -> Drain:
@@ -23,11 +24,12 @@ def drain(count: int, probe_client: Any, *, poll: float = 0.002, lead: float = 1
     (started by the caller); wait until all are acked.
 
     The send must finish before the due time, or the workers would start early: the lead
-    doubles until it does.
+    doubles until it does. The server's CPU time counts from the send to the last ack.
     """
     queue = get_queue()
     while True:
         probe_client.flushall()
+        before = probes.server_usage(probe_client)
         due_ms = round((probes.server_time(probe_client) + lead) * 1000)
         at = datetime.fromtimestamp(due_ms / 1000, UTC)
         queue.send_many([{"n": n} for n in range(count)], at=at)
@@ -36,8 +38,8 @@ def drain(count: int, probe_client: Any, *, poll: float = 0.002, lead: float = 1
         lead *= 2
     probe_client.config_resetstat()
     finished, polls = probes.wait_drained(queue, poll, timeout=120 + count / 100)
-    counts = probes.command_counts(probe_client)
-    script_us = float(probe_client.info("commandstats")["cmdstat_evalsha"]["usec"])
+    used = probes.server_usage(probe_client)  # its commands since the reset
+    counts = used.calls
     acked, failed = probes.acked_and_failed(queue)
     if acked != count or failed:
         raise RuntimeError(f"drain acked {acked} of {count} messages, {failed} failed")
@@ -49,6 +51,7 @@ def drain(count: int, probe_client: Any, *, poll: float = 0.002, lead: float = 1
         rate=count / seconds,
         seconds=seconds,
         commands_per_message=sum(counts.values()) / count,
-        scripts_per_message=counts["evalsha"] / count,
-        redis_us_per_message=script_us / count,
+        scripts_per_message=probes.script_calls(counts) / count,
+        redis_us_per_message=used.script_usec / count,
+        redis_cpu_us_per_message=(used.cpu_seconds - before.cpu_seconds) * 1e6 / count,
     )

@@ -1,19 +1,44 @@
-"""Lateness: messages with delays spread over a few seconds while a worker process runs;
-how long after its due time each handler started."""
+"""A trickle: messages with delays spread over a few seconds while a worker process runs.
+How long after its due time each handler started, and what the whole trickle (each send,
+wake-up, fetch and ack, and the server's idle time between them) cost Redis per message."""
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from benchmarks import probes
 from delayqueue_django import get_queue
 
 
-def lateness_ms(count: int, spread: float, results: Path) -> list[float]:
+@dataclass(frozen=True)
+class Trickle:
+    lateness_ms: list[float]  # per message: when its handler started, after its due time
+    redis_cpu_us: float  # per message: the server's CPU time over the window (INFO cpu)
+    script_us: float  # per message: the server's time in script calls (INFO commandstats)
+    commands: float  # per message: every command Redis ran, inside scripts included
+    script_calls: float  # per message: script and function calls (a send, fetches, an ack)
+
+    def __str__(self) -> str:
+        return (
+            f"Redis CPU {self.redis_cpu_us:.0f} µs, scripts {self.script_us:.0f} µs, "
+            f"{self.commands:.1f} commands, {self.script_calls:.2f} script calls per message"
+        )
+
+
+def trickle(count: int, spread: float, results: Path, probe_client: Any) -> Trickle:
     """Send ``count`` messages due over ``spread`` seconds (from 0.2 s from now), each sent
     ahead of its due time as a view would, and read the worker's record of how late each
-    handler started (``benchmarks.handlers.record_lateness`` writes ``results``)."""
+    handler started (``benchmarks.handlers.record_lateness`` writes ``results``).
+
+    The server's usage is read just before the first send and once the last message is
+    acked: everything Redis did in between (the worker's idle polling and heartbeats too)
+    is charged to the messages, as a shared Redis would see it.
+    """
     queue = get_queue()
     step = spread / count
+    before = probes.server_usage(probe_client)
     start = time.time() + 0.2
     for n in range(count):
         # Due times on whole ms, so the payload's due time is exactly the one Redis keeps.
@@ -26,7 +51,16 @@ def lateness_ms(count: int, spread: float, results: Path) -> list[float]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {_lines(results)} of {count} messages were handled")
         time.sleep(0.05)
-    return [float(line) for line in results.read_text().split()]
+    # The handlers have started; their acks follow within milliseconds.
+    _, polls = probes.wait_drained(queue, 0.01, timeout=30)
+    used = probes.server_usage(probe_client).since(before)
+    return Trickle(
+        lateness_ms=[float(line) for line in results.read_text().split()],
+        redis_cpu_us=used.cpu_seconds * 1e6 / count,
+        script_us=used.script_usec / count,
+        commands=sum(probes.without_probe(used.calls, polls).values()) / count,
+        script_calls=probes.script_calls(used.calls) / count,
+    )
 
 
 def _lines(path: Path) -> int:

@@ -3,20 +3,65 @@
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from delayqueue_django.queue import Queue
 
+# Every way a client runs server-side Lua: scripts (EVALSHA and kin) and functions (FCALL).
+SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
 
-def command_counts(client: Any) -> Counter[str]:
-    """Calls per command name since the last reset (INFO commandstats). Commands run inside
-    Lua scripts are counted too, under their own names; the scripts under ``evalsha``."""
-    stats = client.info("commandstats")
-    return Counter(
-        {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+def script_calls(counts: Counter[str]) -> int:
+    """Script and function calls among ``counts``, whichever commands the store uses."""
+    return sum(counts[name] for name in SCRIPT_COMMANDS)
+
+
+@dataclass(frozen=True)
+class ServerUsage:
+    """What the server has spent so far: CPU time (INFO cpu, the whole process: every thread,
+    busy or idle) and calls and µs per command since the last CONFIG RESETSTAT (INFO
+    commandstats). Commands run inside Lua are counted too, under their own names; the
+    scripts and functions under SCRIPT_COMMANDS, their time including their commands'."""
+
+    cpu_seconds: float
+    calls: Counter[str]
+    usec: Counter[str]
+
+    def since(self, before: "ServerUsage") -> "ServerUsage":
+        return ServerUsage(
+            self.cpu_seconds - before.cpu_seconds,
+            self.calls - before.calls,
+            self.usec - before.usec,
+        )
+
+    @property
+    def script_usec(self) -> int:
+        return sum(self.usec[name] for name in SCRIPT_COMMANDS)
+
+
+def server_usage(client: Any) -> ServerUsage:
+    """One INFO call, so a difference of two readings holds exactly one INFO of its own (a
+    command's statistics are updated after it runs): ``without_probe`` removes it."""
+    info = client.info("cpu", "commandstats")
+    stats = {
+        name.removeprefix("cmdstat_"): row
+        for name, row in info.items()
+        if name.startswith("cmdstat_")
+    }
+    return ServerUsage(
+        cpu_seconds=float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+        calls=Counter({name: int(row["calls"]) for name, row in stats.items()}),
+        usec=Counter({name: int(row["usec"]) for name, row in stats.items()}),
     )
+
+
+def without_probe(calls: Counter[str], polls: int) -> Counter[str]:
+    """``calls`` less what the probe itself sent: one INFO (server_usage) and its polls."""
+    own = Counter({"info": 1}) + Counter({name: n * polls for name, n in POLL_COMMANDS.items()})
+    return calls - own
 
 
 def track_script_latency(client: Any) -> None:
@@ -27,10 +72,15 @@ def track_script_latency(client: Any) -> None:
 
 
 def script_latency_ms(client: Any) -> dict[str, float]:
-    """Percentiles of EVALSHA calls since track_script_latency, in ms (Redis's own timing
-    of each call, from INFO latencystats)."""
-    stats = client.info("latencystats").get("latency_percentiles_usec_evalsha", {})
-    return {name: float(usec) / 1000 for name, usec in stats.items()}
+    """Percentiles of script and function calls since track_script_latency, in ms (Redis's
+    own timing of each call, from INFO latencystats, kept per command): for calls made with
+    several commands (FCALL and FCALL_RO), the highest of each percentile."""
+    stats = client.info("latencystats")
+    found: dict[str, float] = {}
+    for command in SCRIPT_COMMANDS:
+        for name, usec in stats.get(f"latency_percentiles_usec_{command}", {}).items():
+            found[name] = max(found.get(name, 0.0), float(usec) / 1000)
+    return found
 
 
 def used_memory(client: Any) -> int:

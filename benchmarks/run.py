@@ -1,11 +1,13 @@
 """``python -m benchmarks`` (``make bench``): every benchmark, then the Markdown table.
 
-Starts a private redis-server on a free port (never the machine's own Redis), runs real
+Starts a private redis-server on a free port (never the machine's own Redis; valkey-server
+where there is no redis-server, or with DQ_TEST_SERVER=valkey), runs real
 worker processes against it, and prints the medians of several runs with their spread.
 Progress goes to stderr, the table to stdout.
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -21,12 +23,12 @@ import django
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, lateness, scale, send
+from benchmarks import drain, idle, lateness, outbox, scale, send
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
 from tests.redis_servers import RedisServer
 
-PHASES = ("send", "drain", "lateness", "idle", "scale")
+PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox")
 NOOP = "benchmarks.handlers.noop"
 
 T = TypeVar("T")
@@ -41,12 +43,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--bulk-messages", type=int, default=100_000, help="messages in one send_many per run")
     add("--drain-messages", type=int, default=20_000, help="messages due together per drain")
     add("--workers", default="1,2,4", help="worker process counts to drain with (default: 1,2,4)")
-    add("--lateness-messages", type=int, default=500)
+    add(
+        "--lateness-messages",
+        type=int,
+        default=500,
+        help="messages in the trickle: their lateness, and Redis's cost per message",
+    )
     add("--lateness-spread", type=float, default=5.0, help="seconds the due times spread over")
     add("--idle-seconds", type=float, default=10.0)
     add("--scale-pending", type=int, default=1_000_000, help="pending messages for the scale run")
     add("--scale-due", type=int, default=100_000, help="messages due in the same second")
     add("--latency-samples", type=int, default=2_000, help="timed single sends, empty and full")
+    add("--relay-messages", type=int, default=100_000, help="outbox rows one relay moves per run")
+    add("--exactly-once-messages", type=int, default=5_000, help="handled per exactly-once run")
     add("--quick", action="store_true", help="tiny sizes and one run: checks the suite works")
     args = parser.parse_args(argv)
     if args.quick:
@@ -55,6 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
+        args.relay_messages, args.exactly_once_messages = 2_000, 200
     return args
 
 
@@ -136,30 +146,74 @@ def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
                     "",
                     digits=1,
                 ),
+                Row(
+                    f"Redis CPU per message, {args.drain_messages:,} due together (send_many + "
+                    f"fetch + ack, {count} {plural}; INFO cpu)",
+                    [d.redis_cpu_us_per_message for d in drains],
+                    "µs",
+                    "≤ 40 µs",
+                    digits=1,
+                ),
             ]
     return rows + per_message
 
 
 def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
-    progress("lateness")
-    p50, p99, worst = [], [], []
+    progress("lateness: a trickle")
+    p50, p99, worst, cpu, scripts, commands, calls = [], [], [], [], [], [], []
     for run in range(args.runs):
         probe.flushall()
         with tempfile.TemporaryDirectory() as folder:
             results = Path(folder) / "lateness.txt"
             env = {"DQ_BENCH_LATENESS_FILE": str(results)}
             with WorkerProcesses(1, server.url, "benchmarks.handlers.record_lateness", **env):
-                values = lateness.lateness_ms(args.lateness_messages, args.lateness_spread, results)
+                measured = lateness.trickle(
+                    args.lateness_messages, args.lateness_spread, results, probe
+                )
+        values = measured.lateness_ms
         p50.append(statistics.median(values))
         p99.append(percentile(values, 0.99))
         worst.append(max(values))
-        summary = f"p50 {p50[-1]:.2f}, p99 {p99[-1]:.2f}, max {worst[-1]:.2f} ms"
+        cpu.append(measured.redis_cpu_us)
+        scripts.append(measured.script_us)
+        commands.append(measured.commands)
+        calls.append(measured.script_calls)
+        summary = f"p50 {p50[-1]:.2f}, p99 {p99[-1]:.2f}, max {worst[-1]:.2f} ms; {measured}"
         progress(f"  run {run + 1}/{args.runs}: {summary}")
     what = f"lateness, {args.lateness_messages} messages over {args.lateness_spread:g} s"
     return [
         Row(f"{what}: p50", p50, "ms", "≤ 2 ms", digits=2),
         Row(f"{what}: p99", p99, "ms", "≤ 5 ms", digits=2),
         Row(f"{what}: max", worst, "ms", "", digits=2),
+        Row(
+            f"trickle, the same {args.lateness_messages} messages (send + wake-up + fetch + "
+            "ack, 1 worker process): Redis CPU per message, the server's idle time in the "
+            "window included (INFO cpu)",
+            cpu,
+            "µs",
+            "≤ 250 µs",
+        ),
+        Row(
+            "trickle: Redis time in script calls per message (INFO commandstats)",
+            scripts,
+            "µs",
+            "≤ 60 µs",
+            digits=1,
+        ),
+        Row(
+            "trickle: Redis commands per message, inside scripts included",
+            commands,
+            "",
+            "as few as possible",
+            digits=1,
+        ),
+        Row(
+            "trickle: script calls per message (a send and an ack each, the rest fetches)",
+            calls,
+            "",
+            "about 3",
+            digits=2,
+        ),
     ]
 
 
@@ -248,13 +302,38 @@ def bench_scale(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
     ]
 
 
+def bench_outbox(args: argparse.Namespace, probe: Any, kind: str) -> list[Row]:
+    progress(f"outbox and exactly once, on {kind}")
+    outbox.migrate()
+    probe.flushall()
+    latency = outbox.send_latencies(args.latency_samples)
+
+    def relay() -> float:
+        probe.flushall()
+        return outbox.relay_rate(args.relay_messages)
+
+    def exactly_once() -> float:
+        probe.flushall()
+        return outbox.exactly_once_cost_us(args.exactly_once_messages)
+
+    rates = repeat(args.runs, "relay", relay)
+    costs = repeat(args.runs, "exactly-once cost", exactly_once)
+    return outbox.rows(args, kind, rates, latency, costs)
+
+
 def header(server: RedisServer, probe: Any) -> str:
-    version = probe.info("server")["redis_version"]
+    info = probe.info("server")
+    # Valkey reports the Redis version it is compatible with as redis_version.
+    name, version = (
+        ("Valkey", info["valkey_version"])
+        if "valkey_version" in info
+        else ("Redis", info["redis_version"])
+    )
     return (
         f"delayqueue_django benchmarks, {date.today()}: {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, Django {django.get_version()}, "
         f"redis-py {redis.__version__} (hiredis {'on' if HIREDIS_AVAILABLE else 'off'}), "
-        f"Redis {version} (private, port {server.port})"
+        f"{name} {version} (private, port {server.port})"
     )
 
 
@@ -267,7 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     server = RedisServer()
     os.environ["DQ_BENCH_REDIS_URL"] = server.url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
-    django.setup()
+    with contextlib.ExitStack() as stack:
+        # The outbox's database, for this process only: the worker processes have none.
+        kind = stack.enter_context(outbox.database()) if "outbox" in chosen else ""
+        django.setup()
+        os.environ.pop(outbox.DATABASE_ENV, None)
+        run_phases(args, chosen, server, kind)
+
+
+def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer, kind: str) -> None:
     probe = server.client()
     started = time.monotonic()
     rows: list[Row] = []
@@ -282,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
             rows += bench_idle(args, server, probe)
         if "scale" in chosen:
             rows += bench_scale(args, server, probe)
+        if "outbox" in chosen:
+            rows += bench_outbox(args, probe, kind)
         print(header(server, probe))
         print()
         print(table(rows))

@@ -4,6 +4,7 @@ import time
 from typing import Any
 
 import delayqueue_django
+from benchmarks import probes
 from benchmarks.probes import Monitored
 from delayqueue_django import get_queue
 
@@ -35,8 +36,8 @@ def server_us_per_send(probe_client: Any, count: int) -> float:
     """Redis's own time (INFO commandstats) per single send's script call."""
     probe_client.config_resetstat()
     single_rate(count)
-    row = probe_client.info("commandstats")["cmdstat_evalsha"]
-    return float(row["usec"]) / int(row["calls"])
+    used = probes.server_usage(probe_client)
+    return used.script_usec / probes.script_calls(used.calls)
 
 
 def bulk_rate(count: int) -> float:

@@ -1,6 +1,7 @@
 """Django settings for the benchmark and its worker processes: one queue, on the private
 Redis the benchmark started (its URL comes in ``DQ_BENCH_REDIS_URL``)."""
 
+import json
 import os
 from typing import Any
 
@@ -8,7 +9,10 @@ SECRET_KEY = "benchmarks-only-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "delayqueue_django"]
-DATABASES: dict[str, Any] = {}
+# A database only for the outbox benchmark (benchmarks/outbox.py), in its own process.
+_DATABASE = os.environ.get("DQ_BENCH_DATABASE")
+DATABASES: dict[str, Any] = {"default": json.loads(_DATABASE)} if _DATABASE else {}
+DELAYQUEUE_OUTBOX_DATABASES = list(DATABASES)
 
 DELAYQUEUES = {
     "default": {

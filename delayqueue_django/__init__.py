@@ -44,15 +44,24 @@ def send(
     retry_count: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
+    outbox: bool | None = None,
 ) -> str:
     """Schedule ``payload`` for delivery after ``delay`` seconds (or at ``at``); returns its id.
 
     With neither, the message is due now. ``retry_count`` overrides the queue's RETRY_COUNT.
     ``on_commit`` (default: the queue's SEND_ON_COMMIT) sends it only when the current
     transaction on database ``using`` commits; the id is returned at once all the same.
+    ``outbox`` (default: the queue's OUTBOX) writes it in that transaction, as a row of the
+    database's outbox, which a relay moves to Redis once it committed.
     """
     return get_queue(queue).send(
-        payload, delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+        payload,
+        delay=delay,
+        at=at,
+        retry_count=retry_count,
+        on_commit=on_commit,
+        using=using,
+        outbox=outbox,
     )
 
 
@@ -70,10 +79,17 @@ async def asend(
     retry_count: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
+    outbox: bool | None = None,
 ) -> str:
     """``send`` for async views: non-blocking on redis.asyncio where the queue has a URL."""
     return await get_queue(queue).asend(
-        payload, delay=delay, at=at, retry_count=retry_count, on_commit=on_commit, using=using
+        payload,
+        delay=delay,
+        at=at,
+        retry_count=retry_count,
+        on_commit=on_commit,
+        using=using,
+        outbox=outbox,
     )
 
 

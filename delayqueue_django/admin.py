@@ -4,12 +4,28 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, register_converter
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from delayqueue_django.admin_views import QueueViews
 from delayqueue_django.models import Queue
+
+
+class MessageIdConverter:
+    """Any message id: "str" stops at a slash and "path" at a line break, and a page whose
+    message links cannot be built would fail whole."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(MessageIdConverter, "delayqueue_message_id")
 
 
 @admin.register(Queue)
@@ -45,7 +61,7 @@ class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 name="delayqueue_django_queue_queue_json",
             ),
             path(
-                "<str:queue_name>/messages/<str:message_id>/",
+                "<str:queue_name>/messages/<delayqueue_message_id:message_id>/",
                 wrap(views.message),
                 name="delayqueue_django_queue_message",
             ),
@@ -56,5 +72,10 @@ class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             ),
             path(
                 "<str:queue_name>/purge/", wrap(views.purge), name="delayqueue_django_queue_purge"
+            ),
+            path(
+                "<str:queue_name>/schedules/action/",
+                wrap(require_POST(views.schedule_action)),
+                name="delayqueue_django_queue_schedule_action",
             ),
         ]

@@ -17,10 +17,16 @@ from redis.exceptions import RedisError
 
 from delayqueue_django import registry
 from delayqueue_django.encoding import decode_payload
-from delayqueue_django.engine import STATES, StoredMessage
-from delayqueue_django.exceptions import UnknownQueue
-from delayqueue_django.monitoring import queue_report
+from delayqueue_django.engine import STATES, StoredMessage, printable
+from delayqueue_django.exceptions import UnknownQueue, UnknownSchedule
+from delayqueue_django.monitoring import (
+    describe_running,
+    outbox_report,
+    queue_report,
+    running_handlers,
+)
 from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.api import ScheduleInfo
 from delayqueue_django.worker import heartbeat
 
 if TYPE_CHECKING:
@@ -108,6 +114,7 @@ class QueueViews:
         rows = []
         for name in registry.queue_names():
             row: dict[str, Any] = {"name": name, "url": self._url("detail", name)}
+            row.update(outbox_report(registry.get_queue(name)))
             try:
                 stats = registry.get_queue(name).stats()
                 row["counts"] = [stats[key] for key in COUNT_NAMES]
@@ -137,6 +144,7 @@ class QueueViews:
             )
             throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers = heartbeat.live_workers(queue)
+            schedules = queue.schedules.all()
         except RedisError as error:
             return self._unavailable(request, "queue.html", f"Queue {queue_name}", queue, error)
         actions = [
@@ -180,24 +188,47 @@ class QueueViews:
                     **worker,
                     "started": _from_epoch(worker.get("started")),
                     "last_seen": _from_epoch(worker.get("last_seen")),
+                    "running": [describe_running(h) for h in running_handlers(worker)],
                 }
                 for worker in workers
             ],
             json_url=self._url("queue_json", queue_name),
             action_url=self._url("action", queue_name),
             purge_url=self._url("purge", queue_name),
+            schedules=[self._schedule_row(queue, info) for info in schedules],
+            schedule_action_url=self._url("schedule_action", queue_name),
         )
         return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
+
+    def _schedule_row(self, queue: Queue, info: ScheduleInfo) -> dict[str, Any]:
+        schedule = info.schedule
+        if schedule.task is not None:
+            carries = f"task {schedule.task}({_call_arguments(schedule.args, schedule.kwargs)})"
+        else:
+            carries = schedule.payload[:200]
+        return {
+            "info": info,
+            "fires": schedule.describe(),
+            "carries": carries,
+            "missed": f"{schedule.missed}, after {schedule.missed_after_ms / 1000:g} s",
+            "next_url": None
+            if info.next_id is None
+            else self._url("message", queue.name, info.next_id),
+        }
 
     def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
         payload = entry.payload or ""
         preview = payload[:200]
+        shown_id = printable(entry.id)
         return {
             "entry": entry,
+            "id": shown_id,
             "when": as_datetime(entry.score_ms),
             "preview": preview,
             "cut": entry.payload_size > len(preview.encode()),
-            "url": self._url("message", queue.name, entry.id),
+            # An id whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
+            # form: it is shown, without a link or a checkbox.
+            "url": self._url("message", queue.name, entry.id) if shown_id == entry.id else None,
         }
 
     def message(self, request: HttpRequest, queue_name: str, message_id: str) -> TemplateResponse:
@@ -268,6 +299,34 @@ class QueueViews:
             return len(queue.deliver_now(ids))
         return sum(queue.delete(message_id) is not None for message_id in ids)
 
+    def schedule_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        """Pause or resume a schedule (POST, change permission)."""
+        self._require(request, "change")
+        queue = self._queue(queue_name)
+        back = self._url("detail", queue_name)
+        name, action = request.POST.get("name", ""), request.POST.get("action", "")
+        if action not in ("pause", "resume") or not name:
+            messages.error(request, "Choose a schedule to pause or resume.")
+            return HttpResponseRedirect(back)
+        try:
+            getattr(queue.schedules, action)(name)
+        except UnknownSchedule as error:
+            messages.error(request, str(error))
+            return HttpResponseRedirect(back)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            return HttpResponseRedirect(back)
+        logger.info(
+            "admin action=schedule-%s queue=%s user=%s schedule=%s",
+            action,
+            queue_name,
+            request.user.get_username(),
+            name,
+        )
+        done = "paused" if action == "pause" else "resumed"
+        messages.success(request, f"Schedule {name!r} of queue {queue_name!r} {done}.")
+        return HttpResponseRedirect(back)
+
     def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         self._require(request, "delete")
         queue = self._queue(queue_name)
@@ -327,6 +386,13 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
     if report["ok"]:
         report["workers"] = len(report["workers"])
     return report
+
+
+def _call_arguments(args: list[Any], kwargs: dict[str, Any]) -> str:
+    shown = [json.dumps(arg) for arg in args]
+    shown += [f"{key}={json.dumps(value)}" for key, value in kwargs.items()]
+    text = ", ".join(shown)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _page_number(raw: str | None, pages: int) -> int:

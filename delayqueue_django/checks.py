@@ -6,9 +6,11 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
 
-from delayqueue_django import conf
+from delayqueue_django import conf, handlers
+from delayqueue_django.exceptions import QueueConfigurationError
 
 
 @register()
@@ -27,6 +29,27 @@ def check_delayqueues(
         ]
     _, problems = conf.parse(value)
     return [Error(problem.msg, hint=problem.hint, id=problem.id) for problem in problems]
+
+
+@register()
+def check_handlers(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each queue's handler imports, is callable and takes the message, as the worker will
+    need it. Importing runs the handler's module, as Django's own checks import URLconfs;
+    what it raises is reported. A queue with no handler at all is not an error here: one
+    consumed by hand needs none (the worker refuses it, saying so), and a task queue's is
+    the package's own."""
+    configs, _ = conf.parse(conf.raw_setting())  # check_delayqueues reports the rest
+    errors: list[CheckMessage] = []
+    for config in configs.values():
+        if config.handler is None and not handlers.is_registered(config.name):
+            continue  # a task queue, or one consumed by hand: nothing of the user's to find
+        try:
+            handlers.resolve(config)
+        except handlers.HandlerNotFound as problem:
+            errors.append(Error(problem.message, hint=problem.hint, id=problem.id))
+    return errors
 
 
 # Shorter tokens can be guessed; the endpoint compares in constant time but cannot rate-limit.
@@ -53,6 +76,42 @@ def check_metrics_token(
     ]
 
 
+@register()
+def check_schedule_tasks(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A task queue's messages are task calls, so its schedules must name a TASK; any other
+    queue's handler gets PAYLOAD, so its schedules must not."""
+    from delayqueue_django.tasks.claims import task_queue_names
+
+    configs, _ = conf.parse(conf.raw_setting())
+    task_queues = task_queue_names()
+    errors: list[CheckMessage] = []
+    for name, config in configs.items():
+        for schedule in config.schedules:
+            where = f"DELAYQUEUES[{name!r}]['SCHEDULES'][{schedule.name!r}]"
+            if name in task_queues and schedule.task is None:
+                errors.append(
+                    Error(
+                        f"{where} has no TASK, but a DelayQueueBackend in TASKS carries queue "
+                        f"{name!r}: its messages are run as tasks.",
+                        hint="Name the task to run: TASK, with ARGS and KWARGS.",
+                        id="delayqueue_django.E049",
+                    )
+                )
+            elif name not in task_queues and schedule.task is not None:
+                errors.append(
+                    Error(
+                        f"{where} names TASK {schedule.task!r}, but no DelayQueueBackend in "
+                        f"TASKS carries queue {name!r}.",
+                        hint="List the queue in a DelayQueueBackend's QUEUES, or send a "
+                        "PAYLOAD to the queue's handler instead.",
+                        id="delayqueue_django.E049",
+                    )
+                )
+    return errors
+
+
 @register(deploy=True)
 def check_memory_queues_in_deployment(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
@@ -71,3 +130,59 @@ def check_memory_queues_in_deployment(
         for name, config in configs.items()
         if config.memory_name is not None
     ]
+
+
+@register()
+def check_outbox_databases(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    value = getattr(settings, conf.OUTBOX_DATABASES_SETTING, None)
+    problem = None if value is None else conf.outbox_databases_problem(value)
+    if problem is None:
+        return []
+    return [Error(problem.msg, hint=problem.hint, id=problem.id)]
+
+
+@register(Tags.database)
+def check_outbox_tables(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """``check --database ALIAS`` (and ``migrate``): the tables of the outbox and of the
+    processed ids exist where queues using them write, i.e. the migration was applied."""
+    from delayqueue_django.models import OutboxMessage, ProcessedMessage
+
+    configs, problems = conf.parse(conf.raw_setting())
+    if problems or not databases:
+        return []
+    needed: dict[str, set[str]] = {}
+    if any(config.outbox for config in configs.values()):
+        try:
+            outbox_databases = conf.outbox_databases()
+        except QueueConfigurationError:
+            outbox_databases = []  # check_outbox_databases reports it
+        for alias in outbox_databases:
+            needed.setdefault(alias, set()).add(OutboxMessage._meta.db_table)
+    for config in configs.values():
+        if config.exactly_once is not None:
+            needed.setdefault(config.exactly_once, set()).add(ProcessedMessage._meta.db_table)
+    messages: list[CheckMessage] = []
+    for alias in sorted(set(needed) & set(databases)):
+        try:
+            with connections[alias].cursor() as cursor:
+                tables = set(connections[alias].introspection.table_names(cursor))
+        except DatabaseError:
+            continue  # a database that cannot be reached is not this check's finding
+        missing = sorted(needed[alias] - tables)
+        if missing:
+            messages.append(
+                Warning(
+                    f"database {alias!r} has no table {', '.join(missing)}: a queue with "
+                    "OUTBOX or EXACTLY_ONCE writes there, and would fail.",
+                    hint=f"Apply delayqueue_django's migrations: python manage.py migrate "
+                    f"delayqueue_django --database {alias}",
+                    id="delayqueue_django.W030",
+                )
+            )
+    return messages

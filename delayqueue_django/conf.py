@@ -6,6 +6,7 @@ serves both the system checks and the ``ImproperlyConfigured`` raised on use, so
 always agree.
 """
 
+import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -16,8 +17,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django import client_options
+from delayqueue_django.client_options import CLUSTER_URL_SCHEMES
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.exceptions import InvalidSchedule, QueueConfigurationError
+from delayqueue_django.schedules.definition import SETTINGS, Schedule, Subject, build
 
 SETTING = "DELAYQUEUES"
 
@@ -34,14 +40,23 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "FETCH_BATCH_SIZE": 100,
     # These two bound the longest script call, during which Redis serves nobody else: a few
-    # milliseconds on a slow machine (see the README's Performance section).
+    # milliseconds on a slow machine (see docs/explanation/performance.md).
     "STAGE_BATCH_SIZE": 500,
     "SEND_BATCH_SIZE": 250,
     "SEND_ON_COMMIT": False,
+    # Recurring messages, by name (see delayqueue_django.schedules).
+    "SCHEDULES": {},
+    # Sends go through the transactional outbox (see delayqueue_django.outbox).
+    "OUTBOX": False,
+    # True or a database alias: handlers' database effects happen once per message.
+    "EXACTLY_ONCE": False,
+    "EXACTLY_ONCE_RETENTION": timedelta(days=7),
 }
 
+# The databases whose outbox tables relays read, and where send(outbox=True) may write.
+OUTBOX_DATABASES_SETTING = "DELAYQUEUE_OUTBOX_DATABASES"
+
 URL_SCHEMES = ("redis", "rediss", "unix")
-CLUSTER_URL_SCHEMES = ("redis+cluster", "rediss+cluster")
 # "memory://" or "memory://name": the in-process store, for tests and quick local runs.
 MEMORY_URL_PREFIX = "memory://"
 
@@ -82,6 +97,11 @@ class QueueConfig:
     stage_batch_size: int
     send_batch_size: int
     send_on_commit: bool
+    schedules: tuple[Schedule, ...] = ()
+    outbox: bool = False
+    # The database alias processed message ids are recorded in, or None: at least once.
+    exactly_once: str | None = None
+    exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -98,14 +118,18 @@ class QueueConfig:
         return delays[min(max(attempt, 1), len(delays)) - 1]
 
 
-def _seconds_to_ms(value: Any) -> int | None:
-    """Seconds (int, float or timedelta) as whole ms, or None if not a finite number."""
+def _seconds_to_ms(value: Any, *, rounded_up: bool = False) -> int | None:
+    """Seconds (int, float or timedelta) as whole ms, to the nearest or ``rounded_up``; None
+    if not a finite number."""
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if not math.isfinite(value):
         return None
+    if rounded_up:
+        # Through whole µs: as a float, 0.007 s is 7.000000000000001 ms.
+        return -(-round(value * 1_000_000) // 1000)
     return round(value * 1000)
 
 
@@ -183,6 +207,47 @@ def _check_connection(name: str, options: Mapping[str, Any], problems: list[Prob
                 f"not {type(options['OPTIONS']).__name__}.",
             )
         )
+    elif scheme in URL_SCHEMES + CLUSTER_URL_SCHEMES:
+        _check_client_options(where, url, options["OPTIONS"], problems)
+
+
+def _check_client_options(
+    where: str, url: str, options: Mapping[Any, Any], problems: list[Problem]
+) -> None:
+    """OPTIONS names the redis-py client would refuse at its first connection (or, on Redis
+    Cluster, drop without a word), read from the installed redis-py's signatures."""
+    try:
+        unknown = client_options.unknown_options(url, options)
+    except ValueError as error:
+        problems.append(
+            Problem(
+                "delayqueue_django.E007",
+                f"{where}['URL'] is {url!r}, which redis-py cannot read: {error}",
+            )
+        )
+        return
+    if not unknown:
+        return
+    accepted = sorted(client_options.accepted_options(url, options))
+    guesses = [
+        guess
+        for name in unknown
+        if isinstance(name, str)
+        for guess in difflib.get_close_matches(name, accepted, n=1)
+    ]
+    hint = (
+        f"Did you mean {', '.join(map(repr, guesses))}?"
+        if guesses
+        else f"It accepts: {', '.join(accepted)}."
+    )
+    problems.append(
+        Problem(
+            "delayqueue_django.E017",
+            f"{where}['OPTIONS'] has {', '.join(map(repr, unknown))}, which redis-py's "
+            f"{client_options.client_description(url)} client does not accept.",
+            hint=hint,
+        )
+    )
 
 
 def _check_memory_url(
@@ -261,6 +326,7 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
                 f"not {options['SEND_ON_COMMIT']!r}.",
             )
         )
+    _check_outbox_options(where, options, problems)
     if _nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) is None:
         problems.append(
             Problem(
@@ -272,9 +338,117 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
         )
 
 
+def _check_schedules(
+    name: str, options: Mapping[str, Any], problems: list[Problem]
+) -> tuple[Schedule, ...] | None:
+    """The queue's SCHEDULES, each checked (E040-E048); None if any is invalid."""
+    where = f"{SETTING}[{name!r}]['SCHEDULES']"
+    declared = options["SCHEDULES"]
+    if not isinstance(declared, Mapping):
+        problems.append(
+            Problem(
+                "delayqueue_django.E040",
+                f"{where} must be a dict of schedules by name, not {type(declared).__name__}.",
+                hint='e.g. {"nightly-report": {"CRON": "0 3 * * *", "PAYLOAD": {"report": 1}}}',
+            )
+        )
+        return None
+    schedules, before = [], len(problems)
+    time_zone = getattr(settings, "TIME_ZONE", None) or "UTC"
+    for schedule_name, schedule_options in declared.items():
+        try:
+            schedules.append(
+                build(
+                    schedule_name,
+                    schedule_options,
+                    subject=Subject(f"{where}[{schedule_name!r}]"),
+                    queue=name,
+                    max_payload_bytes=options["MAX_PAYLOAD_BYTES"],
+                    default_time_zone=time_zone,
+                    source=SETTINGS,
+                )
+            )
+        except InvalidSchedule as error:
+            problems.append(Problem(f"delayqueue_django.{error.check_id}", str(error)))
+    return tuple(schedules) if len(problems) == before else None
+
+
+def _check_outbox_options(where: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
+    outbox = options["OUTBOX"]
+    if not isinstance(outbox, bool):
+        problems.append(
+            Problem(
+                "delayqueue_django.E030",
+                f"{where}['OUTBOX'] must be True or False, not {outbox!r}.",
+            )
+        )
+    elif outbox and options["SEND_ON_COMMIT"] is True:
+        problems.append(
+            Problem(
+                "delayqueue_django.E031",
+                f"{where} sets both OUTBOX and SEND_ON_COMMIT; a send goes through the outbox "
+                "or is sent on commit, not both.",
+                hint="Keep OUTBOX: the outbox also sends nothing for a transaction that rolls "
+                "back, and loses nothing when Redis is down at the commit.",
+            )
+        )
+    exactly_once = options["EXACTLY_ONCE"]
+    databases = getattr(settings, "DATABASES", {})
+    if not (
+        isinstance(exactly_once, bool)
+        or (isinstance(exactly_once, str) and exactly_once in databases)
+    ):
+        problems.append(
+            Problem(
+                "delayqueue_django.E032",
+                f"{where}['EXACTLY_ONCE'] must be True, False or an alias in DATABASES, "
+                f"not {exactly_once!r}.",
+                hint=f"Database aliases configured: {', '.join(map(repr, databases)) or 'none'}.",
+            )
+        )
+    retention_ms = _seconds_to_ms(options["EXACTLY_ONCE_RETENTION"])
+    if retention_ms is None or retention_ms < 1:
+        problems.append(
+            Problem(
+                "delayqueue_django.E033",
+                f"{where}['EXACTLY_ONCE_RETENTION'] must be a positive number of seconds or a "
+                f"timedelta, not {options['EXACTLY_ONCE_RETENTION']!r}.",
+            )
+        )
+
+
+def _exactly_once_alias(value: Any) -> str | None:
+    if value is True:
+        return DEFAULT_DB_ALIAS
+    return value or None
+
+
+def outbox_databases() -> list[str]:
+    """The database aliases of DELAYQUEUE_OUTBOX_DATABASES (default: the default one)."""
+    value = getattr(settings, OUTBOX_DATABASES_SETTING, [DEFAULT_DB_ALIAS])
+    problem = outbox_databases_problem(value)
+    if problem:
+        raise QueueConfigurationError(problem.msg)
+    return list(value)
+
+
+def outbox_databases_problem(value: Any) -> Problem | None:
+    databases = getattr(settings, "DATABASES", {})
+    if isinstance(value, list | tuple) and all(
+        isinstance(alias, str) and alias in databases for alias in value
+    ):
+        return None
+    return Problem(
+        "delayqueue_django.E034",
+        f"{OUTBOX_DATABASES_SETTING} must be a list of aliases in DATABASES, not {value!r}.",
+        hint=f"Database aliases configured: {', '.join(map(repr, databases)) or 'none'}.",
+    )
+
+
 def _nack_delays_ms(value: Any) -> tuple[int, ...] | None:
     steps = value if isinstance(value, list | tuple) else [value]
-    delays = tuple(_seconds_to_ms(step) for step in steps)
+    # Rounded up, as every due time is: a retry is never due before its delay has passed.
+    delays = tuple(_seconds_to_ms(step, rounded_up=True) for step in steps)
     if not delays or any(delay is None or delay < 0 for delay in delays):
         return None
     return delays  # type: ignore[return-value]  # Nones were refused above.
@@ -334,6 +508,9 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         )
     if len(problems) > before or unknown:
         return None
+    schedules = _check_schedules(name, options, problems)
+    if schedules is None:
+        return None
     retention = options["GARBAGE_RETENTION"]
     return QueueConfig(
         name=name,
@@ -351,6 +528,10 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         stage_batch_size=options["STAGE_BATCH_SIZE"],
         send_batch_size=options["SEND_BATCH_SIZE"],
         send_on_commit=options["SEND_ON_COMMIT"],
+        schedules=schedules,
+        outbox=options["OUTBOX"],
+        exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),
+        exactly_once_retention_ms=_seconds_to_ms(options["EXACTLY_ONCE_RETENTION"]) or 1,
         raw=dict(raw),
     )
 
@@ -372,7 +553,46 @@ def parse(value: Any) -> tuple[dict[str, QueueConfig], list[Problem]]:
         config = _check_queue(name, raw, problems)
         if config is not None:
             configs[name] = config
+    _check_shared_keys(configs, problems)
     return configs, problems
+
+
+def _check_shared_keys(configs: Mapping[str, QueueConfig], problems: list[Problem]) -> None:
+    """Two queues on one server whose keys coincide would share every message: a queue's
+    keys start with ``{KEY_PREFIX:name}``, the same for prefix "dq:a" with queue "b" as for
+    prefix "dq" with queue "a:b". Queues on different servers may share a tag."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, config in configs.items():
+        tag, server = QueueKeys(config.key_prefix, name).tag, _server_of(config)
+        first = seen.setdefault((server, tag), name)
+        if first == name:
+            continue
+        other = configs[first]
+        problems.append(
+            Problem(
+                "delayqueue_django.E016",
+                f"{SETTING}[{first!r}] (KEY_PREFIX {other.key_prefix!r}) and {SETTING}[{name!r}] "
+                f"(KEY_PREFIX {config.key_prefix!r}) are on the same server and would share "
+                f"its keys {tag}:…, and with them every message.",
+                hint="Give one of them another KEY_PREFIX or name: queues on one server need "
+                "distinct {KEY_PREFIX:name}.",
+            )
+        )
+
+
+def _server_of(config: QueueConfig) -> str:
+    """Where a queue's keys live, as far as the settings can tell without connecting: its
+    URL, or its cache's LOCATION (the first one, which django-redis writes to). Compared as
+    text: two spellings of one server (a host name and its address) are not recognised.
+    Never shown: a URL may hold a password."""
+    if config.url is not None:
+        return config.url
+    location = getattr(settings, "CACHES", {})[config.redis_alias].get("LOCATION")
+    if isinstance(location, str):
+        location = re.split("[;,]", location)
+    if isinstance(location, list | tuple) and location and isinstance(location[0], str):
+        return location[0].strip()
+    return f"cache {config.redis_alias!r}"
 
 
 def raw_setting() -> Any:

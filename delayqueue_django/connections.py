@@ -1,20 +1,23 @@
 """Redis clients for queues: a django-redis cache's pool, or one built from a URL.
 
-Clients built from URLs are shared by every queue with the same URL and OPTIONS, and
-forgotten when settings change.
+Clients built from URLs get the package's connection defaults (socket timeouts, TCP
+keepalive, health checks: see client_options) under the queue's OPTIONS; they are shared by
+every queue with the same URL and OPTIONS, and forgotten when settings change.
 """
 
 import asyncio
 import threading
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from delayqueue_django.conf import CLUSTER_URL_SCHEMES, QueueConfig
+from delayqueue_django import client_options
+from delayqueue_django.conf import QueueConfig
 from delayqueue_django.engine.async_store import AsyncRedisClient
 from delayqueue_django.engine.store import RedisClient
 
@@ -37,7 +40,7 @@ def client_for(config: QueueConfig) -> RedisClient:
 
 
 # redis.asyncio clients belong to the event loop they were made in: one set per loop.
-_ClientsByUrl = dict[tuple[str, str], AsyncRedisClient]
+_ClientsByUrl = dict[tuple[str, str], AsyncRedisClient | None]
 _async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ClientsByUrl]" = (
     weakref.WeakKeyDictionary()
 )
@@ -53,22 +56,60 @@ def async_client_for(config: QueueConfig) -> AsyncRedisClient | None:
     with _lock:
         clients = _async_clients.setdefault(loop, {})
         if key not in clients:
-            scheme, _, rest = config.url.partition("://")
-            options = dict(config.options)
-            if scheme in CLUSTER_URL_SCHEMES:
-                plain = scheme.removesuffix("+cluster")
-                clients[key] = AsyncRedisCluster.from_url(f"{plain}://{rest}", **options)
-            else:
-                clients[key] = AsyncRedis.from_url(config.url, **options)
+            clients[key] = _async_from_url(config.url, dict(config.options))
         return clients[key]
 
 
+def address(config: QueueConfig, client: Any = None) -> str:
+    """Where a queue's Redis is, for messages and logs: host:port, a socket's path, a Redis
+    Cluster node or a Sentinel service; never credentials. ``client``: the queue's, which
+    tells where a django-redis alias leads."""
+    if config.url is not None:
+        return config.url if config.memory_name is not None else _url_address(config.url)
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        return f"the master of Sentinel service {service!r}"
+    where = getattr(pool, "connection_kwargs", {})
+    if where.get("path"):
+        return str(where["path"])
+    if where.get("host"):
+        return _host_port(str(where["host"]), where.get("port"))
+    return f"cache {config.redis_alias!r}"
+
+
+def _url_address(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    try:
+        port = parts.port
+    except ValueError:  # the system check refuses such a URL; say what is known
+        port = None
+    where = _host_port(parts.hostname or "localhost", port)
+    return f"{where} (Redis Cluster)" if client_options.is_cluster_url(url) else where
+
+
+def _host_port(host: str, port: Any) -> str:
+    return f"[{host}]:{port or 6379}" if ":" in host else f"{host}:{port or 6379}"
+
+
 def _from_url(url: str, options: dict[str, Any]) -> RedisClient:
-    scheme, _, rest = url.partition("://")
-    if scheme in CLUSTER_URL_SCHEMES:
-        plain_scheme = scheme.removesuffix("+cluster")
-        return RedisCluster.from_url(f"{plain_scheme}://{rest}", **options)
-    return Redis.from_url(url, **options)
+    arguments = client_options.with_defaults(url, options)
+    if client_options.is_cluster_url(url):
+        return RedisCluster.from_url(client_options.redis_py_url(url), **arguments)
+    return Redis.from_url(url, **arguments)
+
+
+def _async_from_url(url: str, options: dict[str, Any]) -> AsyncRedisClient | None:
+    if client_options.unknown_options(url, options, asyncio=True):
+        # OPTIONS only the sync client takes (the system check validated them for that
+        # one): the queue's async methods then use it in a thread, as for an alias.
+        return None
+    arguments = client_options.with_defaults(url, options, asyncio=True)
+    if client_options.is_cluster_url(url):
+        return AsyncRedisCluster.from_url(client_options.redis_py_url(url), **arguments)
+    return AsyncRedis.from_url(url, **arguments)
 
 
 def reset() -> None:

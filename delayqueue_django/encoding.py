@@ -3,8 +3,9 @@
 import json
 import math
 import os
+import re
 from base64 import urlsafe_b64encode
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,9 +25,13 @@ LATEST_DUE_MS = 2**53 - 1
 LATEST_DELAY_SECONDS = LATEST_DUE_MS // 2 / 1000
 
 
-# An id is 12 random bytes: 16 URL-safe base64 characters, with no padding to strip.
+# An id is 14 URL-safe base64 characters: 84 random bits, cut from the 16 characters of 12
+# random bytes (base64 of 12 bytes has no padding to strip). Not 16: Redis keeps each id
+# twice per pending message (its pending entry, its payload field), in an allocation of its
+# length plus 2 bytes, and jemalloc's size classes put 14 characters in 16 bytes and 16
+# characters in 24 or 32: 16 characters cost about 30 bytes more per message.
 ID_BYTES = 12
-ID_CHARS = 16
+ID_CHARS = 14
 
 # One encoder for every payload: json.dumps(cls=...) would build a new one per call, which
 # costs more than encoding a small payload. Encoding keeps no state between calls.
@@ -34,10 +39,11 @@ _ENCODER = DjangoJSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",
 
 
 def new_message_ids(count: int) -> list[str]:
-    """``count`` new ids, each 16 URL-safe characters (96 random bits: short in Redis,
+    """``count`` new ids, each 14 URL-safe characters (84 random bits: short in Redis,
     unique in practice), from one read of the system's random source (as secrets does)."""
     text = urlsafe_b64encode(os.urandom(ID_BYTES * count)).decode("ascii")
-    return [text[start : start + ID_CHARS] for start in range(0, len(text), ID_CHARS)]
+    step = ID_BYTES * 4 // 3  # the characters of one id's bytes
+    return [text[start : start + ID_CHARS] for start in range(0, len(text), step)]
 
 
 def encode_payload(payload: Any, *, max_bytes: int, queue: str) -> str:
@@ -68,7 +74,61 @@ def encode_payload(payload: Any, *, max_bytes: int, queue: str) -> str:
         raise PayloadTooLarge(
             f"payload for queue {queue!r} is {size} bytes encoded; MAX_PAYLOAD_BYTES is {max_bytes}"
         )
+    if _MAYBE_NON_STR_KEY.search(text):
+        _refuse_colliding_keys(payload, queue)
     return text
+
+
+# JSON keys are strings: the encoder writes a key that is not one as text (1 as "1", 1.5 as
+# "1.5", True as "true", None as "null"), so {1: "a", "1": "b"} becomes {"1":"a","1":"b"},
+# which decodes as {"1": "b"}. Only an object with such a key can lose one, and every such
+# key is written as this pattern matches (a number, true, false or null, then ":"), so a
+# payload whose text has no match needs no further look: most never pay for the walk below.
+_MAYBE_NON_STR_KEY = re.compile(r'"[-0-9tfn][-+.0-9aeulrs]*":')
+_CONTAINERS = (dict, list, tuple)
+
+
+def _refuse_colliding_keys(payload: Any, queue: str) -> None:
+    """PayloadEncodingError if two keys of one object, at any depth, are written as the same
+    JSON text. Walks what the encoder walked (it succeeded: no cycles), without recursion."""
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            # Keys that are all str cannot collide (they are distinct strings already).
+            if any(not isinstance(key, str) for key in value):
+                _check_keys(value, queue)
+            children = value.values()
+        else:
+            children = value
+        stack.extend(child for child in children if isinstance(child, _CONTAINERS))
+
+
+def _check_keys(mapping: dict[Any, Any], queue: str) -> None:
+    written: dict[str, Any] = {}
+    for key in mapping:
+        text = _key_text(key)
+        if text in written:
+            raise PayloadEncodingError(
+                f"payload for queue {queue!r} has keys {written[text]!r} and {key!r} in one "
+                f"object; JSON writes both as {text!r} and would keep only one of them"
+            )
+        written[text] = key
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as the JSON encoder writes it (the same tests, in the same order)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, float):
+        return float.__repr__(key)
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    return int.__repr__(key)
 
 
 def decode_payload(text: str) -> Any:
@@ -86,10 +146,13 @@ def decode_payload(text: str) -> Any:
 
 
 def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
-    """``(at_ms, delay_ms)`` for the store: an absolute time, or a delay from Redis's clock.
+    """``(at_ms, delay_us)`` for the store: an absolute time, or a delay from Redis's clock.
 
-    A delay is counted from the Redis server's clock, never this machine's, so producers with
-    skewed clocks still deliver on time. An ``at`` in the past means "due now".
+    A delay is counted from the Redis server's clock when it runs the send, never this
+    machine's, so producers with skewed clocks still deliver on time; it is kept to the
+    microsecond, and the store rounds the due time up to the millisecond. An ``at`` is
+    rounded up to the millisecond here; one in the past means "due now" (the store makes it
+    its own now). Rounding up keeps every message from being handed out before its time.
     """
     if delay is not None and at is not None:
         raise InvalidDelay("give either delay or at, not both")
@@ -97,8 +160,13 @@ def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
         return _at_ms(at), 0
     if delay is None:
         return None, 0
+    return None, delay_in_us(delay)
+
+
+def delay_in_us(delay: Any) -> int:
+    """A delay (seconds, or a timedelta) in whole microseconds."""
     if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
+        seconds: int | float = delay.total_seconds()
     elif isinstance(delay, bool) or not isinstance(delay, int | float):
         raise InvalidDelay(
             f"delay must be a number of seconds or a timedelta, not {type(delay).__name__}"
@@ -110,11 +178,27 @@ def due_spec(delay: Any, at: Any) -> tuple[int | None, int]:
         raise InvalidDelay(f"delay must be a finite number of seconds, not {delay!r}")
     if seconds < 0:
         raise InvalidDelay("delay must not be negative")
-    # Compared before converting to ms, which could overflow a float; and the value is not
+    # Compared before converting, which could overflow a float; and the value is not
     # quoted, as an int with thousands of digits cannot even be printed.
     if seconds > LATEST_DELAY_SECONDS:
         raise InvalidDelay(f"delay is too far in the future (at most {LATEST_DELAY_SECONDS:g} s)")
-    return None, round(seconds * 1000)
+    if isinstance(delay, timedelta):
+        micros: int = delay // _MICROSECOND  # exact: a timedelta is a whole number of µs
+        return micros
+    if isinstance(seconds, int):
+        return seconds * 1_000_000
+    # To the nearest µs: a float's own error is far smaller, and rounding it up would turn
+    # 2.007 s (2.00699999... as a float) into 2,007,001 µs, a whole ms more once rounded up.
+    return round(seconds * 1_000_000)
+
+
+def delay_in_ms(delay: Any) -> int:
+    """A delay (seconds, or a timedelta) in whole milliseconds, rounded up."""
+    return -(-delay_in_us(delay) // 1000)
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _at_ms(at: Any) -> int:
@@ -127,8 +211,10 @@ def _at_ms(at: Any) -> int:
                 "(e.g. django.utils.timezone.now() + timedelta(...))"
             )
         at = timezone.make_aware(at, timezone.get_default_timezone())
-    due_ms: int = max(round(at.timestamp() * 1000), 0)
-    return due_ms
+    # In whole µs from the epoch, exactly (a float timestamp would round them), then up to
+    # the millisecond. A time before 1970 is long past: due now all the same.
+    micros: int = (at - _EPOCH) // _MICROSECOND
+    return max(-(-micros // 1000), 0)
 
 
 def retry_budget(retry_count: Any, default: int) -> int:

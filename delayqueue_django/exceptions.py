@@ -2,8 +2,9 @@
 
 Every one derives from ``DelayQueueError``; each also derives from the built-in exception a
 caller would naturally catch (``ValueError`` for a bad argument, ``TypeError`` for a payload
-JSON cannot carry, ``LookupError`` for an unknown queue), and configuration errors from
-Django's ``ImproperlyConfigured``.
+JSON cannot carry, ``LookupError`` for an unknown queue), configuration errors from
+Django's ``ImproperlyConfigured``, and a Redis that cannot be reached (``QueueUnavailable``)
+from redis-py's ``ConnectionError``.
 """
 
 from django.core.exceptions import ImproperlyConfigured
@@ -11,27 +12,34 @@ from django.core.exceptions import ImproperlyConfigured
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateMessageId,
+    QueueTimedOut,
+    QueueUnavailable,
     RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
 
 __all__ = [
+    "ConflictingOptions",
     "DelayQueueError",
     "DuplicateMessageId",
     "InvalidDelay",
     "InvalidRetryCount",
+    "InvalidSchedule",
     "PayloadEncodingError",
     "PayloadTooLarge",
     "QueueConfigurationError",
+    "QueueTimedOut",
+    "QueueUnavailable",
     "RedisOutOfMemory",
     "Reject",
     "UnknownQueue",
+    "UnknownSchedule",
     "UnsupportedRedisVersion",
 ]
 
 
 class QueueConfigurationError(DelayQueueError, ImproperlyConfigured):
-    """The DELAYQUEUES setting is invalid."""
+    """The DELAYQUEUES setting is invalid, or the app is missing from INSTALLED_APPS."""
 
 
 class UnknownQueue(DelayQueueError, LookupError):
@@ -55,6 +63,26 @@ class InvalidDelay(DelayQueueError, ValueError):
 
 class InvalidRetryCount(DelayQueueError, ValueError):
     """The retry_count given to send is not an int from 0 to 1000."""
+
+
+class InvalidSchedule(DelayQueueError, ValueError):
+    """A schedule's definition is not usable (a malformed cron, an unknown time zone...).
+    ``check_id`` is the system check that reports the same problem in settings."""
+
+    def __init__(self, message: str, check_id: str = "") -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+class UnknownSchedule(DelayQueueError, LookupError):
+    """The queue has no schedule of that name."""
+
+    def __str__(self) -> str:  # LookupError would quote the message.
+        return str(self.args[0]) if self.args else ""
+
+
+class ConflictingOptions(DelayQueueError, ValueError):
+    """Options that cannot go together, such as send(outbox=True, on_commit=True)."""
 
 
 class Reject(DelayQueueError):

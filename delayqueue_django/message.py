@@ -6,26 +6,35 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """One delivery of one message, as a handler receives it."""
+
     id: str
-    # The queue's name, as in DELAYQUEUES.
+    """The message id ``send`` returned."""
     queue: str
+    """The queue's name, as in DELAYQUEUES."""
     payload: Any
-    # 1 on the first delivery, 2 on the first retry, and so on.
+    """The payload, decoded from JSON."""
     attempt: int
-    # Retries allowed after the first delivery.
+    """1 on the first delivery, 2 on the first retry, and so on."""
     retry_count: int
-    # The delivery's token: acks and nacks carrying an older lease are ignored.
+    """Retries allowed after the first delivery."""
     lease: int
-    # When this delivery is redelivered if not acked (ms since the epoch, Redis's clock).
+    """The delivery's token: acks and nacks carrying an older lease are ignored."""
     deadline_ms: int
-    # When the message became due for this delivery: its due time, retry time or the
-    # moment it was requeued (ms since the epoch, Redis's clock; 0 if not known).
+    """When this delivery is redelivered if not acked (ms since the epoch, Redis's clock)."""
     due_ms: int
+    """When the message became due for this delivery: its due time, retry time or the
+    moment it was requeued (ms since the epoch, Redis's clock; 0 if not known)."""
+    traceparent: str = ""
+    """The W3C trace context of the span that sent it, when that send was traced (see
+    docs/guides/tracing.md); empty otherwise."""
 
     @property
     def retries_left(self) -> int:
+        """Retries still left after this delivery."""
         return max(self.retry_count - (self.attempt - 1), 0)
 
     @property
     def is_last_attempt(self) -> bool:
+        """No retry follows if this delivery fails."""
         return self.attempt > self.retry_count

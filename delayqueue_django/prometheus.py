@@ -4,11 +4,11 @@
     from delayqueue_django.prometheus import metrics_view
     urlpatterns = [path("metrics/delayqueue", metrics_view), ...]
 
-Everything is read from Redis at scrape time, so the figures are those of all workers
-together, whichever process serves the scrape: state counts, lag and live workers from
-the queue itself; handled, failed, retried, timed-out and exhausted totals counted by the
-queue's scripts; handler duration and delivery lateness histograms added up by the workers
-(each worker adds its observations with every heartbeat).
+Everything is read from Redis (and the outbox rows from the database) at scrape time, so
+the figures are those of all workers together, whichever process serves the scrape: state
+counts, lag and live workers from the queue itself; handled, failed, retried, timed-out and
+exhausted totals counted by the queue's scripts; handler duration and delivery lateness
+histograms added up by the workers (each worker adds its observations with every heartbeat).
 
 The view answers a request carrying ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>``,
 or from a logged-in staff user allowed to view queues in the admin.
@@ -26,6 +26,7 @@ from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
+from delayqueue_django.monitoring import outbox_report
 from delayqueue_django.timings import HISTOGRAMS, histogram_from_totals
 from delayqueue_django.worker import heartbeat
 
@@ -105,8 +106,22 @@ class QueueCollector(Collector):
             )
             for name in HISTOGRAMS
         }
+        outbox = GaugeMetricFamily(
+            "delayqueue_outbox_messages",
+            "Messages sent through the outbox, committed, not yet relayed to Redis.",
+            labels=["queue"],
+        )
+        outbox_age = GaugeMetricFamily(
+            "delayqueue_outbox_oldest_seconds",
+            "How long the oldest message waiting in the outbox has waited (0 when none).",
+            labels=["queue"],
+        )
         for name in self.queue_names or registry.queue_names():
             queue = registry.get_queue(name)
+            waiting = outbox_report(queue)
+            if waiting["outbox"] is not None:
+                outbox.add_metric([name], waiting["outbox"])
+                outbox_age.add_metric([name], waiting["outbox_age_ms"] / 1000)
             try:
                 stats = queue.stats()
                 running = queue.store.totals()
@@ -130,6 +145,7 @@ class QueueCollector(Collector):
                     sum_value=figures.sum_seconds,
                 )
         yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
+        yield from (outbox, outbox_age)
 
 
 def _bound(le: float) -> str:
@@ -148,6 +164,9 @@ def _allowed(request: HttpRequest) -> bool:
 @never_cache
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Every queue's metrics in Prometheus' text format, for a request carrying
+    ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>`` or from a staff user allowed to
+    view queues; 401 or 403 otherwise."""
     if not _allowed(request):
         user: Any = getattr(request, "user", None)
         if user is not None and user.is_authenticated:

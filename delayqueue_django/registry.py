@@ -2,8 +2,10 @@
 
 import threading
 
+from django.apps import apps
+
 from delayqueue_django import conf, connections, stores
-from delayqueue_django.exceptions import UnknownQueue
+from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.queue import Queue
 
 _queues: dict[str, Queue] = {}
@@ -15,6 +17,7 @@ def get_queue(name: str = "default") -> Queue:
     queue = _queues.get(name)
     if queue is not None:
         return queue
+    _require_installed()
     configs = conf.queue_configs()
     if name not in configs:
         configured = ", ".join(map(repr, configs)) or "none (DELAYQUEUES is empty)"
@@ -23,6 +26,19 @@ def get_queue(name: str = "default") -> Queue:
         if name not in _queues:
             _queues[name] = Queue(configs[name], stores.store_for(configs[name]))
         return _queues[name]
+
+
+def _require_installed() -> None:
+    """Refuse to build queues for a project that forgot the app: its messages would be sent,
+    with no worker command to run them, no system checks and no settings changes followed.
+    Asked when a queue is built, never on the send path. Code running before the app
+    registry is ready (a module-level get_queue) cannot be told yet, and passes."""
+    if apps.apps_ready and not apps.is_installed("delayqueue_django"):
+        raise QueueConfigurationError(
+            'delayqueue_django is not in INSTALLED_APPS: add "delayqueue_django" to '
+            "INSTALLED_APPS in your settings (the worker command run_delayqueue, the system "
+            "checks and the admin pages come with it)."
+        )
 
 
 def queue_names() -> list[str]:

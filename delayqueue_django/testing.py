@@ -23,12 +23,16 @@ from typing import Any
 
 from django.test import override_settings
 
-from delayqueue_django import conf, registry
+from delayqueue_django import conf, outbox, registry
 from delayqueue_django.encoding import decode_payload
 from delayqueue_django.engine.memory import ManualClock, MemoryServer, add_server, remove_server
+from delayqueue_django.engine.records import split_trace
 from delayqueue_django.handlers import resolve
+from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from delayqueue_django.worker.relay import OutboxRelay
 
 __all__ = ["MemoryQueues", "Outcome", "SentMessage", "Verdict", "memory_queues"]
 
@@ -40,9 +44,11 @@ class SentMessage:
     id: str
     queue: str
     payload: Any
-    # When it is due (UTC), and how long after it was sent (on the queues' clock).
+    """The payload as a handler will receive it (decoded JSON)."""
     due_at: datetime
+    """When it is due (UTC, on the queues' clock)."""
     delay: timedelta
+    """How long after it was sent it is due."""
     retry_count: int
 
 
@@ -52,6 +58,8 @@ class MemoryQueues:
     def __init__(self, server: MemoryServer, clock: ManualClock) -> None:
         self._server = server
         self._clock = clock
+        # Each queue's schedules, run as a worker runs them (one worker's share).
+        self._schedules: dict[Queue, ScheduleRunner] = {}
 
     @property
     def now(self) -> datetime:
@@ -65,14 +73,16 @@ class MemoryQueues:
 
     def sent(self, queue: str | None = None) -> list[SentMessage]:
         """Every message sent (to ``queue``, or to any) since the block began, in order,
-        including those since cancelled or handled."""
+        including those since cancelled or handled. Messages sent through the outbox count
+        once their transaction committed: the rows of OUTBOX queues are relayed first."""
+        _relay_outbox()
         with self._server.lock:
             records = list(self._server.sent or ())
         return [
             SentMessage(
                 id=record.message.id,
                 queue=record.queue,
-                payload=decode_payload(record.message.payload),
+                payload=decode_payload(split_trace(record.message.payload)[1]),
                 due_at=_as_datetime(record.due_ms),
                 delay=timedelta(milliseconds=max(record.due_ms - record.sent_ms, 0)),
                 retry_count=record.message.budget,
@@ -88,27 +98,46 @@ class MemoryQueues:
         the worker does. Returns the outcomes in order (``.message``, ``.verdict``,
         ``.error``: a handler's exception is logged and kept there, as in the worker).
 
+        The queues' schedules are run first, as a worker runs them: the settings' ones
+        synced, and the ticks due by now written (see the docs' Schedules guide), so a tick
+        falls due as the clock reaches its time.
+
         Database connections are left alone, as Django's test client leaves them for a
-        request, so handlers see the test's transaction.
+        request, so handlers see the test's transaction. The committed outbox rows of
+        OUTBOX queues are relayed first, as the worker relays them.
         """
+        _relay_outbox()
         names = list(queues) or registry.queue_names()
         outcomes: list[Outcome] = []
         while True:
             handled = len(outcomes)
             for name in names:
-                outcomes += _run_due_once(name)
+                queue = registry.get_queue(name)
+                runner = self._schedules.get(queue)
+                if runner is None:
+                    runner = self._schedules[queue] = ScheduleRunner(queue)
+                runner.run_due(self._clock.now_ms())
+                outcomes += _run_due_once(queue, runner)
             if len(outcomes) == handled:
                 return outcomes
 
 
-def _run_due_once(name: str) -> list[Outcome]:
-    queue = registry.get_queue(name)
+def _relay_outbox() -> None:
+    """Relay the outbox rows of the queues with OUTBOX, in this thread (so in the test's
+    transaction, where a test's rows are); nothing, and no database access, without one."""
+    queues = [registry.get_queue(name) for name in registry.queue_names()]
+    outbox_queues = [queue for queue in queues if queue.config.outbox]
+    if outbox_queues:
+        OutboxRelay(outbox_queues).drain()
+
+
+def _run_due_once(queue: Queue, runner: ScheduleRunner) -> list[Outcome]:
     fetched = queue.fetch()
     if fetched.exhaustions_owed:
         verdicts.announce_exhaustions(queue)
     outcomes = []
     if fetched.messages:
-        handler = resolve(queue.config)
+        handler = runner.guard(resolve(queue.config))
         for message in fetched.messages:
             outcome = call_handler(handler, message, manage_connections=False)
             if verdicts.commit(queue, outcome.verdict, [outcome]):
@@ -149,8 +178,11 @@ def memory_queues(*, start: datetime | None = None) -> Iterator[MemoryQueues]:
     server.sent = []
     add_server(server)
     try:
-        with override_settings(
-            DELAYQUEUES=_on_memory(conf.raw_setting(), f"memory://{server.name}")
+        with (
+            override_settings(
+                DELAYQUEUES=_on_memory(conf.raw_setting(), f"memory://{server.name}")
+            ),
+            outbox.clock(clock.now_us),
         ):
             yield MemoryQueues(server, clock)
     finally:

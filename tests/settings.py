@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests.databases import server_databases
+
 # The example project's shop app is tested as a user would use it (tests/test_example.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "example_project"))
 
@@ -31,6 +33,16 @@ INSTALLED_APPS = [
 # Django 5.2 has the task framework only as the django-tasks backport, an app of its own.
 if importlib.util.find_spec("django.tasks") is None:
     INSTALLED_APPS.append("django_tasks")
+    _TASKS_PACKAGE = "django_tasks"
+else:
+    _TASKS_PACKAGE = "django.tasks"
+
+# The aliases tests/task_app declares tasks for (@task needs its backend to exist), all the
+# framework's default backend; tests/test_tasks.py puts DelayQueueBackends in their place.
+TASKS = {
+    alias: {"BACKEND": f"{_TASKS_PACKAGE}.backends.immediate.ImmediateBackend", "QUEUES": []}
+    for alias in ("default", "second", "elsewhere")
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -69,6 +81,12 @@ DATABASES = {
         },
     }
 }
+
+# PostgreSQL and MariaDB, where this machine has them, for the outbox and exactly-once tests
+# (tests/databases.py): aliases "postgresql" and "mariadb".
+DATABASES.update(server_databases())
+# No relay in the tests' workers unless a test asks for one: most tests have no database.
+DELAYQUEUE_OUTBOX_DATABASES: list[str] = []
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

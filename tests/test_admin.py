@@ -2,6 +2,7 @@
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -298,6 +299,40 @@ def test_the_queue_page_shows_counts_workers_throughput_and_messages(
     assert 'name="ids"' not in page  # a viewer gets no action checkboxes
 
 
+def test_the_worker_table_shows_the_running_handlers_and_their_age(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    running = [
+        {"id": "hung-one", "queue": "default", "attempt": 2, "age": 95.5, "past_deadline": True},
+        {"id": "<b>new</b>", "queue": "other", "attempt": 1, "age": 0.3, "past_deadline": False},
+    ]
+    heartbeat.beat(queue, "busy", {"host": "busy-host", "running": running}, ttl_seconds=30)
+    heartbeat.beat(queue, "idle", {"host": "idle-host", "running": []}, ttl_seconds=30)
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    assert "Running at last seen" in page
+    assert "hung-one (default, attempt 2) for 95.5 s, past its deadline<br>" in page
+    assert "&lt;b&gt;new&lt;/b&gt; (other, attempt 1) for 0.3 s</td>" in page
+    assert re.search(r"idle-host</td>.*?<td>—</td></tr>", page, re.DOTALL)
+
+
+def test_times_are_shown_to_the_second(users: dict[str, User | None], queue: Queue) -> None:
+    due = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    message_id = queue.send("later", at=due)
+    bury(queue)
+    heartbeat.beat(queue, "w", {"host": "h", "started": 1.0, "last_seen": 62.0}, ttl_seconds=30)
+    client = client_for(users["viewer"])
+    queue_page = client.get(url("detail", "default")).content.decode()
+    assert "Next due: 2030-01-02 03:04:05 UTC" in queue_page
+    assert "<td>2030-01-02 03:04:05 UTC</td>" in queue_page  # the pending list
+    assert "<td>1970-01-01 00:00:01 UTC</td><td>1970-01-01 00:01:02 UTC</td>" in queue_page
+    garbage = client.get(url("detail", "default") + "?state=garbage").content.decode()
+    assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", garbage)  # buried
+    message_page = client.get(url("message", "default", message_id)).content.decode()
+    assert "<th>Due</th><td>2030-01-02 03:04:05 UTC</td>" in message_page
+    overview = client.get(url("changelist")).content.decode()
+    assert "<td>2030-01-02 03:04:05 UTC</td>" in overview
+
+
 def test_the_json_view_gives_the_counts(users: dict[str, User | None], queue: Queue) -> None:
     queue.send("x", delay=60)
     bury(queue)
@@ -406,7 +441,8 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     last_page = count_round_trips(queue, lambda: client.get(path + "?page=20001"))
     page = client.get(path + "?page=20001").content.decode()
     assert big == small == last_page
-    assert big == 4  # stats, one page of messages, throughput, the workers index
+    # Stats, one page of messages, throughput, the workers index, the schedules.
+    assert big == 5
     assert "page 20001 of 20001" in page
     assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
 
@@ -454,3 +490,56 @@ def test_the_admin_works_on_a_memory_queue(users: dict[str, User | None], settin
     assert states_of(queue, dead) == ["pending"]
     data = client.get(url("queue_json", "default")).json()
     assert (data["ok"], data["pending"], data["garbage"], data["workers"]) == (True, 2, 0, 1)
+
+
+def test_the_queue_page_lists_the_schedules_and_pauses_and_resumes_them(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    queue.schedules.add("poll", every=300, payload={"<b>": "x"})
+    queue.schedules.add("report", cron="0 3 * * *", time_zone="Europe/Berlin", missed="skip")
+    path = url("detail", "default")
+
+    page = client_for(users["viewer"]).get(path).content.decode()
+    assert "<h2>Schedules</h2>" in page
+    assert "every 300 s" in page
+    assert "cron 0 3 * * * (Europe/Berlin)" in page
+    assert "skip, after 60 s" in page
+    # The payload is escaped.
+    assert "&lt;b&gt;" in page
+    assert "<b>" not in page
+    next_id = queue.schedules.get("poll").next_id
+    assert next_id is not None
+    assert url("message", "default", next_id) in page
+    assert 'value="pause"' not in page  # viewing only
+
+    action = url("schedule_action", "default")
+    assert (
+        client_for(users["viewer"]).post(action, {"name": "poll", "action": "pause"}).status_code
+        == 403
+    )
+    assert client_for(users["changer"]).get(action).status_code == 405
+    csrf_checked = client_for(users["changer"], enforce_csrf_checks=True)
+    assert csrf_checked.post(action, {"name": "poll", "action": "pause"}).status_code == 403
+    assert not queue.schedules.get("poll").paused
+
+    changer = client_for(users["changer"])
+    assert 'value="pause"' in changer.get(path).content.decode()
+    response = changer.post(action, {"name": "poll", "action": "pause"}, follow=True)
+    assert (
+        "Schedule &#x27;poll&#x27; of queue &#x27;default&#x27; paused."
+        in response.content.decode()
+    )
+    assert queue.schedules.get("poll").paused
+    assert 'value="resume"' in response.content.decode()
+    response = changer.post(action, {"name": "poll", "action": "resume"}, follow=True)
+    assert "resumed." in response.content.decode()
+    assert not queue.schedules.get("poll").paused
+    response = changer.post(action, {"name": "gone", "action": "pause"}, follow=True)
+    assert "has no schedule named &#x27;gone&#x27;" in response.content.decode()
+
+
+def test_a_queue_without_schedules_says_how_to_add_them(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    assert "No schedule. Declare them in <code>SCHEDULES</code>" in page

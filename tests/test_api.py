@@ -4,11 +4,15 @@ import decimal
 import re
 import uuid
 from datetime import UTC, date, datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 import delayqueue_django as delayqueue
+from delayqueue_django import registry
 from delayqueue_django.engine import store as store_module
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.exceptions import (
@@ -36,7 +40,7 @@ def nothing_written(redis_server: RedisServer) -> Any:
 def test_send_and_cancel_through_the_module(redis_server: RedisServer) -> None:
     message_id = delayqueue.send({"order": 1}, delay=timedelta(minutes=5))
     assert isinstance(message_id, str)
-    assert len(message_id) == 16
+    assert len(message_id) == 14
     assert delayqueue.get_queue().stats()["pending"] == 1
     assert delayqueue.cancel(message_id) is True
     assert delayqueue.cancel(message_id) is False
@@ -47,7 +51,7 @@ def test_a_bulk_send_gives_each_message_an_id_of_its_own(redis_server: RedisServ
     queue = delayqueue.get_queue()
     ids = queue.send_many(list(range(500)), delay=60)
     assert len(set(ids)) == 500
-    assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", message_id) for message_id in ids)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{14}", message_id) for message_id in ids)
     assert sorted(entry.id for entry in queue.list_messages("pending", limit=1000)) == sorted(ids)
     assert queue.send_many([]) == []
 
@@ -104,6 +108,58 @@ def test_a_circular_payload_is_refused(nothing_written: None) -> None:
     payload["self"] = payload
     with pytest.raises(PayloadEncodingError, match="Circular reference"):
         delayqueue.send(payload)
+
+
+def _deep(inner: Any, depth: int) -> Any:
+    for level in range(depth):
+        inner = [inner] if level % 2 else {"level": inner}
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({1: "a", "1": "b"}, "has keys 1 and '1' in one object; JSON writes both as '1'"),
+        ({"true": 1, True: 2}, "has keys 'true' and True in one object"),
+        ({False: 0, "false": 1}, "has keys False and 'false'"),
+        ({None: 1, "null": 2}, "has keys None and 'null'"),
+        ({1.5: "a", "1.5": "b"}, "has keys 1.5 and '1.5'"),
+        ({-7: "a", "-7": "b"}, "has keys -7 and '-7'"),
+        ({1e16: "a", "1e+16": "b"}, "has keys 1e+16 and '1e+16'"),
+        ({"order": [{"lines": ({2: "x", "2": "y"},)}]}, "has keys 2 and '2'"),
+        (_deep({3: "x", "3": "y"}, 500), "has keys 3 and '3'"),
+    ],
+)
+def test_a_payload_whose_keys_collide_in_json_is_refused(
+    nothing_written: None, payload: Any, words: str
+) -> None:
+    # JSON keys are text: written as it is, one of the two keys would vanish on the way.
+    with pytest.raises(PayloadEncodingError, match=re.escape(words)):
+        delayqueue.send(payload)
+
+
+def test_keys_that_stay_distinct_in_json_are_accepted() -> None:
+    payload = {5: "int", "2": "str", True: "bool", None: "none", 1.5: "float", "x": {3: "y"}}
+    delayqueue.send(payload)
+    [message] = fetch_when_due(delayqueue.get_queue())
+    assert message.payload == {
+        "5": "int",
+        "2": "str",
+        "true": "bool",
+        "null": "none",
+        "1.5": "float",
+        "x": {"3": "y"},
+    }
+
+
+def test_one_payload_with_colliding_keys_refuses_its_whole_bulk_send(
+    nothing_written: None,
+) -> None:
+    good = [{"n": n} for n in range(10)]
+    with pytest.raises(PayloadEncodingError, match="has keys 1 and '1'"):
+        delayqueue.get_queue().send_many([*good, {1: "a", "1": "b"}, *good])
+    with pytest.raises(PayloadEncodingError, match="has keys None and 'null'"):
+        delayqueue.get_queue().send_many([*good, delayqueue.Outgoing({None: 1, "null": 2})])
 
 
 def test_encoding_errors_are_type_errors() -> None:
@@ -227,6 +283,23 @@ def test_invalid_settings_raise_improperly_configured_on_use(settings: Any) -> N
     assert isinstance(caught.value, ImproperlyConfigured)
 
 
+def test_sending_without_the_app_installed_says_to_add_it(
+    settings: Any, nothing_written: None
+) -> None:
+    installed = [app for app in settings.INSTALLED_APPS if app != "delayqueue_django"]
+    with override_settings(INSTALLED_APPS=installed):
+        registry.reset()  # as a process that never had the app starts: no queue built yet
+        for call in (lambda: delayqueue.send("x"), lambda: delayqueue.get_queue("other")):
+            with pytest.raises(QueueConfigurationError) as caught:
+                call()
+            assert str(caught.value) == (
+                'delayqueue_django is not in INSTALLED_APPS: add "delayqueue_django" to '
+                "INSTALLED_APPS in your settings (the worker command run_delayqueue, the system "
+                "checks and the admin pages come with it)."
+            )
+    assert delayqueue.get_queue().name == "default"  # installed again: queues are built
+
+
 def test_a_django_redis_cache_alias_shares_the_caches_connection_pool(settings: Any) -> None:
     from django_redis import get_redis_connection
 
@@ -261,6 +334,19 @@ def test_a_redis_older_than_the_minimum_is_refused_clearly(
     assert "delayqueue_django needs Redis 99.0 or newer; queue 'default' is on Redis 7." in str(
         caught.value
     )
+
+
+@pytest.mark.parametrize("command", ["run_delayqueue", "delayqueue_check", "delayqueue_stats"])
+def test_the_commands_refuse_a_redis_older_than_the_minimum_at_once(
+    command: str, redis_server: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": redis_server.url, "HANDLER": "tests.worker_handlers.handle"}
+    }
+    monkeypatch.setattr(store_module, "MINIMUM_REDIS_VERSION", (99, 0))
+    options = {"burst": True} if command == "run_delayqueue" else {}
+    with pytest.raises(CommandError, match=r"needs Redis 99\.0 or newer; queue 'default' is on"):
+        call_command(command, stdout=StringIO(), stderr=StringIO(), **options)
 
 
 def test_the_redis_server_version_is_read_once_per_queue(redis_server: RedisServer) -> None:

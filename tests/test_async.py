@@ -63,6 +63,10 @@ def test_bad_input_raises_in_async_code_too(redis_server: RedisServer) -> None:
             await delayqueue.asend("x", delay=-1)
         with pytest.raises(PayloadEncodingError):
             await delayqueue.asend({1, 2})
+        with pytest.raises(PayloadEncodingError, match="has keys 1 and '1'"):
+            await delayqueue.asend({1: "a", "1": "b"})
+        with pytest.raises(PayloadEncodingError, match="has keys True and 'true'"):
+            await delayqueue.get_queue().asend_many(["fine", {"x": [{True: 1, "true": 2}]}])
 
     asyncio.run(scenario())
     assert redis_server.client().dbsize() == 0

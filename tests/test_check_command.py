@@ -45,9 +45,9 @@ def test_problems_are_listed_and_exit_3(redis_server: Any) -> None:
 def test_damage_set_aside_is_noted_without_failing(redis_server: Any) -> None:
     queue = get_queue()
     broken = queue.send("x")
-    redis_server.client().hdel(queue.store.keys.key("meta"), broken)
+    redis_server.client().hdel(queue.store.keys.key("payload"), broken)
     queue.fetch(1)
-    assert "note: 1 dead letter(s) lack a payload or meta record" in check("default")
+    assert "note: 1 dead letter(s) lack a readable payload or meta record" in check("default")
 
 
 def test_unreachable_redis_exits_1(settings: Any) -> None:

@@ -1,12 +1,20 @@
 """System checks: static (no Redis needed), with stable ids and exact messages."""
 
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.checks import Error, Warning
 from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 
-from delayqueue_django.checks import check_delayqueues, check_metrics_token
+from delayqueue_django import get_queue, handlers
+from delayqueue_django.checks import check_delayqueues, check_handlers, check_metrics_token
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.exceptions import QueueConfigurationError
 
 
 def messages(value: Any, settings: Any) -> list[tuple[str, str]]:
@@ -21,7 +29,7 @@ def test_a_valid_setting_passes(settings: Any) -> None:
                 "default": {"REDIS": "redis", "HANDLER": "shop.handlers.on_message"},
                 "emails": {
                     "URL": "rediss://cache.internal:6380/1",
-                    "OPTIONS": {"socket_timeout": 5},
+                    "OPTIONS": {"socket_timeout": 5, "ssl_certfile": "client.pem"},
                     "RETRY_COUNT": 5,
                     "MAX_CONSUME_DURATION": 120,
                     "NACK_REDELIVERY_DELAY": [1, 10.5],
@@ -211,6 +219,32 @@ def test_an_empty_setting_warns(settings: Any) -> None:
                 "no connection options.",
             ),
         ),
+        (
+            {"default": {"URL": "redis://x", "OPTIONS": {"socket_timout": 5}}},
+            (
+                "delayqueue_django.E017",
+                "DELAYQUEUES['default']['OPTIONS'] has 'socket_timout', which redis-py's Redis "
+                "client does not accept.",
+            ),
+        ),
+        (
+            # TLS options take a rediss:// URL (see test_a_valid_setting_passes).
+            {"default": {"URL": "redis://x", "OPTIONS": {"ssl_certfile": "client.pem"}}},
+            (
+                "delayqueue_django.E017",
+                "DELAYQUEUES['default']['OPTIONS'] has 'ssl_certfile', which redis-py's Redis "
+                "client does not accept.",
+            ),
+        ),
+        (
+            # RedisCluster would drop it without a word.
+            {"default": {"URL": "redis+cluster://x:7000", "OPTIONS": {"health_check_interval": 5}}},
+            (
+                "delayqueue_django.E017",
+                "DELAYQUEUES['default']['OPTIONS'] has 'health_check_interval', which redis-py's "
+                "RedisCluster client does not accept.",
+            ),
+        ),
     ],
 )
 def test_each_problem_has_its_id_and_message(
@@ -235,6 +269,21 @@ def test_errors_carry_hints(settings: Any) -> None:
     [error] = check_delayqueues()
     assert isinstance(error, Error)
     assert error.hint == "Cache aliases configured: 'default', 'redis'."
+
+
+def test_a_misspelt_client_option_is_answered_with_the_right_spelling(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://x", "OPTIONS": {"socket_timout": 5}}}
+    [error] = check_delayqueues()
+    assert error.hint == "Did you mean 'socket_timeout'?"
+
+
+def test_a_url_redis_py_cannot_read_is_an_error(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://x:port/0"}}
+    [error] = check_delayqueues()
+    assert error.id == "delayqueue_django.E007"
+    assert error.msg.startswith(
+        "DELAYQUEUES['default']['URL'] is 'redis://x:port/0', which redis-py cannot read: "
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -291,3 +340,235 @@ def test_check_deploy_warns_about_memory_queues(settings: Any) -> None:
         "Give the queue a Redis URL or a REDIS cache alias; memory:// is for tests and quick "
         "local runs."
     )
+
+
+SHARED_KEYS = (
+    "delayqueue_django.E016",
+    "DELAYQUEUES['a:b'] (KEY_PREFIX 'dq') and DELAYQUEUES['b'] (KEY_PREFIX 'dq:a') are on the "
+    "same server and would share its keys {dq:a:b}:…, and with them every message.",
+)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"URL": "redis://10.0.0.5:6379/0"}, {"URL": "redis://10.0.0.5:6379/0"}),
+        ({"URL": "memory://"}, {"URL": "memory://"}),
+        # A cache alias is where its LOCATION is (the first, for a list of servers).
+        ({"REDIS": "shared"}, {"URL": "redis://10.0.0.5:6379/0"}),
+        ({"REDIS": "shared"}, {"REDIS": "same-server"}),
+    ],
+)
+def test_two_queues_whose_keys_coincide_on_one_server_are_refused(
+    settings: Any, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    # Their keys, {KEY_PREFIX:name}:…, are the very same: every message would be shared.
+    assert QueueKeys("dq", "a:b").tag == QueueKeys("dq:a", "b").tag
+    settings.CACHES = {
+        **settings.CACHES,
+        "shared": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://10.0.0.5:6379/0,redis://10.0.0.6:6379/0",
+        },
+        "same-server": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": ["redis://10.0.0.5:6379/0"],
+        },
+    }
+    value = {"a:b": {**first, "KEY_PREFIX": "dq"}, "b": {**second, "KEY_PREFIX": "dq:a"}}
+    assert messages(value, settings) == [SHARED_KEYS]
+    with pytest.raises(QueueConfigurationError, match=re.escape(": ".join(SHARED_KEYS))):
+        get_queue("a:b")
+
+
+def test_the_default_prefix_can_coincide_too(settings: Any) -> None:
+    value = {"x:y": {"URL": "memory://"}, "y": {"URL": "memory://", "KEY_PREFIX": "delayqueue:x"}}
+    [(check_id, message)] = messages(value, settings)
+    assert check_id == "delayqueue_django.E016"
+    assert "would share its keys {delayqueue:x:y}:…" in message
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"URL": "redis://10.0.0.5:6379/0"}, {"URL": "redis://10.0.0.5:6379/1"}),
+        ({"URL": "memory://one"}, {"URL": "memory://two"}),
+        ({"REDIS": "redis"}, {"URL": "redis://10.0.0.5:6379/0"}),
+    ],
+)
+def test_queues_on_different_servers_may_share_a_key_tag(
+    settings: Any, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    value = {"a:b": {**first, "KEY_PREFIX": "dq"}, "b": {**second, "KEY_PREFIX": "dq:a"}}
+    assert messages(value, settings) == []
+
+
+# HANDLER: imported by the check, as the worker will import it.
+
+HANDLERS_PACKAGE = "checked_app"
+
+
+@pytest.fixture
+def handler_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A package ``checked_app`` on the path, with a working ``handlers`` module; tests add
+    modules of their own. Forgotten afterwards, so each test imports afresh."""
+    package = tmp_path / HANDLERS_PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "handlers.py").write_text(
+        "LIMIT = 3\n\n\ndef on_message(message):\n    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield package
+    for name in [m for m in sys.modules if m.partition(".")[0] == HANDLERS_PACKAGE]:
+        del sys.modules[name]
+
+
+def handler_problems(path: str, settings: Any) -> list[tuple[str, str, str]]:
+    settings.DELAYQUEUES = {"emails": {"URL": "redis://x", "HANDLER": path}}
+    return [(m.id or "", m.msg, m.hint or "") for m in check_handlers()]
+
+
+def test_a_handler_that_imports_and_is_callable_passes(
+    handler_modules: Path, settings: Any
+) -> None:
+    assert handler_problems("checked_app.handlers.on_message", settings) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (
+            "mail.handlers.send",
+            (
+                "delayqueue_django.E020",
+                "DELAYQUEUES['emails']['HANDLER'] is 'mail.handlers.send', but there is no module 'mail'.",
+                "Check the spelling, or create mail/handlers.py holding the handler: def send(message): ...",
+            ),
+        ),
+        (
+            "checked_app.handler.on_message",
+            (
+                "delayqueue_django.E020",
+                "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.handler.on_message', but there is no module 'checked_app.handler'.",
+                "Did you mean 'checked_app.handlers.on_message'?",
+            ),
+        ),
+        (
+            "checked_app.handlers.on_mesage",
+            (
+                "delayqueue_django.E020",
+                "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.handlers.on_mesage', but module 'checked_app.handlers' has no attribute 'on_mesage'.",
+                "Did you mean 'checked_app.handlers.on_message'?",
+            ),
+        ),
+        (
+            "checked_app.handlers.LIMIT",
+            (
+                "delayqueue_django.E021",
+                "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.handlers.LIMIT', which is not callable (of type int).",
+                "Point HANDLER at a function taking the message: def LIMIT(message): ...",
+            ),
+        ),
+    ],
+)
+def test_a_handler_that_cannot_be_found_is_an_error_with_a_hint(
+    handler_modules: Path, settings: Any, path: str, expected: tuple[str, str, str]
+) -> None:
+    assert handler_problems(path, settings) == [expected]
+
+
+def test_a_missing_handler_function_is_answered_with_where_to_define_it(
+    handler_modules: Path, settings: Any
+) -> None:
+    assert handler_problems("checked_app.handlers.ship_parcel", settings) == [
+        (
+            "delayqueue_django.E020",
+            "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.handlers.ship_parcel', but module 'checked_app.handlers' has no attribute 'ship_parcel'.",
+            f"Define it in {handler_modules / 'handlers.py'}: def ship_parcel(message): ...",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "raised"),
+    [
+        ("x = 1 / 0\n", "ZeroDivisionError: division by zero"),
+        (
+            "import a_dependency_not_installed\n",
+            "ModuleNotFoundError: No module named 'a_dependency_not_installed'",
+        ),
+        ("def on_message(message)\n", "SyntaxError: expected ':'"),
+        ("raise SystemExit(3)\n", "SystemExit: 3"),
+    ],
+)
+def test_a_handler_module_that_raises_on_import_is_an_error_not_a_crash(
+    handler_modules: Path, settings: Any, source: str, raised: str
+) -> None:
+    (handler_modules / "broken.py").write_text(source)
+    [(check_id, message, hint)] = handler_problems("checked_app.broken.on_message", settings)
+    assert check_id == "delayqueue_django.E020"
+    assert message.startswith(
+        "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.broken.on_message', but importing "
+        f"'checked_app.broken' raised {raised}"
+    )
+    assert hint == (
+        'Fix that module; python manage.py shell -c "import checked_app.broken" shows the traceback.'
+    )
+
+
+def test_manage_py_check_reports_the_handler(handler_modules: Path, settings: Any) -> None:
+    settings.DELAYQUEUES = {"emails": {"URL": "redis://x", "HANDLER": "checked_app.handlers.nope"}}
+    with pytest.raises(SystemCheckError, match=re.escape("(delayqueue_django.E020)")):
+        call_command("check")
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("def on_message():\n    pass\n", "too many positional arguments"),
+        ("def on_message(message, extra):\n    pass\n", "missing a required argument: 'extra'"),
+    ],
+)
+def test_a_handler_that_cannot_take_the_message_is_an_error(
+    handler_modules: Path, settings: Any, source: str, why: str
+) -> None:
+    (handler_modules / "odd.py").write_text(source)
+    assert handler_problems("checked_app.odd.on_message", settings) == [
+        (
+            "delayqueue_django.E022",
+            "DELAYQUEUES['emails']['HANDLER'] is 'checked_app.odd.on_message', which cannot be "
+            f"called with the message alone ({why}).",
+            "A handler takes one argument, the message: def on_message(message): ...",
+        )
+    ]
+
+
+def test_handlers_taking_the_message_in_any_form_pass(handler_modules: Path, settings: Any) -> None:
+    (handler_modules / "forms.py").write_text(
+        "def anything(*args, **kwargs):\n    pass\n\n\n"
+        "def defaulted(message, retries=3):\n    pass\n\n\n"
+        "class Handler:\n    def __call__(self, message):\n        pass\n\n\n"
+        "instance = Handler()\n"
+    )
+    for name in ("anything", "defaulted", "instance"):
+        assert handler_problems(f"checked_app.forms.{name}", settings) == [], name
+
+
+def test_a_decorated_handler_that_cannot_take_the_message_is_an_error(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_arguments() -> None:
+        pass
+
+    monkeypatch.setitem(handlers._registered, "emails", no_arguments)
+    settings.DELAYQUEUES = {"emails": {"URL": "redis://x"}, "mute": {"URL": "redis://x"}}
+    assert [(m.id, m.msg) for m in check_handlers()] == [
+        (
+            "delayqueue_django.E022",
+            "the @delayqueue_django.handler('emails') function tests.test_checks."
+            "test_a_decorated_handler_that_cannot_take_the_message_is_an_error.<locals>."
+            "no_arguments cannot be called with the message alone (too many positional "
+            "arguments).",
+        )
+    ]  # and nothing about 'mute': a queue consumed by hand needs no handler

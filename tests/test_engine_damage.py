@@ -3,11 +3,12 @@ logged, and the others flow. About Redis, whose keys anyone can write to: nothin
 memory store itself can reach its structures."""
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine import STATES, NewMessage
 from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, states_of
 
@@ -15,16 +16,34 @@ from tests.helpers import fetch_when_due, states_of
 def test_pending_message_without_meta_is_moved_to_garbage(
     redis_queue: Queue, raw: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # As a previous release stored it: the budget in the meta record, the payload bare. (A
+    # message sent now carries its budget with its payload until it is first handed out.)
+    queue = redis_queue
+    key = queue.store.keys.key
+    raw.zadd(key("pending"), {"broken": 0})
+    raw.hset(key("payload"), "broken", '"broken"')
+    healthy = queue.send("healthy")
+
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django.engine"):
+        delivered = fetch_when_due(queue)
+    assert [m.id for m in delivered] == [healthy]
+    assert states_of(queue, "broken") == ["garbage"]
+    assert "subject=broken" in caplog.text
+    assert "meta record missing" in caplog.text
+
+
+def test_pending_message_without_payload_is_moved_to_garbage(
+    redis_queue: Queue, raw: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = redis_queue
     broken, healthy = queue.send("broken"), queue.send("healthy")
-    raw.hdel(queue.store.keys.key("meta"), broken)
+    raw.hdel(queue.store.keys.key("payload"), broken)
 
     with caplog.at_level(logging.WARNING, logger="delayqueue_django.engine"):
         delivered = fetch_when_due(queue)
     assert [m.id for m in delivered] == [healthy]
     assert states_of(queue, broken) == ["garbage"]
-    assert f"subject={broken}" in caplog.text
-    assert "meta record missing" in caplog.text
+    assert "payload missing" in caplog.text
 
 
 def test_ready_message_without_payload_is_moved_to_garbage(
@@ -87,13 +106,76 @@ def test_a_key_of_the_wrong_type_is_renamed_aside_and_the_queue_carries_on(
 
     stats = queue.stats()  # read-only: reports, counts the key as empty
     assert stats[part if part != "exhausted" else "unannounced"] == 0
+    # Renamed aside by the first call that uses the key: a send, a fetch or a burial.
     with caplog.at_level(logging.WARNING, logger="delayqueue_django.engine"):
-        message_id = queue.send("still works")
+        message_id, buried_id = queue.send("still works"), queue.send("buried")
+        delivered = {m.id: m for m in fetch_when_due(queue, count=2)}
+        assert queue.bury([delivered[buried_id]])
     assert "held a string instead of a" in caplog.text
-    assert raw.get(queue.store.keys.key("quarantine")) == b"foreign value"
-    [message] = fetch_when_due(queue)
-    assert message.id == message_id
-    assert queue.ack([message]) == {message_id}
+    [renamed] = raw.zrange(queue.store.keys.key("quarantine"), 0, -1)
+    assert renamed.startswith(queue.store.keys.key(f"quarantine:{part}:").encode())
+    assert raw.get(renamed) == b"foreign value"
+    assert queue.ack([delivered[message_id]]) == {message_id}
+    assert states_of(queue, buried_id) == ["garbage"]
+
+
+# Every step of the store with a set of messages in every state, on a queue whose key
+# ``part`` holds a string: none may fail.
+STEPS: dict[str, Callable[[Queue, dict[str, Any]], Any]] = {
+    "send": lambda queue, held: queue.send("new"),
+    "send_many": lambda queue, held: queue.store.send(
+        [NewMessage(id=f"many-{n}", payload='"x"', budget=1) for n in range(3)]
+    ),
+    "fetch": lambda queue, held: queue.fetch(10, fetcher="f", request="r"),
+    "ack": lambda queue, held: queue.ack([held["unack"]], fetcher="f", request="a"),
+    "nack": lambda queue, held: queue.nack([held["unack"]], fetcher="f", request="n"),
+    "bury": lambda queue, held: queue.bury([held["unack"]]),
+    "release": lambda queue, held: queue.release([held["unack"]]),
+    "extend": lambda queue, held: queue.extend([held["unack"]]),
+    "cancel": lambda queue, held: queue.cancel(held["pending"]),
+    "delete": lambda queue, held: queue.delete(held["garbage"]),
+    "requeue": lambda queue, held: queue.requeue([held["garbage"]]),
+    "deliver_now": lambda queue, held: queue.deliver_now([held["pending"]]),
+    "purge_garbage": lambda queue, held: queue.purge_garbage(),
+    "expire_garbage": lambda queue, held: queue.expire_garbage(),
+    "claim": lambda queue, held: queue.store.claim_exhausted(10, 1000),
+    "confirm": lambda queue, held: queue.store.confirm_exhausted([(held["garbage"], 1)]),
+    "add_totals": lambda queue, held: queue.store.add_totals({"x": 1}),
+    "prune_throughput": lambda queue, held: queue.store.prune_throughput(1),
+    "stats": lambda queue, held: queue.stats(),
+    "list": lambda queue, held: [queue.list_messages(state) for state in STATES],
+    "peek": lambda queue, held: queue.peek(held["pending"]),
+    "check_invariants": lambda queue, held: queue.check_invariants(),
+    "throughput": lambda queue, held: queue.throughput(2),
+    "totals": lambda queue, held: queue.store.totals(),
+}
+
+
+def _messages_in_every_state(queue: Queue) -> dict[str, Any]:
+    """One message buried (and unannounced), one in flight, one staged, one pending."""
+    buried, in_flight = queue.send("buried"), queue.send("in flight")
+    delivered = {m.id: m for m in fetch_when_due(queue, count=2)}
+    queue.bury([delivered[buried]])
+    staged = queue.send("staged")
+    queue.fetch(0)
+    pending = queue.send("pending", delay=3600)
+    return {"garbage": buried, "unack": delivered[in_flight], "ready": staged, "pending": pending}
+
+
+@pytest.mark.parametrize("part", [*STATES, "payload", "meta", "exhausted", "throughput"])
+def test_no_step_fails_on_a_key_of_the_wrong_type(redis_queue: Queue, raw: Any, part: str) -> None:
+    queue = redis_queue
+    key = queue.store.keys.key(part)
+    for name, step in STEPS.items():
+        queue.store.client.flushall()  # type: ignore[attr-defined]
+        held = _messages_in_every_state(queue)
+        raw.delete(key)
+        raw.set(key, "foreign value")
+        step(queue, held)  # no WRONGTYPE, nor any other error
+        # The key renamed aside or not (only a step that uses it meets it), the queue
+        # carries on.
+        message_id = queue.send("afterwards")
+        assert message_id in {m.id for m in fetch_when_due(queue, count=10)}, name
 
 
 def test_a_payload_hash_of_the_wrong_type_only_costs_the_payloads_it_held(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from delayqueue_django.engine import NewMessage
 from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, redis_store, states_of, store_time_ms, wait_for
 
@@ -39,7 +40,8 @@ def test_due_time_is_counted_from_the_store_clock_in_milliseconds(queue: Queue) 
     [entry] = queue.list_messages("pending")
     assert entry.id == message_id
     assert entry.score_ms is not None
-    assert before + 90_500 <= entry.score_ms <= after + 90_500
+    # Rounded up to the ms from the µs the store read its clock at, never down.
+    assert before + 90_500 <= entry.score_ms <= after + 90_501
 
 
 def test_nack_schedules_retries_with_the_configured_backoff_then_buries(
@@ -54,7 +56,8 @@ def test_nack_schedules_retries_with_the_configured_backoff_then_buries(
         attempts.append(message.attempt)
         [outcome] = queue.nack([message])
         assert not outcome.exhausted
-        assert outcome.at_ms - store_time_ms(queue) <= expected_delay
+        # The retry is due the delay after the nack, rounded up to the ms.
+        assert outcome.at_ms - store_time_ms(queue) <= expected_delay + 1
         assert states_of(queue, message_id) == ["pending"]
     [message] = fetch_when_due(queue)
     attempts.append(message.attempt)
@@ -227,7 +230,7 @@ def test_exhaustion_is_claimed_and_confirmed(queue: Queue) -> None:
         "default",
     )
     assert queue.claim_exhausted(10) == []  # claimed: nobody else announces it meanwhile
-    assert queue.confirm_exhausted([message_id]) == 1
+    assert queue.confirm_exhausted([claim]) == 1
     assert queue.stats()["unannounced"] == 0
     assert states_of(queue, message_id) == ["garbage"]
 
@@ -239,6 +242,35 @@ def test_unconfirmed_exhaustion_claim_is_claimed_again_after_it_lapses(queue: Qu
     [claim] = queue.claim_exhausted(10, claim_seconds=0.05)
     [again] = wait_for(lambda: queue.claim_exhausted(10), what="the claim to lapse")
     assert again.id == claim.id
+    # The first claimant confirms late: that leaves the second claim to its own confirm.
+    assert queue.confirm_exhausted([claim]) == 0
+    assert queue.stats()["unannounced"] == 1
+    assert queue.confirm_exhausted([again, again]) == 1
+    assert queue.stats()["unannounced"] == 0
+
+
+def test_a_late_confirm_leaves_a_newer_exhaustion_of_the_same_message_owed(queue: Queue) -> None:
+    message_id = queue.send("x", retry_count=0)
+    [message] = fetch_when_due(queue)
+    queue.nack([message])
+    [claim] = queue.claim_exhausted(10, claim_seconds=60)
+    # While its announcer is busy, the dead letter is requeued, delivered and buried again.
+    assert queue.requeue([message_id]) == [message_id]
+    [again] = fetch_when_due(queue)
+    [outcome] = queue.bury([again])
+    assert outcome.exhausted
+
+    assert queue.confirm_exhausted([claim]) == 0  # not the claim it made
+    assert queue.stats()["unannounced"] == 1
+    [newer] = queue.claim_exhausted(10)
+    assert (newer.id, newer.attempt) == (message_id, 1)
+    assert queue.confirm_exhausted([newer]) == 1
+    assert queue.stats()["unannounced"] == 0
+
+
+def test_confirm_exhausted_takes_claims_not_ids(queue: Queue) -> None:
+    with pytest.raises(TypeError, match="the claims claim_exhausted returned"):
+        queue.confirm_exhausted(["some-id"])  # type: ignore[list-item]
 
 
 def test_bury_skips_the_remaining_retries(queue: Queue) -> None:
@@ -261,6 +293,92 @@ def test_no_key_of_the_queue_ever_has_a_ttl(redis_queue: Queue, raw: Any) -> Non
     for key in queue.store.keys.layout:
         assert raw.ttl(key) in (-1, -2), key
     assert raw.ttl(queue.store.keys.key("payload")) == -1
+
+
+BUDGETS = [0, 3, 25, 26, 1000]
+
+
+def test_a_pending_message_has_no_meta_record_until_it_is_handed_out(
+    redis_queue: Queue, raw: Any
+) -> None:
+    # About Redis: the memory layout. The budget and due time travel with the payload (in a
+    # prefix "~<budget>~<due>~"), staged or not.
+    queue = redis_queue
+    ids = {budget: queue.send({"budget": budget}, retry_count=budget) for budget in BUDGETS}
+    sent = {message_id: queue.peek(message_id) for message_id in ids.values()}
+    for state in ("pending", "ready"):
+        if state == "ready":
+            wait_for(lambda: queue.stats()["due"] == len(BUDGETS), what="all due")
+            queue.fetch(0)
+        assert raw.exists(queue.store.keys.key("meta")) == 0
+        listed = {entry.id: entry for entry in queue.list_messages(state)}
+        for budget, message_id in ids.items():
+            peeked = queue.peek(message_id)
+            assert peeked is not None
+            assert (peeked.state, peeked.lease, peeked.attempt) == (state, 0, 0)
+            assert peeked.budget == budget
+            assert peeked.payload == f'{{"budget":{budget}}}'
+            assert peeked.payload_size == len(peeked.payload)
+            assert listed[message_id].payload == peeked.payload
+            assert listed[message_id].budget == budget
+        assert queue.check_invariants().ok
+
+    delivered = {m.id: m for m in fetch_when_due(queue, count=10)}
+    assert {m.payload["budget"]: m.retry_count for m in delivered.values()} == {
+        budget: budget for budget in BUDGETS
+    }
+    assert {m.id: m.due_ms for m in delivered.values()} == {
+        message_id: stored.score_ms  # type: ignore[union-attr]
+        for message_id, stored in sent.items()
+    }
+    assert raw.hlen(queue.store.keys.key("meta")) == len(BUDGETS)
+
+
+def test_messages_a_previous_release_stored_are_delivered(redis_queue: Queue, raw: Any) -> None:
+    # Before pending messages went without a meta record: every message had one, and its
+    # payload was stored bare.
+    queue = redis_queue
+    key = queue.store.keys.key
+    now = store_time_ms(queue)
+    raw.zadd(key("pending"), {"old-pending": now - 5, "old-retry": now - 4})
+    raw.rpush(key("ready"), "old-ready")
+    for message_id in ("old-pending", "old-retry", "old-ready"):
+        raw.hset(key("payload"), message_id, f'"{message_id}"')
+    raw.hset(key("meta"), "old-pending", f"0:0:5:{now - 5}")
+    raw.hset(key("meta"), "old-retry", f"3:1:5:{now - 4}")
+    raw.hset(key("meta"), "old-ready", f"0:0:7:{now - 6}")
+    assert queue.check_invariants().ok
+    peeked = queue.peek("old-pending")
+    assert peeked is not None
+    assert (peeked.payload, peeked.budget) == ('"old-pending"', 5)
+    # A send repeated (its reply lost) by a client of the previous release is a replay.
+    assert queue.store.send([NewMessage(id="old-pending", payload='"old-pending"', budget=5)]) == [
+        now - 5
+    ]
+
+    delivered = {m.id: m for m in fetch_when_due(queue, count=10)}
+    assert {m.id: (m.payload, m.attempt, m.retry_count, m.due_ms) for m in delivered.values()} == {
+        "old-retry": ("old-retry", 2, 5, now - 4),
+        "old-ready": ("old-ready", 1, 7, now - 6),
+        "old-pending": ("old-pending", 1, 5, now - 5),
+    }
+    assert queue.ack(delivered.values()) == set(delivered)
+    assert queue.check_invariants().messages == 0
+
+
+def test_a_message_staged_before_its_delivery_keeps_its_due_time_and_budget(
+    queue: Queue,
+) -> None:
+    message_id = queue.send("x", retry_count=30)
+    sent = queue.peek(message_id)
+    assert sent is not None
+    wait_for(lambda: queue.stats()["due"], what="the message due")
+    assert queue.fetch(0).messages == []  # staged in ready
+    staged = queue.peek(message_id)
+    assert staged is not None
+    assert (staged.state, staged.attempt, staged.budget) == ("ready", 0, 30)
+    [message] = queue.fetch(1).messages
+    assert (message.due_ms, message.retry_count) == (sent.score_ms, 30)
 
 
 def test_all_keys_of_a_queue_share_one_hash_slot(redis_queue: Queue) -> None:
@@ -327,7 +445,7 @@ def test_fetch_says_when_an_exhaustion_announcement_is_owed(queue: Queue) -> Non
     assert queue.fetch(0).exhaustions_owed is True
     [claim] = queue.claim_exhausted(10)
     assert queue.fetch(0).exhaustions_owed is False  # claimed: owed again only if it lapses
-    queue.confirm_exhausted([claim.id])
+    queue.confirm_exhausted([claim])
     assert queue.fetch(0).exhaustions_owed is False
 
 
@@ -452,6 +570,19 @@ def test_a_repeated_fetch_request_skips_what_timed_out_since(
     assert queue.ack([retried]) == {message_id}
 
 
+def _msgpack(value: str | int | list[Any]) -> bytes:
+    """msgpack of short strings, small integers and short lists of them, as Lua's cmsgpack
+    writes them."""
+    if isinstance(value, list):
+        assert len(value) < 16
+        return bytes([0x90 + len(value)]) + b"".join(map(_msgpack, value))
+    if isinstance(value, int):
+        assert 0 <= value < 128
+        return bytes([value])
+    assert len(value.encode()) < 32
+    return bytes([0xA0 + len(value.encode())]) + value.encode()
+
+
 def test_a_fetchers_replay_record_lives_as_long_as_its_deliveries_lease(
     redis_configure: Callable[..., Queue],
 ) -> None:
@@ -464,9 +595,8 @@ def test_a_fetchers_replay_record_lives_as_long_as_its_deliveries_lease(
     handed = wait_for(
         lambda: queue.fetch(5, fetcher="w1", request="1").messages, timeout=5, what="delivery"
     )
-    assert client.lrange(record, 0, -1) == [b"1"] + [
-        value for m in handed for value in (m.id.encode(), str(m.lease).encode())
-    ]
+    entries = [value for m in handed for value in (m.id, m.lease)]
+    assert client.get(record) == _msgpack("1") + _msgpack(entries)
     assert 29_000 < client.pttl(record) <= 30_000
     assert queue.fetch(5, fetcher="w1", request="2").messages == []
     assert client.exists(record) == 0  # a new request: the last reply arrived

@@ -187,7 +187,7 @@ def test_retention_expires_only_announced_dead_letters_past_their_time(
 ) -> None:
     queue = configure(GARBAGE_RETENTION=0.05)
     announced, unannounced = bury_one(queue), bury_one(queue)
-    queue.confirm_exhausted([announced])
+    queue.confirm_exhausted([c for c in queue.claim_exhausted(10) if c.id == announced])
     assert queue.expire_garbage() == 0  # not old enough yet
 
     time.sleep(0.06)
@@ -196,10 +196,29 @@ def test_retention_expires_only_announced_dead_letters_past_their_time(
     assert states_of(queue, unannounced) == ["garbage"]
 
 
+def test_retention_reaches_announced_dead_letters_behind_whole_batches_of_unannounced_ones(
+    configure: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from delayqueue_django import queue as queue_module
+
+    monkeypatch.setattr(queue_module, "GARBAGE_DROP_BATCH", 2)  # each script call examines 2
+    queue = configure(GARBAGE_RETENTION=0.05)
+    unannounced = {bury_one(queue) for _ in range(3)}  # the oldest: more than a whole call
+    time.sleep(0.005)
+    announced = {bury_one(queue) for _ in range(3)}
+    claims = queue.claim_exhausted(10)
+    queue.confirm_exhausted([claim for claim in claims if claim.id in announced])
+
+    time.sleep(0.06)
+    assert queue.expire_garbage() == 3
+    assert {m.id for m in queue.list_messages("garbage")} == unannounced
+    assert queue.stats()["unannounced"] == 3
+
+
 def test_retention_none_keeps_dead_letters(configure: Callable[..., Queue]) -> None:
     queue = configure(GARBAGE_RETENTION=None)
     message_id = bury_one(queue)
-    queue.confirm_exhausted([message_id])
+    queue.confirm_exhausted(queue.claim_exhausted(10))
     assert queue.expire_garbage() == 0
     assert states_of(queue, message_id) == ["garbage"]
 

@@ -1,10 +1,13 @@
-"""A send whose reply was lost is sent again by the client (redis-py re-sends after a timeout
-or a cut connection when retries are configured, and Redis Cluster clients always do): the
-replay is acknowledged, never refused as a duplicate of itself, and writes nothing twice."""
+"""Calls whose reply was lost after Redis ran them, sent again (redis-py re-sends after a
+timeout or a cut connection when retries are configured, and Redis Cluster clients always do;
+the worker repeats a failed call itself). A replayed send is acknowledged, never refused as a
+duplicate of itself, and writes nothing twice; an ack or nack repeated under the same request
+id changes nothing and answers what the first run did. (Lost fetch replies: see
+test_engine_lifecycle.)"""
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,17 +18,45 @@ from delayqueue_django import get_queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import DuplicateMessageId
 from delayqueue_django.queue import Queue
+from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisServer
 
 
 def test_a_replayed_send_is_acknowledged_and_written_once(queue: Queue) -> None:
-    batch = [NewMessage("a", '"one"', 3, delay_ms=60_000), NewMessage("b", '"two"', 3)]
+    batch = [NewMessage("a", '"one"', 3, delay_us=60_000_000), NewMessage("b", '"two"', 3)]
     first = queue.store.send(batch)
     queue.fetch(1)  # b is in flight before the replay arrives
-    assert queue.store.send(batch) == [first[0], pytest.approx(first[1], abs=5_000)]
+    time.sleep(0.002)  # so that the replay's now is not b's due time
+    # Each one's due time as it was given, b's too though it is no longer pending (the reply
+    # said "now" for it, as if it had been scheduled again).
+    assert queue.store.send(batch) == first
     report = queue.check_invariants()
     assert report.ok, report.problems
     assert (report.counts["pending"], report.counts["unack"], report.messages) == (1, 1, 2)
+
+
+def test_a_send_replayed_once_its_message_is_dead_schedules_nothing(queue: Queue) -> None:
+    batch = [NewMessage("dead", '"x"', 0)]
+    [due] = queue.store.send(batch)
+    [message] = queue.fetch().messages
+    queue.nack([message])  # no retries: buried
+    time.sleep(0.002)  # so that the replay's now is not its due time
+    assert queue.store.send(batch) == [due]  # the time it was due, not a new one
+    stats = queue.stats()
+    assert (stats["pending"], stats["ready"], stats["garbage"]) == (0, 0, 1)
+
+
+def test_a_send_replayed_after_its_message_was_handled_sends_it_again(queue: Queue) -> None:
+    # The window the docs describe: once acked, nothing of the message is left to tell a
+    # replay from a new message, so a replay arriving that late (the message was due within
+    # the client's retry window, and handled) delivers it a second time: at least once.
+    batch = [NewMessage("quick", '"x"', 3)]
+    queue.store.send(batch)
+    [message] = queue.fetch().messages
+    assert queue.ack([message]) == {"quick"}
+    queue.store.send(batch)
+    [again] = queue.fetch().messages
+    assert (again.id, again.attempt) == ("quick", 1)
 
 
 def test_an_id_reused_for_another_payload_is_still_refused(queue: Queue) -> None:
@@ -77,3 +108,91 @@ def test_a_send_timing_out_on_a_stalled_redis_is_retried_without_a_false_error(
     assert stored is not None
     assert stored.payload == '"sent while Redis stalls"'
     assert queue.stats()["pending"] == 2
+
+
+def test_a_repeated_ack_request_answers_what_it_acked(queue: Queue) -> None:
+    ids = queue.send_many(["a", "b"])
+    messages = fetch_when_due(queue, count=2)
+    assert queue.ack(messages, fetcher="w1", request="1") == set(ids)
+    # Its reply was lost: the same request again is told what it did, and does nothing more.
+    assert queue.ack(messages, fetcher="w1", request="1") == set(ids)
+    assert queue.stats()["acked_total"] == 2
+    # A new request, another fetcher's, or one without an id is judged afresh: spent leases.
+    assert queue.ack(messages, fetcher="w1", request="2") == set()
+    assert queue.ack(messages, fetcher="w2", request="1") == set()
+    assert queue.ack(messages) == set()
+
+
+def test_a_repeated_nack_or_bury_request_answers_what_it_did(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(RETRY_COUNT=1, NACK_REDELIVERY_DELAY=60)
+    retried, buried = queue.send_many(["retried", "buried"])
+    by_id = {message.id: message for message in fetch_when_due(queue, count=2)}
+
+    [retry] = queue.nack([by_id[retried]], fetcher="w", request="5")
+    assert queue.nack([by_id[retried]], fetcher="w", request="5") == [retry]
+    assert not retry.exhausted
+    [burial] = queue.bury([by_id[buried]], fetcher="w", request="6")
+    assert queue.bury([by_id[buried]], fetcher="w", request="6") == [burial]
+    assert burial.exhausted
+
+    stats = queue.stats()
+    assert (stats["pending"], stats["garbage"], stats["unack"]) == (1, 1, 0)
+    assert (stats["failed_total"], stats["retried_total"], stats["exhausted_total"]) == (2, 1, 1)
+    assert queue.nack([by_id[retried]], fetcher="w", request="7") == []
+
+
+def test_a_commit_record_is_kept_only_for_a_named_request_that_changed_something(
+    redis_configure: Callable[..., Queue],
+) -> None:
+    # About Redis: one small key per fetcher, expiring with a lease; none for a call without
+    # a request id, nor for one that changed nothing (so that such a call writes nothing: a
+    # Redis out of memory would refuse that write).
+    queue = redis_configure(MAX_CONSUME_DURATION=30)
+    client: Any = redis_store(queue).client
+    record = redis_store(queue).keys.key("commit:w1")
+    queue.send_many(["a", "b"])
+    first, second = fetch_when_due(queue, count=2)
+    assert queue.ack([first]) == {first.id}
+    assert queue.ack([first], fetcher="w1", request="1") == set()
+    assert client.exists(record) == 0
+    assert queue.ack([second], fetcher="w1", request="2") == {second.id}
+    assert 29_000 < client.pttl(record) <= 30_000
+
+
+def test_an_ack_timing_out_on_a_stalled_redis_and_sent_again_is_told_what_it_did(
+    sleepy_redis: RedisServer, settings: Any
+) -> None:
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": sleepy_redis.url,
+            "OPTIONS": {"socket_timeout": 0.3, "retry": Retry(NoBackoff(), 5)},
+        }
+    }
+    queue = get_queue()
+    queue.send_many(["named", "unnamed"])
+    by_payload = {message.payload: message for message in fetch_when_due(queue, count=2)}
+    # Load the ack script first: else the stalled call's first run answers NOSCRIPT, and the
+    # ack only happens when the client sends it again with the script.
+    assert queue.store.ack([("no such id", 0)]) == set()
+
+    def stall() -> threading.Thread:
+        client = sleepy_redis.client(socket_timeout=5)
+        thread = threading.Thread(target=client.execute_command, args=("DEBUG", "SLEEP", "1"))
+        thread.start()
+        time.sleep(0.1)
+        return thread
+
+    # Redis runs the ack when it wakes, but the client has given up on that reply and sent
+    # the ack again: named, the repeat is told what the first run did.
+    stalled = stall()
+    named = by_payload["named"]
+    assert queue.ack([named], fetcher="w", request="1") == {named.id}
+    stalled.join()
+    # Without a request id, the repeat finds nothing left, as for an ack that came too late.
+    stalled = stall()
+    assert queue.ack([by_payload["unnamed"]]) == set()
+    stalled.join()
+    stats = queue.stats()
+    assert (stats["unack"], stats["acked_total"]) == (0, 2)

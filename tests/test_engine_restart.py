@@ -1,5 +1,6 @@
-"""A Redis that forgot the scripts (restart, SCRIPT FLUSH, failover) is served again at once;
-and any JSON value round-trips exactly, on every store."""
+"""A Redis that forgot the queue's Lua (restart, failover; FUNCTION FLUSH: see
+test_engine_functions) is served again at once; and any JSON value round-trips exactly, on
+every store."""
 
 from typing import Any
 
@@ -7,21 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayqueue_django.queue import Queue
-from tests.helpers import fetch_when_due, redis_store
+from tests.helpers import fetch_when_due
 from tests.redis_servers import RedisServer
-
-
-def test_scripts_are_loaded_again_after_script_flush(redis_queue: Queue, raw: Any) -> None:
-    queue = redis_queue
-    queue.send("before")
-    if redis_store(queue).is_cluster:
-        for node in raw.get_primaries():
-            node.redis_connection.script_flush()
-    else:
-        raw.script_flush()
-    message_id = queue.send("after")
-    delivered = fetch_when_due(queue, count=2)
-    assert message_id in {m.id for m in delivered}
 
 
 def test_the_queue_works_again_after_a_redis_restart() -> None:
@@ -34,7 +22,7 @@ def test_the_queue_works_again_after_a_redis_restart() -> None:
         with override_settings(DELAYQUEUES={"default": {"URL": server.url}}):
             queue = get_queue()
             queue.send("before the restart")
-            server.restart()  # no persistence: the data and the loaded scripts are gone
+            server.restart()  # no persistence: the data and the library are gone
             message_id = queue.send("after the restart")
             [message] = fetch_when_due(queue)
             assert message.id == message_id

@@ -22,13 +22,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def shop_queues(settings: Any, redis_server: RedisServer) -> None:
+    """As the example's settings: sent through the outbox, the orders handled exactly once."""
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
     settings.DELAYQUEUES = {
-        "orders": {"URL": redis_server.url, "HANDLER": "shop.handlers.on_order_message"},
+        "orders": {
+            "URL": redis_server.url,
+            "HANDLER": "shop.handlers.on_order_message",
+            "OUTBOX": True,
+            "EXACTLY_ONCE": True,
+        },
         "warehouse": {
             "URL": redis_server.url,
             "HANDLER": "shop.handlers.notify_warehouse",
             "RETRY_COUNT": 2,
             "NACK_REDELIVERY_DELAY": 0,
+            "OUTBOX": True,
         },
     }
 
@@ -48,7 +56,10 @@ def test_an_unpaid_order_is_cancelled_a_paid_one_is_kept(settings: Any) -> None:
     unpaid = create_order(client, "kettle")
     paid = create_order(client, "teapot")
     assert unpaid.expiry_message_id
-    assert get_queue("orders").stats()["pending"] == 4  # an expiry and a reminder each
+    # Committed with the orders, in the outbox: no relay has run yet.
+    assert get_queue("orders").outbox_stats()["outbox"] == 4  # an expiry and a reminder each
+    run_worker()  # relays them, and runs the reminders (due at once here)
+    assert get_queue("orders").stats()["pending"] == 2
 
     response = client.post(f"/shop/orders/{paid.pk}/pay/", follow=True)
     assert "paid in time" in response.content.decode()
@@ -89,17 +100,37 @@ def test_the_failing_warehouse_handler_ends_in_the_garbage_list() -> None:
     assert "gave up after 3 attempts" in client.get("/shop/").content.decode()
 
 
-def test_an_order_rolled_back_sends_nothing() -> None:
+def test_an_order_rolled_back_sends_nothing(redis_server: RedisServer) -> None:
     from django.db import transaction
     from shop.views import schedule_timers
 
     with transaction.atomic():
         order = Order.objects.create(item="never", pay_by="2030-01-01T00:00:00Z")
-        transaction.on_commit(
-            lambda: schedule_timers(order.pk, __import__("datetime").timedelta(seconds=1))
-        )
+        schedule_timers(order, timedelta(seconds=1))
         transaction.set_rollback(True)
-    assert get_queue("orders").stats()["pending"] == 0
+    run_worker()
+    assert get_queue("orders").outbox_stats()["outbox"] == 0
+    assert redis_server.client().dbsize() == 0
+
+
+def test_an_expiry_delivered_again_after_its_commit_changes_nothing_twice() -> None:
+    """The worker died after the expiry's transaction committed, before its ack: the
+    redelivery is acked without running the handler, so one event, not two."""
+    from shop.handlers import on_order_message
+
+    from delayqueue_django.worker.handling import call_handler
+
+    order = create_order(Client(), "clock")
+    run_worker()  # relays the timers; the reminder runs
+    orders = get_queue("orders")
+    orders.deliver_now([order.expiry_message_id])
+    [expiry] = [m for m in orders.fetch(10).messages if m.id == order.expiry_message_id]
+    assert call_handler(on_order_message, expiry).verdict is Verdict.ACK  # committed, no ack
+    assert call_handler(on_order_message, expiry).verdict is Verdict.ACK  # the redelivery
+    order.refresh_from_db()
+    assert order.status == Order.Status.CANCELLED
+    texts = list(Event.objects.filter(message_id=expiry.id, kind="expire").values_list("text"))
+    assert texts == [(f"order #{order.pk} cancelled: not paid in time",)]
 
 
 @pytest.fixture

@@ -98,6 +98,19 @@ def normalised(payload: Any) -> Any:
     return json.loads(json.dumps(payload, cls=DjangoJSONEncoder))
 
 
+def names_a_key_twice(text: str) -> bool:
+    """Whether an object of the JSON text has a key twice, of which decoding keeps one."""
+    twice = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal twice
+        twice = twice or len({key for key, _ in items}) < len(items)
+        return dict(items)
+
+    json.loads(text, object_pairs_hook=pairs)
+    return twice
+
+
 @settings(
     max_examples=150,
     deadline=None,
@@ -115,6 +128,7 @@ def normalised(payload: Any) -> Any:
 )
 @example(payload=1, timing={"delay": 1e306}, retry_count=True, queue_name="default")
 @example(payload=1, timing={"at": date(2020, 1, 1)}, retry_count=-1, queue_name="default")
+@example(payload={"k": [{1: "a", "1": "b"}]}, timing={}, retry_count=None, queue_name="default")
 @given(payload=payloads, timing=timings, retry_count=retry_counts, queue_name=queues)
 def test_send_refuses_clearly_or_delivers_exactly(
     redis_server: RedisServer,
@@ -147,6 +161,8 @@ def test_send_refuses_clearly_or_delivers_exactly(
         stored = queue.peek(message_id)
         assert stored is not None
         assert stored.state == "pending"
+        assert stored.payload is not None
+        assert not names_a_key_twice(stored.payload)  # nothing of it would be lost
         assert stored.budget == (queue.config.retry_count if retry_count is None else retry_count)
         queue.deliver_now([message_id])
         [message] = queue.fetch(10).messages

@@ -2,9 +2,11 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from io import StringIO
 from pathlib import Path
@@ -15,8 +17,10 @@ from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
-from delayqueue_django.worker import heartbeat
+from delayqueue_django.worker import Worker, heartbeat
+from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
+from tests.worker_handlers import UNBLOCK, handle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +61,38 @@ def test_json_for_scripts() -> None:
     assert data["queues"]["default"]["pending"] == 1
     assert data["queues"]["default"]["workers"] == []
     assert data["queues"]["default"]["ok"] is True
+
+
+def test_running_handlers_are_shown_with_their_age_in_the_table_and_the_json(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "MAX_CONSUME_DURATION": 0.5}}
+    queue = get_queue()
+    message_id = queue.send({"do": "block"})
+    UNBLOCK.clear()
+    worker = Worker([(queue, handle)], heartbeat_interval=0.1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+
+        def running() -> list[dict[str, Any]]:
+            workers = json.loads(stats(json=True))["queues"]["default"]["workers"]
+            return [h for w in workers for h in w.get("running", []) if h["past_deadline"]]
+
+        [handler] = wait_for(running, what="the handler past its deadline in the JSON")
+        assert handler["id"] == message_id
+        assert handler["age"] >= 0.4
+        [_, row, running_line] = stats("default").splitlines()
+        assert f":{os.getpid()} (0 handled, 0 failed)" in row
+        assert re.fullmatch(
+            rf"  \S+:{os.getpid()} running {message_id} \(default, attempt 1\) "
+            r"for \d+\.\d s, past its deadline",
+            running_line,
+        ), running_line
+    finally:
+        UNBLOCK.set()
+        worker.request_stop()
+        thread.join(timeout=10)
 
 
 def test_a_lagging_queue_exits_3() -> None:

@@ -4,13 +4,16 @@ retries, refusal of anything that is not a task, and its system checks."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
+import types
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
@@ -19,10 +22,14 @@ from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.compat import (
+    INVALID_TASK_NAMES,
+    BaseTaskBackend,
     InvalidTask,
+    Task,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    invalid_task_error,
     task_backends,
     task_enqueued,
     task_finished,
@@ -33,6 +40,9 @@ from tests.redis_servers import RedisServer
 from tests.task_app import tasks
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
+# The installed framework's package of backends, and its backend that runs a task at once.
+FRAMEWORK_BACKENDS = BaseTaskBackend.__module__.rpartition(".")[0]
+IMMEDIATE_BACKEND = f"{FRAMEWORK_BACKENDS}.immediate.ImmediateBackend"
 
 
 def _tasks_configurer(url: str, settings: Any) -> Callable[..., Queue]:
@@ -40,13 +50,18 @@ def _tasks_configurer(url: str, settings: Any) -> Callable[..., Queue]:
         settings.DELAYQUEUES = {
             "default": {"URL": url, "NACK_REDELIVERY_DELAY": 0, **options},
             "other": {"URL": url},
+            "second": {"URL": url},
         }
         settings.TASKS = {
             "default": {
                 "BACKEND": BACKEND,
                 "QUEUES": ["default"],
                 "OPTIONS": {"RESULT_TTL": result_ttl},
-            }
+            },
+            # A second DelayQueueBackend, with a queue of its own.
+            "second": {"BACKEND": BACKEND, "QUEUES": ["second"]},
+            # A backend of another kind, which would take the default queue's name.
+            "elsewhere": {"BACKEND": IMMEDIATE_BACKEND, "QUEUES": ["default"]},
         }
         return get_queue("default")
 
@@ -104,8 +119,8 @@ def refreshed(result: TaskResult[..., Any]) -> TaskResult[..., Any]:
     return result
 
 
-def work() -> None:
-    call_command("run_delayqueue", "default", burst=True, verbosity=0)
+def work(*queues: str) -> None:
+    call_command("run_delayqueue", *(queues or ["default"]), burst=True, verbosity=0)
 
 
 def test_a_task_is_enqueued_run_and_its_result_read_from_any_process(
@@ -148,7 +163,9 @@ def test_run_after_becomes_the_message_due_time(tasks_queue: Callable[..., Queue
     result = tasks.add.using(run_after=when).enqueue(1, 1)
     stored = queue.peek(result.id)
     assert stored is not None
-    assert (stored.state, stored.score_ms) == ("pending", round(when.timestamp() * 1000))
+    # Rounded up to the ms, as every due time is (never early).
+    micros = (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    assert (stored.state, stored.score_ms) == ("pending", -(-micros // 1000))
     work()
     assert tasks.calls == []
     assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
@@ -249,7 +266,10 @@ def test_results_expire_after_result_ttl_or_never(
 def test_unknown_result_ids_raise_does_not_exist(tasks_queue: Callable[..., Queue]) -> None:
     queue = tasks_queue()
     plain = queue.send({"not": "a task"})
-    for result_id in ("missing", plain, ""):
+    # Messages shaped as tasks, but not ones this backend would run from this queue.
+    foreign = queue.send(raw_task_message(task="tests.task_app.tasks.declared_elsewhere", args=[]))
+    misplaced = queue.send(raw_task_message(queue="other"))
+    for result_id in ("missing", plain, "", foreign, misplaced):
         with pytest.raises(TaskResultDoesNotExist):
             task_backends["default"].get_result(result_id)
 
@@ -262,6 +282,9 @@ def test_validation_refuses_what_the_backend_cannot_do(tasks_queue: Callable[...
         tasks.add.using(queue_name="elsewhere")
     with pytest.raises(InvalidTask, match="aware datetime"):
         tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
+    # Moved onto a DelayQueueBackend from a backend of another kind: a worker would refuse it.
+    with pytest.raises(InvalidTask, match=r"declared for TASKS\['elsewhere'\], which is not a"):
+        tasks.declared_elsewhere.using(backend="default")
 
 
 def raw_task_message(**changes: Any) -> dict[str, Any]:
@@ -287,6 +310,13 @@ def raw_task_message(**changes: Any) -> dict[str, Any]:
         (raw_task_message(task="tests.task_app.tasks.calls"), "is a list, not a task"),
         (raw_task_message(backend="nope"), "no TASKS backend named 'nope'"),
         (raw_task_message(queue="other"), "does not carry the tasks"),
+        (
+            raw_task_message(task="tests.task_app.tasks.declared_elsewhere", args=[]),
+            "declared for TASKS['elsewhere'], which is not a DelayQueueBackend",
+        ),
+        (raw_task_message(run_after="2020-01-01T00:00:00"), "run_after must be an aware"),
+        (raw_task_message(run_after="soon"), "run_after 'soon' is not an ISO 8601"),
+        (raw_task_message(enqueued_at=12), "enqueued_at 12 is not an ISO 8601"),
         (raw_task_message(task="add; rm -rf /"), "is not a dotted import path"),
         ({"task": "tests.task_app.tasks.add"}, "not a task message"),
         (["tests.task_app.tasks.add"], "not a task message"),
@@ -352,6 +382,31 @@ def test_on_a_send_on_commit_queue_the_task_is_enqueued_with_the_transaction(
     assert len(received) == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_on_an_outbox_queue_the_task_is_enqueued_with_the_transaction(
+    tasks_queue: Callable[..., Queue], received: list[Any], settings: Any
+) -> None:
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    queue = tasks_queue(OUTBOX=True)
+    with transaction.atomic():
+        kept = tasks.add.enqueue(2, 3)
+        assert received == []
+    # Committed: in the outbox, not yet in Redis, and READY all the same.
+    assert queue.peek(kept.id) is None
+    assert received == [("enqueued", TaskResultStatus.READY, 0)]
+    assert refreshed(kept).status == TaskResultStatus.READY
+    with transaction.atomic():
+        dropped = tasks.add.enqueue(4, 4)
+        transaction.set_rollback(True)
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add.get_result(dropped.id)
+
+    work()  # relays the outbox first, then runs what is due
+    assert refreshed(kept).status == TaskResultStatus.SUCCESSFUL
+    assert kept.return_value == 5
+    assert tasks.calls == [("add", (2, 3))]
+
+
 def checks_of(settings: Any, tasks_setting: dict[str, Any]) -> list[str]:
     settings.TASKS = tasks_setting
     return [f"{error.id}: {error.msg}" for error in task_backends["default"].check()]
@@ -387,6 +442,20 @@ def test_checks_report_configuration_errors(
     ) == [
         "delayqueue_django.E104: TASKS['default']: OPTIONS['RESULT_TTL'] must be at least one second, not 0"
     ]
+
+
+def test_a_task_queue_with_invalid_options_is_not_reported_missing(settings: Any) -> None:
+    # Before: any DELAYQUEUES error made every task queue read as absent (a false E102).
+    settings.DELAYQUEUES = {
+        "default": {"URL": "redis://localhost/0", "RETRY_COUNT": -1},
+        "other": {"URL": "ftp://x"},
+    }
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["default"]}}) == []
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["gone"]}}) == [
+        "delayqueue_django.E102: TASKS['default']['QUEUES'] names 'gone', which is not in DELAYQUEUES."
+    ]
+    settings.DELAYQUEUES = ["not", "a", "dict"]  # E001 says it all
+    assert checks_of(settings, {"default": {"BACKEND": BACKEND, "QUEUES": ["default"]}}) == []
 
 
 def test_the_record_holds_the_call_and_per_attempt_fields(
@@ -431,3 +500,85 @@ def test_tasks_in_a_users_test_with_the_memory_helpers(
             5,
         )
     assert tasks.calls == [("always_fails", "no luck")] * 2 + [("add", (2, 3))]
+
+
+@pytest.fixture
+def started_tasks() -> Iterator[list[Task[..., Any]]]:
+    """The tasks as the worker rebuilt them, from ``task_started``."""
+    started: list[Task[..., Any]] = []
+
+    def receiver(sender: Any, task_result: TaskResult[..., Any], **_: Any) -> None:
+        started.append(task_result.task)
+
+    task_started.connect(receiver, weak=False)
+    yield started
+    task_started.disconnect(receiver)
+
+
+def assert_read_back_as_enqueued(
+    read: TaskResult[..., Any], enqueued: TaskResult[..., Any]
+) -> None:
+    # Task equality covers func, backend, queue_name, run_after, priority and takes_context.
+    assert read.task == enqueued.task
+    assert (read.id, read.backend, read.args, read.kwargs, read.enqueued_at) == (
+        enqueued.id,
+        enqueued.backend,
+        enqueued.args,
+        enqueued.kwargs,
+        enqueued.enqueued_at,
+    )
+
+
+def test_tasks_of_a_second_delayqueue_backend_run_and_read_back_as_enqueued(
+    tasks_queue: Callable[..., Queue], started_tasks: list[Task[..., Any]]
+) -> None:
+    tasks_queue()
+    second = task_backends["second"]
+    later = timezone.now() + timedelta(hours=1)
+    enqueued = [
+        # Declared for the second backend.
+        tasks.multiply.using(run_after=later).enqueue(6, 7),
+        # Declared for the default one, moved onto the second (the framework allows it).
+        tasks.add.using(backend="second", queue_name="second", run_after=later).enqueue(2, b=3),
+    ]
+    for result in enqueued:
+        assert (result.task.backend, result.task.queue_name) == ("second", "second")
+        assert result.task.run_after == later
+        assert_read_back_as_enqueued(second.get_result(result.id), result)
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(result.id)
+
+    get_queue("second").deliver_now([result.id for result in enqueued])
+    work("second")
+
+    assert sorted(tasks.calls) == [("add", (2, 3)), ("multiply", (6, 7))]
+    assert sorted(started_tasks, key=lambda task: task.name) == [
+        enqueued[1].task,
+        enqueued[0].task,
+    ]
+    for result in enqueued:
+        read = second.get_result(result.id)
+        assert read.status == TaskResultStatus.SUCCESSFUL
+        assert_read_back_as_enqueued(read, result)
+        result.refresh()  # through result.task's backend, the second
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert [result.return_value for result in enqueued] == [42, 5]
+    assert tasks.multiply.get_result(enqueued[0].id).task == enqueued[0].task
+
+
+@pytest.mark.parametrize("name", INVALID_TASK_NAMES)
+def test_the_invalid_task_error_is_found_under_either_of_its_names(name: str) -> None:
+    exceptions = types.ModuleType("exceptions")
+    error = type(name, (Exception,), {})
+    setattr(exceptions, name, error)
+    assert invalid_task_error(exceptions) is error
+
+    with pytest.raises(ImproperlyConfigured, match="neither InvalidTask nor InvalidTaskError"):
+        invalid_task_error(types.ModuleType("exceptions"))
+
+
+def test_the_installed_frameworks_invalid_task_error_is_the_one_caught() -> None:
+    framework = FRAMEWORK_BACKENDS.rpartition(".")[0]
+    exceptions = importlib.import_module(f"{framework}.exceptions")
+    assert InvalidTask is invalid_task_error(exceptions)
+    assert InvalidTask.__name__ in INVALID_TASK_NAMES

@@ -2,22 +2,27 @@
 on Redis and (``worker_queue``) on the memory store, whose worker runs in the sending process."""
 
 import logging
+import random
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
-from delayqueue_django import get_queue, signals
+from delayqueue_django import Message, get_queue, signals
 from delayqueue_django.queue import Queue
+from delayqueue_django.timings import histogram_from_totals
 from delayqueue_django.worker import Worker, heartbeat
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
-from tests.worker_handlers import MEMORY_LOG, handle, read_log
+from tests.worker_handlers import MEMORY_LOG, UNBLOCK, handle, read_log
 
 # A lost wake-up must fail a test, not hide behind the periodic recheck: with the recheck an
 # hour away, any lost wake-up runs into the timeout.
@@ -105,6 +110,25 @@ def test_acked_signal_fires_after_the_ack_is_committed(worker_queue: Callable[..
     assert acked["still_in_redis"] is False
 
 
+def test_signals_are_sent_by_the_queue_class(worker_queue: Callable[..., Queue]) -> None:
+    queue = worker_queue()
+    queue.send_many([{"do": "ok"}, {"do": "reject"}])
+    senders: list[Any] = []
+
+    def remember(sender: Any, **kwargs: Any) -> None:
+        senders.append(sender)
+
+    for signal in (signals.message_acked, signals.message_nacked, signals.message_exhausted):
+        signal.connect(remember)
+    try:
+        run_burst()
+    finally:
+        for signal in (signals.message_acked, signals.message_nacked, signals.message_exhausted):
+            signal.disconnect(remember)
+    assert len(senders) == 3  # acked; nacked and exhausted for the rejected one
+    assert set(senders) == {Queue}
+
+
 @pytest.mark.parametrize("action", ["false", "raise"])
 def test_refused_messages_are_retried_then_exhausted_with_signals(
     worker_queue: Callable[..., Queue], action: str, caplog: pytest.LogCaptureFixture
@@ -140,25 +164,40 @@ def test_reject_buries_at_once(worker_queue: Callable[..., Queue]) -> None:
     assert [e["id"] for e in events("exhausted")] == [message_id]
 
 
+@pytest.mark.parametrize(
+    "error", [ValueError("receiver bug"), SystemExit(3), KeyboardInterrupt()], ids=repr
+)
 def test_a_receiver_that_raises_is_logged_and_the_worker_carries_on(
-    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+    worker_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture, error: BaseException
 ) -> None:
     queue = worker_queue()
+    called_after: list[str] = []
 
     def broken(**kwargs: Any) -> None:
-        raise ValueError("receiver bug")
+        raise error
 
-    signals.message_acked.connect(broken)
+    async def broken_async(**kwargs: Any) -> None:
+        raise error
+
+    def after(*, message: Any, **kwargs: Any) -> None:
+        called_after.append(message.id)
+
+    for receiver in (broken, broken_async, after):
+        signals.message_acked.connect(receiver)
     try:
-        queue.send_many([{"n": 1}, {"n": 2}])
+        ids = queue.send_many([{"n": 1}, {"n": 2}])
         with caplog.at_level(logging.ERROR, logger="delayqueue_django"):
-            run_burst()
+            out = run_burst()
     finally:
-        signals.message_acked.disconnect(broken)
+        for receiver in (broken, broken_async, after):
+            signals.message_acked.disconnect(receiver)
     assert len(events("done")) == 2
+    assert sorted(called_after) == sorted(ids)  # the receivers after a broken one still run
     assert queue.stats()["unack"] == 0
-    assert "signal receiver" in caplog.text
-    assert "ValueError: receiver bug" in caplog.text
+    assert "stopped: 2 handled, 0 failed." in out
+    failures = [r for r in caplog.records if r.getMessage().startswith("signal receiver")]
+    assert len(failures) == 4  # each broken receiver, for each message
+    assert f"{type(error).__name__}" in caplog.text
 
 
 def test_database_connections_are_handled_as_for_a_request(
@@ -207,6 +246,51 @@ def test_verbosity_two_shows_each_message_and_the_banner(
     assert f"handled message id={message_id} queue=default attempt=1 verdict=ack" in out
 
 
+def test_the_default_verbosity_summarizes_instead_of_a_line_per_message(
+    worker_queue: Callable[..., Queue],
+) -> None:
+    queue = worker_queue()
+    queue.send_many([{"n": 1}, {"do": "reject"}])
+    out = run_burst()  # -v 1
+    assert "handled message id=" not in out
+    # The first verdicts after a quiet spell are told at once.
+    assert "INFO delayqueue_django.worker: handled " in out
+    assert out.rstrip().endswith("stopped: 2 handled, 1 failed.")
+
+
+def test_a_summary_is_logged_at_most_every_summary_seconds(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from delayqueue_django.worker import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "SUMMARY_SECONDS", 3600.0)
+    queue = worker_queue()
+
+    def summaries() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("handled ")]
+
+    with caplog.at_level(logging.INFO, logger="delayqueue_django.worker"):
+        worker = running_worker(queue)
+        queue.send({"n": 1})
+        wait_for(summaries, what="the first summary")
+        queue.send_many([{"n": 2}, {"do": "reject"}])
+        wait_for(lambda: worker.handled == 3, what="the other two handled")
+        time.sleep(0.5)  # heartbeats come and go: nothing new within SUMMARY_SECONDS
+        assert len(summaries()) == 1
+        monkeypatch.setattr(worker_module, "SUMMARY_SECONDS", 0.0)
+        wait_for(lambda: len(summaries()) == 2, what="the next heartbeat's summary")
+    first, second = summaries()
+    assert re.fullmatch(
+        r"handled 1 message \(0 failed\) in the last \d+ s; 1 \(0 failed\) since start", first
+    )
+    assert re.fullmatch(
+        r"handled 2 messages \(1 failed\) in the last \d+ s; 3 \(1 failed\) since start", second
+    )
+
+
 def test_verbosity_zero_is_quiet(worker_queue: Callable[..., Queue]) -> None:
     worker_queue().send({"n": 1})
     assert run_burst(verbosity=0) == ""
@@ -217,7 +301,7 @@ def test_credentials_never_appear_in_the_banner(settings: Any, redis_server: Red
     settings.DELAYQUEUES = {"default": {"URL": url, "HANDLER": "tests.worker_handlers.handle"}}
     from delayqueue_django.management.commands.run_delayqueue import describe_connection
 
-    described = describe_connection(get_queue().config)
+    described = describe_connection(get_queue())
     assert "s3cret" not in described
     assert described.startswith("redis://127.0.0.1:")
 
@@ -237,6 +321,23 @@ def test_max_messages_stops_after_that_many(worker_queue: Callable[..., Queue]) 
     stats = queue.stats()
     assert stats["pending"] + stats["ready"] == 6
     assert stats["unack"] == 0
+
+
+def test_a_message_sent_at_a_past_time_is_neither_lag_nor_lateness(
+    worker_queue: Callable[..., Queue],
+) -> None:
+    # Kept as the due time, two days ago read as two days of lag (failing any health probe)
+    # and as a lateness sample of two days that never leaves the histogram.
+    queue = worker_queue()
+    queue.send({"do": "ok"}, at=timezone.now() - timedelta(days=2))
+    assert queue.stats()["lag_ms"] < 60_000
+    call_command("delayqueue_stats", max_lag=60, stdout=StringIO())  # no CommandError
+
+    run_burst()
+    assert len(events("done")) == 1
+    lateness = histogram_from_totals(queue.store.totals(), "delivery_lateness")
+    assert lateness.count == 1
+    assert lateness.sum_seconds < 60
 
 
 @pytest.mark.parametrize(
@@ -262,18 +363,43 @@ def test_a_queue_without_a_handler_is_a_command_error(
     settings: Any, redis_server: RedisServer
 ) -> None:
     settings.DELAYQUEUES = {"mute": {"URL": redis_server.url}}
-    with pytest.raises(
-        CommandError, match=re.escape("queue 'mute' has no handler: set DELAYQUEUES[")
-    ):
+    with pytest.raises(CommandError) as raised:
         run_burst()
+    # tests.worker_handlers decorates a function for the queue "decorated": named, as a
+    # decorator naming the wrong queue is the likely mistake.
+    assert str(raised.value) == (
+        "queue 'mute' has no handler: set DELAYQUEUES['mute']['HANDLER'] or decorate a "
+        "function with @delayqueue_django.handler('mute') (@handler registered functions "
+        "for 'decorated')"
+    )
 
 
 def test_an_unimportable_handler_is_a_command_error(
     settings: Any, redis_server: RedisServer
 ) -> None:
     settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "HANDLER": "tests.nowhere.handle"}}
-    with pytest.raises(CommandError, match=re.escape("HANDLER 'tests.nowhere.handle' cannot be")):
+    with pytest.raises(CommandError) as raised:
         run_burst()
+    assert str(raised.value) == (
+        "DELAYQUEUES['default']['HANDLER'] is 'tests.nowhere.handle', but there is no module "
+        "'tests.nowhere'.\nHINT: Check the spelling, or create tests/nowhere.py holding the "
+        "handler: def handle(message): ..."
+    )
+
+
+def test_a_handler_module_raising_on_import_is_a_command_error(
+    settings: Any, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "raising_handlers.py").write_text("TIMEOUT = undefined_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url, "HANDLER": "raising_handlers.f"}}
+    with pytest.raises(CommandError) as raised:
+        run_burst()
+    assert str(raised.value) == (
+        "DELAYQUEUES['default']['HANDLER'] is 'raising_handlers.f', but importing "
+        "'raising_handlers' raised NameError: name 'undefined_name' is not defined\nHINT: Fix "
+        'that module; python manage.py shell -c "import raising_handlers" shows the traceback.'
+    )
 
 
 def test_invalid_settings_are_a_command_error(settings: Any) -> None:
@@ -301,6 +427,36 @@ def running_worker() -> Iterator[Callable[..., Worker]]:
         assert not thread.is_alive()
 
 
+def test_no_handler_starts_before_send_call_start_plus_delay(
+    worker_queue: Callable[..., Queue],
+) -> None:
+    # As the issue measured it, side by side with other queues: a trickle of messages with
+    # sub-millisecond delays, each handler's start against this machine's clock.
+    queue = worker_queue()
+    trickle = random.Random(19)
+    earliest: dict[int, float] = {}
+    started: dict[int, float] = {}
+
+    def record_start(message: Message) -> None:
+        started[message.payload] = time.time()
+
+    worker = Worker([(queue, record_start)], heartbeat_interval=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        for index in range(300):
+            delay = trickle.uniform(0, 0.01)
+            earliest[index] = time.time() + delay
+            queue.send(index, delay=delay)
+            time.sleep(trickle.uniform(0, 0.002))
+        wait_for(lambda: len(started) == len(earliest), what="every message handled")
+    finally:
+        worker.request_stop()
+        thread.join(timeout=10)
+    early = {index: earliest[index] - at for index, at in started.items() if at < earliest[index]}
+    assert early == {}  # how early each one started, in seconds
+
+
 def test_an_idle_worker_wakes_for_a_message_due_sooner_than_its_plan(
     worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
 ) -> None:
@@ -311,6 +467,51 @@ def test_an_idle_worker_wakes_for_a_message_due_sooner_than_its_plan(
     message_id = queue.send({"n": "soon"}, delay=0.2)
     wait_for(lambda: events("done"), timeout=5, what="the handler")
     assert [e["id"] for e in events("done")] == [message_id]
+
+
+def test_at_a_trickle_the_worker_fetches_about_once_per_message(
+    worker_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each message is sent to an idle worker, due a little later: its wake-up announces the
+    # due time, so a fetch at once would find nothing, and neither would one after the ack
+    # (the last fetch already said when the next message is due: none).
+    queue = worker_queue()
+    fetches: list[int] = []
+    real_fetch = Queue.fetch
+
+    def counting_fetch(self: Queue, count: int | None = None, **kw: Any) -> Any:
+        fetched = real_fetch(self, count, **kw)
+        fetches.append(len(fetched.messages))
+        return fetched
+
+    monkeypatch.setattr(Queue, "fetch", counting_fetch)
+    earliest: dict[int, float] = {}
+    started: dict[int, float] = {}
+
+    def record_start(message: Message) -> None:
+        started[message.payload] = time.time()
+
+    worker = Worker([(queue, record_start)], heartbeat_interval=10)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: fetches, what="the worker's first fetch")
+        messages = 20
+        for index in range(messages):
+            earliest[index] = time.time() + 0.03
+            queue.send(index, delay=0.03)
+            wait_for(lambda: len(started) == len(earliest), what="the message handled")
+            time.sleep(0.02)  # its ack is committed meanwhile
+    finally:
+        worker.request_stop()
+        thread.join(timeout=10)
+    early = {index: earliest[index] - at for index, at in started.items() if at < earliest[index]}
+    assert early == {}
+    # One fetch per message, the first one at start, and the odd fetch woken a hair before
+    # a due time (the Redis clock is estimated); before, three per message.
+    empty = [count for count in fetches if count == 0]
+    assert sum(fetches) == messages
+    assert len(empty) <= 1 + messages // 4, fetches
 
 
 def test_messages_due_while_no_worker_ran_are_handled_at_start(
@@ -357,7 +558,8 @@ def test_an_idle_worker_sends_almost_no_commands(
 
     before = calls()
     time.sleep(3)
-    assert calls() - before <= 3  # no polling: blocking waits and rare heartbeats only
+    # No polling: blocking waits, rare heartbeats, a PING of the quiet subscription.
+    assert calls() - before <= 3
 
 
 @pytest.fixture
@@ -387,8 +589,13 @@ def test_the_worker_survives_a_redis_restart(
         wait_for(lambda: events("done"), timeout=10, what="the handler after the restart")
     assert [e["id"] for e in events("done")] == [message_id]
     assert thread.is_alive()
-    # Idle, it meets the outage at its heartbeat, which is logged and tried again later.
-    assert "heartbeat failed queue=default" in caplog.text
+    # Idle, it meets the outage at its heartbeat or its subscription: said once, and its end.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    address = f"127.0.0.1:{own_redis.port}"
+    assert [w.split(",")[0] for w in warnings] == [
+        f"cannot reach Redis at {address}",
+        f"connected to Redis at {address} again",
+    ]
     worker.request_stop()
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -471,10 +678,10 @@ def test_verdicts_of_fast_handlers_are_committed_together(
     acks: list[int] = []
     real_ack = Queue.ack
 
-    def counting_ack(self: Queue, messages: Any) -> set[str]:
+    def counting_ack(self: Queue, messages: Any, **named: Any) -> set[str]:
         messages = list(messages)
         acks.append(len(messages))
-        return real_ack(self, messages)
+        return real_ack(self, messages, **named)
 
     monkeypatch.setattr(Queue, "ack", counting_ack)
     queue.send_many([{"do": "sleep", "seconds": 0.001}] * 120)
@@ -494,6 +701,131 @@ def test_a_stale_buffered_message_is_handed_back_not_started(
     wait_for(lambda: len(events("done")) == 2, timeout=10, what="both handled")
     starts = {e["id"]: e["attempt"] for e in events("start")}
     assert starts == {slow: 1, waiting: 1}  # handed back without using a retry
+
+
+@pytest.fixture
+def unblock() -> Iterator[threading.Event]:
+    """``UNBLOCK``, set at the end of the test (before the workers are stopped: request it
+    after ``running_worker``) so that no "block" handler outlives it."""
+    UNBLOCK.clear()
+    yield UNBLOCK
+    UNBLOCK.set()
+
+
+def test_a_worker_stuck_in_a_handler_charges_nothing_it_never_started(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    unblock: threading.Event,
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=3, RETRY_COUNT=0)  # slack: 0.3 s
+    # Heartbeats far away: they must not be what gets this worker to look at its buffer.
+    running_worker(queue, batch_size=8, heartbeat_interval=3600)
+    # Fast handlers first: this worker's batch grows to 8.
+    queue.send_many([{"n": n} for n in range(20)])
+    wait_for(lambda: len(events("done")) == 20, what="the warm-up")
+    blocker = queue.send({"do": "block"})
+    wait_for(lambda: blocker in {e["id"] for e in events("start")}, what="the blocking handler")
+    # Its only thread is stuck, yet while the handler is young it fetches ahead: all seven,
+    # so that nothing is left due and it plans to look again only at the deadlines.
+    ordinary = queue.send_many([{"n": n} for n in range(7)])
+    wait_for(lambda: queue.stats()["unack"] == 8, what="the stuck worker to fetch ahead")
+    running_worker(queue, heartbeat_interval=3600)
+
+    wait_for(
+        lambda: set(ordinary) <= {e["id"] for e in events("acked")},
+        timeout=10,
+        what="every ordinary message handled",
+    )
+    # Handed back once they outlasted the slack, not left to their deadline (before, they
+    # waited in the stuck worker's buffer until another worker's fetch found them expired,
+    # and with no retry left buried them unhandled).
+    stored = queue.peek(blocker)
+    assert stored is not None
+    assert stored.state == "unack"
+    starts = [(e["id"], e["attempt"]) for e in events("start") if e["id"] in ordinary]
+    assert sorted(starts) == sorted((message_id, 1) for message_id in ordinary)
+    # The blocker did start: at its deadline it is delivered again, and with no retry left
+    # buried. Nothing else is.
+    wait_for(lambda: queue.stats()["garbage"] == 1, timeout=10, what="the blocker's deadline")
+    assert [entry.id for entry in queue.list_messages("garbage")] == [blocker]
+    assert queue.stats()["unack"] == 0
+
+
+def test_a_worker_whose_handler_outlasts_the_slack_fetches_only_for_free_threads(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    unblock: threading.Event,
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=2)  # slack: 0.2 s
+    running_worker(queue, batch_size=8, concurrency=2)
+    queue.send_many([{"n": n} for n in range(20)])
+    wait_for(lambda: len(events("done")) == 20, what="the warm-up")
+    queue.send({"do": "block"})
+    wait_for(lambda: len(events("start")) == 21, what="the blocking handler")
+    time.sleep(0.3)  # past the slack
+    later = queue.send_many([{"do": "sleep", "seconds": 0.02, "count_unack": True}] * 6)
+
+    wait_for(lambda: set(later) <= {e["id"] for e in events("done")}, what="the later ones")
+    # One thread is left: each fetch takes one message for it, none to wait behind it.
+    in_flight = [e["unack"] for e in events("start") if e["id"] in later]
+    assert max(in_flight) == 2, in_flight  # the blocker and the one starting
+
+
+def test_a_hung_handler_is_logged_while_it_runs_and_shown_in_the_heartbeat(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    unblock: threading.Event,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = worker_queue(MAX_CONSUME_DURATION=1)
+    message_id = queue.send({"do": "block"})
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django"):
+        running_worker(queue, heartbeat_interval=0.1)
+
+        def running() -> list[dict[str, Any]]:
+            return [h for w in heartbeat.live_workers(queue) for h in w.get("running", [])]
+
+        [young] = wait_for(lambda: [h for h in running() if h["age"] > 0], what="a heartbeat")
+        assert young == {**young, "id": message_id, "queue": "default", "attempt": 1}
+        assert young["past_deadline"] is False
+        [late] = wait_for(lambda: [h for h in running() if h["past_deadline"]], what="a late one")
+        assert late["id"] == message_id
+        assert late["age"] >= 0.9
+        overrun = "handler still running past its deadline (MAX_CONSUME_DURATION), for "
+        wait_for(lambda: overrun in caplog.text, what="the overrun logged while it runs")
+        time.sleep(0.5)  # more turns of the consumer loop: it is logged once per delivery
+    assert caplog.text.count(overrun) == 1
+    assert f"message id={message_id} queue=default attempt=1 will be delivered again" in caplog.text
+    unblock.set()
+    wait_for(lambda: running() == [], what="the handler gone from the heartbeat")
+
+
+def test_a_worker_waiting_out_its_grace_for_a_late_handler_does_not_spin(
+    worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    unblock: threading.Event,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from delayqueue_django.worker import consumer
+
+    queue = worker_queue(MAX_CONSUME_DURATION=0.3)
+    queue.send({"do": "block"})
+    worker = running_worker(queue, grace=10)
+    wait_for(lambda: events("start"), what="the blocking handler")
+    # Stopping, no housekeeping runs: the heartbeat due every 0.2 s and the handler's deadline
+    # pass, and nothing moves them on.
+    worker.request_stop()
+    turns = []
+    real_wait = consumer.QueueConsumer._wait
+
+    def counting_wait(self: consumer.QueueConsumer, seconds: float) -> None:
+        turns.append(seconds)
+        real_wait(self, seconds)
+
+    monkeypatch.setattr(consumer.QueueConsumer, "_wait", counting_wait)
+    time.sleep(0.6)
+    assert len(turns) < 30, len(turns)  # a turn every 0.1 s, not a busy loop
+    unblock.set()
 
 
 def test_a_handler_overrunning_its_deadline_is_logged(
@@ -519,7 +851,8 @@ def test_a_stopping_worker_does_not_complain_about_its_own_connections(
         thread.join(timeout=10)
         own_redis.stop()
         time.sleep(1.5)  # the listener notices the closed connection after its 1 s poll
-    assert "subscription lost" not in caplog.text
+    assert "subscription" not in caplog.text
+    assert "cannot reach Redis" not in caplog.text
 
 
 def test_an_unexpected_error_in_the_loop_is_logged_and_the_worker_carries_on(

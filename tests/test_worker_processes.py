@@ -1,6 +1,8 @@
 """``manage.py run_delayqueue`` as real processes: signals, kill -9, restarts, many workers."""
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,12 +14,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
 from tests.helpers import wait_for
-from tests.redis_servers import RedisServer
-from tests.worker_handlers import read_log
+from tests.redis_servers import RedisServer, free_port
+from tests.worker_handlers import LOG_KEY, read_log
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +43,9 @@ class WorkerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # A group of its own, for stop() to end with any process it started (--reload
+            # runs the worker in a child, which a kill of the command's process leaves alive).
+            start_new_session=True,
         )
         self._lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -75,9 +81,9 @@ class WorkerProcess:
         wait_for(lambda: text in self.output, timeout=timeout, what=f"{text!r} in the output")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 @pytest.fixture
@@ -175,6 +181,77 @@ def test_kill_9_mid_handler_loses_nothing(
     assert second.wait(timeout=20) == 0
 
 
+def test_a_receiver_raising_system_exit_is_logged_and_the_worker_carries_on(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
+) -> None:
+    queue = queue_for(settings, redis_server.url)
+    worker = spawn(workers, redis_server.url, DQ_TEST_RECEIVER_EXITS="1")
+    worker.wait_for_line("queue 'default'")
+    first = queue.send({"n": 1})
+    wait_for(lambda: events("acked"), timeout=20, what="the first ack's signal")
+    second = queue.send({"n": 2})
+    wait_for(lambda: len(events("acked")) == 2, timeout=20, what="the second message handled")
+
+    # The receiver after the raising one was called each time, and the worker runs on.
+    assert [e["id"] for e in events("acked")] == [first, second]
+    assert worker.process.poll() is None, worker.output
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    assert worker.output.count("signal receiver <function exit_from_a_receiver") == 2
+    assert "SystemExit: 3" in worker.output
+    assert "stopped: 2 handled, 0 failed." in worker.output
+
+
+def test_a_killed_worker_costs_one_attempt_of_each_delivery_it_held_and_no_more(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
+) -> None:
+    # Short enough to wait out the killed worker's deliveries, long enough that the survivor
+    # never times out its own on a loaded machine (that would charge more than the bound).
+    queue = queue_for(settings, redis_server.url, MAX_CONSUME_DURATION=3, RETRY_COUNT=0)
+    # 2 ms a message: the drain lasts seconds, so the kill always lands mid-drain (a fast
+    # worker could otherwise finish all of them while a loaded machine kept this test waiting).
+    ids = set(queue.send_many([{"n": n, "do": "sleep", "seconds": 0.002} for n in range(3000)]))
+    env = {"DQ_TEST_MAX_CONSUME": "3", "DQ_TEST_RETRY_COUNT": "0"}
+    # The bound the docs give (what a crash costs): the larger of --batch-size and
+    # --concurrency, per queue.
+    batch_size, concurrency = 20, 2
+    killed = spawn(
+        workers,
+        redis_server.url,
+        "--batch-size",
+        str(batch_size),
+        "--concurrency",
+        str(concurrency),
+        **env,
+    )
+    client = redis_server.client()
+    # Mid-drain: three log entries (start, done, acked) per message handled.
+    wait_for(lambda: client.llen(LOG_KEY) > 1500, timeout=30, what="a few hundred handled")
+    killed.signal(signal.SIGKILL)
+    killed.wait(timeout=10)
+
+    survivor = spawn(workers, redis_server.url, **env)
+
+    def drained() -> bool:
+        stats = queue.stats()
+        return stats["pending"] + stats["ready"] + stats["retry"] + stats["unack"] == 0
+
+    wait_for(drained, timeout=60, what="the queue drained")
+    wait_for(lambda: queue.stats()["unannounced"] == 0, what="the exhaustions announced")
+    charged = {entry.id for entry in queue.list_messages("garbage", limit=1000)}
+    # What the killed worker held when it died: running, fetched ahead, or handled with the
+    # ack not committed. Each used its only attempt; nothing else did, and nothing is lost.
+    assert 1 <= len(charged) <= max(batch_size, concurrency), len(charged)
+    started_by = {(e["id"], e["pid"]) for e in events("start")}
+    assert {pid for message_id, pid in started_by if message_id in charged} <= {killed.pid}
+    assert {e["id"] for e in events("done")} >= ids - charged
+    exhausted = events("exhausted")
+    assert {e["id"] for e in exhausted} == charged
+    assert {e["pid"] for e in exhausted} == {survivor.pid}
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(timeout=20) == 0
+
+
 def test_the_exhaustion_signal_survives_a_worker_dying_while_announcing_it(
     workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
 ) -> None:
@@ -205,6 +282,152 @@ def test_the_exhaustion_signal_survives_a_worker_dying_while_announcing_it(
     assert survivor.wait(timeout=20) == 0
 
 
+def test_a_worker_process_with_a_broken_handler_stops_at_once_naming_it(
+    workers: list[WorkerProcess], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_handlers.py").write_text("import a_dependency_not_installed\n")
+    worker = spawn(
+        workers,
+        redis_server.url,
+        DQ_TEST_HANDLER="broken_handlers.handle",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )
+    assert worker.wait(timeout=30) == 1
+    assert "(delayqueue_django.E020) DELAYQUEUES['default']['HANDLER'] is " in worker.output
+    assert "raised ModuleNotFoundError: No module named 'a_dependency_not_installed'" in (
+        worker.output
+    )
+    assert "Traceback" not in worker.output
+
+
+def test_a_worker_started_before_redis_says_so_once_and_then_that_it_connected(
+    workers: list[WorkerProcess], settings: Any
+) -> None:
+    port = free_port()  # nothing listens there yet
+    url = f"redis://127.0.0.1:{port}/0"
+    # The default verbosity; heartbeats every 0.5 s meet the outage too.
+    worker = spawn(workers, url, "-v", "1", "--heartbeat", "0.5")
+    worker.wait_for_line(f"cannot reach Redis at 127.0.0.1:{port}, retrying: Error 111 ")
+    time.sleep(6)  # the consumer, its heartbeats and the wake-up listener all retry meanwhile
+    server = RedisServer(port=port)
+    try:
+        worker.wait_for_line(f"connected to Redis at 127.0.0.1:{port} again, after ")
+        queue = queue_for(settings, url)
+        queue.send({"n": 1})
+        wait_for(lambda: events("done"), timeout=20, what="the message handled")
+        worker.wait_for_line("handled 1 message (0 failed) in the last ")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        server.close()
+    warnings = [
+        line.partition(": ")[2] for line in worker.output.splitlines() if " WARNING " in line
+    ]
+    # Before: 38 warnings of four kinds in 13 s, naming queues, and silence at the end.
+    assert [warning.partition(", ")[0] for warning in warnings] == [
+        f"cannot reach Redis at 127.0.0.1:{port}",
+        f"connected to Redis at 127.0.0.1:{port} again",
+    ]
+    assert "handled message id=" not in worker.output  # one line per message is for -v 2
+
+
+def handler_module(version: str) -> str:
+    return (
+        "from tests.worker_handlers import record\n\n\n"
+        "def handle(message):\n"
+        f"    record(message.queue, {version!r}, id=message.id)\n"
+    )
+
+
+def test_reload_restarts_the_worker_when_a_module_changes(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    module = tmp_path / "reloaded_handlers.py"
+    module.write_text(handler_module("v1"))
+    worker = spawn(
+        workers,
+        redis_server.url,
+        "--reload",
+        DQ_TEST_HANDLER="reloaded_handlers.handle",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )
+    worker.wait_for_line("queue 'default'")
+    queue = queue_for(settings, redis_server.url)
+    first = queue.send({"n": 1})
+    wait_for(lambda: events("v1"), timeout=20, what="the first version's handler")
+
+    changed = f"{module} changed: stopping the worker to restart it."
+
+    def saved_again() -> bool:
+        # The reloader compares each second's modification times with the last: an edit
+        # before it first saw the file goes unnoticed, so the test saves until it is seen.
+        module.write_text(handler_module("v2"))
+        time.sleep(0.5)
+        return changed in worker.output
+
+    wait_for(saved_again, timeout=20, what="the change noticed")
+    wait_for(lambda: worker.output.count("delayqueue_django worker ") == 2, what="a restart")
+    second = queue.send({"n": 2})
+    wait_for(lambda: events("v2"), timeout=20, what="the new version's handler")
+
+    assert [e["id"] for e in events("v1")] == [first]
+    assert [e["id"] for e in events("v2")] == [second]
+    # The first worker stopped as on SIGTERM, in a process of its own, before the second.
+    before_restart = worker.output.split(f"{module} changed")[1]
+    assert "stopped: 1 handled, 0 failed." in before_restart.split("delayqueue_django worker")[0]
+    pids = {int(pid) for pid in re.findall(r"delayqueue_django worker [^:]+:(\d+):", worker.output)}
+    assert len(pids) == 2
+    assert worker.pid not in pids  # the command's own process only watches
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    wait_for(lambda: not any(alive(pid) for pid in pids), what="the worker processes gone")
+
+
+def test_reload_waits_for_a_fix_when_the_handler_module_fails_to_import(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    module = tmp_path / "reloaded_handlers.py"
+    module.write_text("def handle(message)\n")  # a syntax error
+    worker = spawn(
+        workers,
+        redis_server.url,
+        "--reload",
+        DQ_TEST_HANDLER="reloaded_handlers.handle",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )
+    worker.wait_for_line("The worker starts again when a file is saved.")
+    assert "raised SyntaxError: expected ':' (reloaded_handlers.py, line 1)" in worker.output
+    assert worker.process.poll() is None  # still watching
+
+    def fixed() -> bool:
+        module.write_text(handler_module("fixed"))  # saved until seen (see above)
+        time.sleep(0.5)
+        return "delayqueue_django worker " in worker.output
+
+    wait_for(fixed, timeout=20, what="the worker started after the fix")
+    message_id = queue_for(settings, redis_server.url).send({"n": 1})
+    wait_for(lambda: events("fixed"), timeout=20, what="the fixed handler")
+    assert [e["id"] for e in events("fixed")] == [message_id]
+    worker.signal(signal.SIGTERM)  # the command's process takes its worker along
+    assert worker.wait(timeout=20) == 0
+    pids = {int(pid) for pid in re.findall(r"delayqueue_django worker [^:]+:(\d+):", worker.output)}
+    wait_for(lambda: not any(alive(pid) for pid in pids), what="the worker process gone")
+
+
+def test_reload_is_refused_with_burst_or_max_messages(redis_server: RedisServer) -> None:
+    for option in ({"burst": True}, {"max_messages": 3}):
+        with pytest.raises(CommandError, match="cannot be combined with --burst or --max-"):
+            call_command("run_delayqueue", reload=True, **option)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_the_worker_carries_on_through_a_redis_restart(
     workers: list[WorkerProcess], settings: Any
 ) -> None:
@@ -221,7 +444,8 @@ def test_the_worker_carries_on_through_a_redis_restart(
         assert [e["id"] for e in events("done")] == [message_id]
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
-        assert "redis unavailable" in worker.output or "subscription lost" in worker.output
+        assert f"cannot reach Redis at 127.0.0.1:{server.port}, retrying: " in worker.output
+        assert f"connected to Redis at 127.0.0.1:{server.port} again, after " in worker.output
     finally:
         server.close()
 
@@ -230,18 +454,22 @@ def test_several_worker_processes_share_a_queue_without_duplicates(
     workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
 ) -> None:
     queue = queue_for(settings, redis_server.url)
-    ids = queue.send_many([{"n": n} for n in range(300)], delay=0.5)
-    ids += queue.send_many([{"n": n} for n in range(300, 600)])
     for _ in range(3):
         spawn(workers, redis_server.url, "--concurrency", "2")
+    # All of them listening first: on a loaded machine one worker could start seconds before
+    # the others and drain the whole queue alone, which would test nothing about sharing.
+    for worker in workers:
+        worker.wait_for_line("queue 'default'")
+    # 2 ms a message, so no one worker can drain them all before the others' first fetch.
+    work = {"do": "sleep", "seconds": 0.002}
+    ids = queue.send_many([{"n": n, **work} for n in range(300)], delay=0.5)
+    ids += queue.send_many([{"n": n, **work} for n in range(300, 600)])
     wait_for(lambda: len(events("done")) >= 600, timeout=60, what="all 600 handled")
     handled = Counter(e["id"] for e in events("done"))
     assert set(handled) == set(ids)
     assert max(handled.values()) == 1  # no timeouts, so no duplicates
     assert len({e["pid"] for e in events("done")}) >= 2
     for worker in workers:
-        # A slow start can leave a worker idle before it has set up its signal handlers.
-        worker.wait_for_line("queue 'default'")
         worker.signal(signal.SIGTERM)
     assert [worker.wait(timeout=20) for worker in workers] == [0, 0, 0]
 

@@ -3,13 +3,15 @@
 Each call is recorded as JSON in the Redis list ``test:log`` on the queue's server, so a test
 can see what every worker process did; for a memory queue, whose worker runs in the test's
 own process, in ``MEMORY_LOG``. The payload says what to do:
-``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first", "seconds": float}``
-("sleep-first" sleeps on the first attempt only); with ``"count_unack": true`` the start
-record also holds the queue's unack count.
+``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first" | "block", "seconds":
+float}`` ("sleep-first" sleeps on the first attempt only; "block" waits until a test sets
+``UNBLOCK``, or ``seconds`` pass); with ``"count_unack": true`` the start record also holds the
+queue's unack count.
 """
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -22,6 +24,8 @@ from delayqueue_django.message import Message
 
 LOG_KEY = "test:log"
 MEMORY_LOG: list[str] = []
+# Holds every "block" handler of this process until set.
+UNBLOCK = threading.Event()
 
 
 def record(queue: str, event: str, **fields: Any) -> None:
@@ -43,6 +47,8 @@ def handle(message: Message) -> Any:
     record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time(), **seen)
     if action == "sleep" or (action == "sleep-first" and message.attempt == 1):
         time.sleep(message.payload.get("seconds", 1.0))
+    if action == "block":
+        UNBLOCK.wait(timeout=message.payload.get("seconds", 60.0))
     if action == "false":
         return False
     if action == "raise":
@@ -56,6 +62,14 @@ def handle(message: Message) -> Any:
 @handler("decorated")
 def decorated(message: Message) -> None:
     record(message.queue, "decorated", id=message.id)
+
+
+@receiver(signals.message_acked)
+def exit_from_a_receiver(**kwargs: Any) -> None:
+    """Connected before on_acked: a receiver raising SystemExit must neither stop the worker
+    nor keep the receivers after it from being called."""
+    if os.environ.get("DQ_TEST_RECEIVER_EXITS") == "1":
+        raise SystemExit(3)
 
 
 @receiver(signals.message_acked)

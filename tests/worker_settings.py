@@ -1,5 +1,6 @@
 """Settings for worker subprocesses: the test settings, with queues from the environment."""
 
+import json
 import os
 
 from tests.settings import *  # noqa: F403
@@ -7,9 +8,10 @@ from tests.settings import *  # noqa: F403
 DELAYQUEUES = {
     "default": {
         "URL": os.environ["DQ_TEST_REDIS_URL"],
-        "HANDLER": "tests.worker_handlers.handle",
+        "HANDLER": os.environ.get("DQ_TEST_HANDLER", "tests.worker_handlers.handle"),
         "MAX_CONSUME_DURATION": float(os.environ.get("DQ_TEST_MAX_CONSUME", "30")),
         "RETRY_COUNT": int(os.environ.get("DQ_TEST_RETRY_COUNT", "3")),
         "NACK_REDELIVERY_DELAY": 0,
+        "SCHEDULES": json.loads(os.environ.get("DQ_TEST_SCHEDULES", "{}")),
     }
 }

@@ -23,6 +23,7 @@ from delayqueue_django.engine.records import (
     NewMessage,
     StoredMessage,
     StoreLimits,
+    printable,
 )
 from delayqueue_django.engine.store import RedisStore
 
@@ -44,4 +45,5 @@ __all__ = [
     "StoredMessage",
     "UnsupportedRedisVersion",
     "WakeupSubscription",
+    "printable",
 ]

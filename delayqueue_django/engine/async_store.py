@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import NewMessage, StoreLimits
-from delayqueue_django.engine.scripts import Scripts
+from delayqueue_django.engine.scripts import AsyncLua
 from delayqueue_django.engine.store import (
     log_warnings,
     oldest_version,
@@ -31,7 +31,7 @@ class AsyncRedisStore:
         self.keys = keys
         self.limits = limits
         self._layout = keys.layout
-        self._scripts = Scripts(client)
+        self._lua = AsyncLua(client)
         self._version_checked = False
         self._version_lock = asyncio.Lock()
 
@@ -46,7 +46,7 @@ class AsyncRedisStore:
 
     async def _run(self, name: str, args: Sequence[Any]) -> Any:
         await self.check_server()
-        reply = await self._scripts[name](keys=self._layout, args=args)
+        reply = await self._lua(name, self._layout, args)
         log_warnings(self.keys.queue, reply[-1])
         return reply
 

@@ -1,6 +1,8 @@
 """Errors raised by the Redis protocol layer."""
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 class DelayQueueError(Exception):
@@ -18,3 +20,18 @@ class UnsupportedRedisVersion(DelayQueueError):
 class RedisOutOfMemory(DelayQueueError, OutOfMemoryError):
     """Redis refused to store messages: it is over its maxmemory and may not evict keys
     (noeviction); nothing was written. Still a redis ``OutOfMemoryError``."""
+
+
+class QueueUnavailable(DelayQueueError, RedisConnectionError):
+    """The queue's Redis could not be reached: no connection, or one lost. The message says
+    where (host:port, never credentials); redis-py's own error is its ``__cause__``.
+
+    Still a redis ``ConnectionError``: code that caught redis-py's errors around a send
+    (``except redis.ConnectionError`` or ``except redis.RedisError``) catches it as before,
+    and so do the worker's loops."""
+
+
+class QueueTimedOut(QueueUnavailable, RedisTimeoutError):
+    """Redis did not answer within the socket timeout. Unlike a refused connection, the
+    call may have run: a send may have been written, a cancel done. Also a redis
+    ``TimeoutError``, as the error it stands for."""

@@ -2,9 +2,11 @@
 
 The rules: every message id is in exactly one state (pending, ready, unack, retry, garbage),
 once; every live message has a payload and a readable meta record whose attempt count fits
-its state; no payload or meta record outlives its message; an exhaustion still to announce
-belongs to a dead letter. Dead letters without a payload or meta record are the engine's own
-way of setting damage aside, so they are counted (``damaged``), not reported as problems.
+its state, and its id and payload are UTF-8 text; no payload or meta record outlives its
+message; an exhaustion still to announce belongs to a dead letter. Dead letters without a readable
+payload or meta record are the engine's own way of setting damage aside, so they are counted
+(``damaged``), not reported as problems; and so are the keys renamed aside for holding the
+wrong type (``quarantined``).
 
 The state is read in one atomic snapshot by a read-only Lua script (snapshot.lua) that returns
 every id; the checking runs here, off the server. A MULTI/EXEC of the same range reads would
@@ -13,17 +15,20 @@ it is out of memory, which is when an operator most needs the check; a read-only
 then, on a read-only replica too, and on Redis Cluster it goes where the queue's hash tag
 lives like every other script. The cost is O(n) for n messages: Redis is busy for the read
 (measured: about 0.4 s per 100,000 messages, 5 s and some 110 MB of Lua memory for a
-million), so on a very large queue run it when such a pause is acceptable.
+million), so on a very large queue run it when such a pause is acceptable. Whether each
+payload is UTF-8 text is read afterwards, a page at a time (``Store.unreadable_payloads``),
+which does not hold Redis up but carries every payload across the network once: the snapshot
+would have to hold them all, and a payload never changes while its message lives.
 """
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import Store
-from delayqueue_django.engine.records import STATES
+from delayqueue_django.engine.records import STATES, meta_numbers
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +50,10 @@ class InvariantReport:
     counts: dict[str, int]
     # Distinct ids the queue knows (in a state, or only in the payload or meta hash).
     messages: int
-    # Dead letters without a payload or meta record: damage the engine set aside.
+    # Dead letters without a readable payload or meta record: damage set aside.
     damaged: int
-    # A key of the wrong type was renamed aside at some point (see the quarantine key).
-    quarantined: bool
+    # The keys renamed aside for holding the wrong type (see the quarantine key).
+    quarantined: list[str]
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -64,38 +69,59 @@ class Snapshot:
     payload_ids: list[str] | None
     metas: dict[str, str] | None
     exhausted: list[str] | None
-    quarantined: bool
+    quarantined: list[str]
+    # Ids that are not UTF-8 text (only a foreign write stores such), as _text shows them.
+    unreadable_ids: set[str] = field(default_factory=set)
+    # Ids whose payload is not UTF-8 text (read apart from the snapshot, see above).
+    unreadable_payloads: list[str] = field(default_factory=list)
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    """Ids and records as read: bytes that are not UTF-8 as backslash escapes, which keeps
+    them apart and printable (reports are written to terminals)."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
 def parse_snapshot(reply: Sequence[Any], keys: QueueKeys) -> Snapshot:
     """snapshot.lua's reply as a Snapshot."""
     *state_ids, payload_ids, flat_metas, exhausted, quarantined, foreign, _ = reply
     foreign_keys = {_text(key) for key in foreign}
+    unreadable_ids: set[str] = set()
+
+    def message_id(raw: bytes | str) -> str:
+        try:
+            return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError:
+            shown = _text(raw)
+            unreadable_ids.add(shown)
+            return shown
 
     def ids(name: str, items: Sequence[Any]) -> list[str] | None:
-        return None if keys.key(name) in foreign_keys else [_text(item) for item in items]
+        return None if keys.key(name) in foreign_keys else [message_id(item) for item in items]
 
-    metas = ids("meta", flat_metas)
+    metas = None
+    if keys.key("meta") not in foreign_keys:
+        pairs = zip(flat_metas[::2], flat_metas[1::2], strict=True)
+        metas = {message_id(raw_id): _text(raw_meta) for raw_id, raw_meta in pairs}
     return Snapshot(
         states={state: ids(state, items) for state, items in zip(STATES, state_ids, strict=True)},
         payload_ids=ids("payload", payload_ids),
-        metas=None if metas is None else dict(zip(metas[::2], metas[1::2], strict=True)),
+        metas=metas,
         exhausted=ids("exhausted", exhausted),
-        quarantined=bool(quarantined),
+        quarantined=[_text(name) for name in quarantined],
+        unreadable_ids=unreadable_ids,
     )
 
 
 def parse_meta(raw: str) -> tuple[int, int, int] | None:
-    """lease, attempt and budget: the leading fields of a meta record (later fields, added
-    by newer versions, are ignored)."""
+    """lease, attempt and budget: the leading fields of a meta record, which must be numbers
+    the scripts can read, as must due, the fourth (later fields, added by newer versions, are
+    ignored)."""
     parts = raw.split(":")
-    if len(parts) < 3 or not all(part.isdigit() for part in parts[:3]):
+    numbers = meta_numbers(parts[:4]) if len(parts) >= 3 else None
+    if numbers is None:
         return None
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    return numbers[0], numbers[1], numbers[2]
 
 
 def _attempt_fits(state: str, attempt: int, budget: int) -> bool:
@@ -131,6 +157,7 @@ def check(snapshot: Snapshot, keys: QueueKeys) -> InvariantReport:
             problems.append(Problem("wrong-type", keys.key(name), f"the {name} key's type"))
     payloads = set(snapshot.payload_ids or ())
     metas = snapshot.metas or {}
+    unreadable_payloads = set(snapshot.unreadable_payloads)
 
     damaged = 0
     for message_id, states in where.items():
@@ -141,13 +168,27 @@ def check(snapshot: Snapshot, keys: QueueKeys) -> InvariantReport:
         state = states[0]
         raw_meta = metas.get(message_id)
         if state == "garbage":
-            if message_id not in payloads or raw_meta is None:
+            readable = (
+                message_id in payloads
+                and message_id not in unreadable_payloads
+                and message_id not in snapshot.unreadable_ids
+            )
+            if not readable or raw_meta is None or parse_meta(raw_meta) is None:
                 damaged += 1
             continue
+        if message_id in snapshot.unreadable_ids:
+            problems.append(Problem("unreadable-id", message_id, f"{state}, id not UTF-8"))
         if message_id not in payloads:
             problems.append(Problem("no-payload", message_id, f"{state} without a payload"))
+        elif message_id in unreadable_payloads:
+            problems.append(
+                Problem("unreadable-payload", message_id, f"{state} with a payload not UTF-8")
+            )
         if raw_meta is None:
-            problems.append(Problem("no-meta", message_id, f"{state} without a meta record"))
+            # A message never handed out keeps its first meta record in its payload (see
+            # snapshot.lua): with the payload missing (named above), nothing else is.
+            if state not in ("pending", "ready") or message_id in payloads:
+                problems.append(Problem("no-meta", message_id, f"{state} without a meta record"))
             continue
         parsed = parse_meta(raw_meta)
         if parsed is None:
@@ -190,5 +231,10 @@ def _orphans(
 
 
 def check_queue(store: Store) -> InvariantReport:
-    """Snapshot the queue atomically (one round trip) and check it."""
-    return check(parse_snapshot(store.snapshot(), store.keys), store.keys)
+    """Snapshot the queue atomically (one round trip), read which payloads are not text, and
+    check it."""
+    snapshot = parse_snapshot(store.snapshot(), store.keys)
+    if snapshot.payload_ids is not None:  # (a payload key of the wrong type is reported)
+        unreadable = [_text(message_id) for message_id in store.unreadable_payloads()]
+        snapshot = replace(snapshot, unreadable_payloads=unreadable)
+    return check(snapshot, store.keys)

@@ -32,6 +32,11 @@ class QueueKeys:
         ]
 
     @property
+    def schedule_keys(self) -> list[str]:
+        """The extra KEYS of the schedule scripts: definitions, and where ticks stand."""
+        return [self.key("schedules"), self.key("schedule_ticks")]
+
+    @property
     def wakeup_channel(self) -> str:
         """Pub/sub channel on which scripts announce that work is due earlier than planned."""
         return self.key("wakeup")

@@ -15,8 +15,11 @@ from delayqueue_django.engine.records import (
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleListing,
+    ScheduleReply,
     StoredMessage,
     StoreLimits,
+    Tick,
 )
 
 
@@ -45,6 +48,15 @@ class Store(Protocol):
         """Schedule messages; returns each one's due time in ms (the store's clock).
         Raises DuplicateMessageId, writing nothing of that batch, if an id is known."""
 
+    def relay(
+        self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
+    ) -> list[int | None]:
+        """Write messages relayed from a database outbox (each with its ``at_ms``), each at
+        most once: an id relayed before, and not forgotten since, or already known to the
+        queue, is not written again (its entry in the reply is None, the others their due
+        times). ``forget``: ids relayed before whose outbox rows are now deleted for good;
+        an id never forgotten is forgotten ``keep_ms`` after its relay."""
+
     def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
         """Remove a message; returns the state it left, or None if nothing was removed."""
 
@@ -58,11 +70,25 @@ class Store(Protocol):
         attempts, and takes nothing new.
         """
 
-    def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
-        """Forget delivered messages; returns the ids whose lease still held."""
+    def ack(
+        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+    ) -> set[str]:
+        """Forget delivered messages; returns the ids whose lease still held.
 
-    def nack(self, refusals: Sequence[tuple[str, int, int]]) -> list[NackOutcome]:
-        """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once."""
+        A ``fetcher`` may name each ack or nack ``request``: the store keeps the reply of
+        the fetcher's last one that changed something (for consume_ms), and a call that
+        repeats it (its reply was lost) changes nothing and gets that reply again.
+        """
+
+    def nack(
+        self,
+        refusals: Sequence[tuple[str, int, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+    ) -> list[NackOutcome]:
+        """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
+        A repeated ``request`` gets the reply it had (see ack)."""
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""
@@ -73,8 +99,10 @@ class Store(Protocol):
     def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
 
-    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
-        """Record that these exhaustions were announced."""
+    def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
+        """Record that claimed exhaustions were announced: ``(id, claimed_until_ms)`` of each
+        claim. An id whose claim lapsed and was taken again, or whose message was exhausted
+        anew since, is left for that newer claim. Returns how many were confirmed."""
 
     def subscribe_wakeups(self) -> WakeupSubscription:
         """Listen to the queue's wake-ups; the subscription is active when this returns."""
@@ -88,14 +116,23 @@ class Store(Protocol):
         """Make pending messages due now."""
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool
-    ) -> tuple[int, bool]:
-        """Delete dead letters (all, or buried at least older_than_ms ago), at most limit."""
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+    ) -> tuple[int, int]:
+        """Delete dead letters (all, or buried at least older_than_ms ago), oldest first,
+        examining at most ``limit`` after passing over the oldest ``offset`` candidates (those
+        earlier calls kept). With ``keep_unannounced``, one whose exhaustion is still to be
+        announced is kept. Returns how many were deleted and how many kept: fewer than
+        ``limit`` in all means no candidate is left."""
 
     def stats(self) -> dict[str, int]: ...
 
     def snapshot(self) -> list[Any]:
         """Every id the queue holds, read atomically, for the invariant checker."""
+        ...
+
+    def unreadable_payloads(self) -> list[Any]:
+        """The ids, as read, of the payloads that are not UTF-8 text (only a foreign write
+        stores such), for the invariant checker."""
         ...
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
@@ -117,6 +154,37 @@ class Store(Protocol):
 
     def peek(self, message_id: str) -> StoredMessage | None:
         """Where a message is and what it holds, or None if the queue does not know it."""
+
+    # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
+
+    def read_schedules(self) -> ScheduleListing:
+        """The store's clock (ms) and every schedule, by name, read atomically."""
+
+    def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
+        """Write the schedule's tick, only if it is later than its cursor and the schedule
+        still has this fingerprint and is not paused: each tick time is written once."""
+
+    def define_schedule(
+        self,
+        name: str,
+        definition: str,
+        fingerprint: str,
+        *,
+        expect: str,
+        start_ms: int,
+        first: Tick | None,
+    ) -> ScheduleReply:
+        """Add or change a schedule (``expect``: "any", "new" or "existing"). A changed one
+        loses its waiting tick, owes no tick up to ``start_ms`` and gets ``first``."""
+
+    def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
+        """Pause a schedule: its waiting tick is removed and none is written."""
+
+    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
+        """Resume a paused schedule from ``start_ms``, with ``first`` as its next tick."""
+
+    def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
+        """Remove a schedule (only with this fingerprint, if given) and its waiting tick."""
 
     # Task results (delayqueue_django.tasks)
 

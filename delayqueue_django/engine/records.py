@@ -1,11 +1,43 @@
 """Plain records passed in and out of the store, and the constants of its protocol."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
 
 # A nack with this delay buries the message at once, whatever its retry budget.
 BURY = -1
+
+# Lua holds numbers as doubles, exact up to 2**53: the scripts read a meta record with a
+# larger field as damaged (they would round it, and "%d" writes some back negative), and
+# so does Python (_prelude.lua's parse_meta).
+LARGEST_META_NUMBER = 2**53 - 1
+
+
+def meta_numbers(fields: Sequence[str]) -> list[int] | None:
+    """A meta record's fields as numbers, or None unless each is ASCII digits no larger
+    than LARGEST_META_NUMBER. (``str.isdigit`` alone also takes "²", which int() refuses.)"""
+    numbers = []
+    for field in fields:
+        if not (field.isascii() and field.isdigit()):
+            return None
+        number = int(field)
+        if number > LARGEST_META_NUMBER:
+            return None
+        numbers.append(number)
+    return numbers
+
+
+def printable(text: str) -> str:
+    """``text`` fit to show, log or encode anywhere. An id read from Redis whose bytes are not
+    UTF-8 (only a foreign write stores such) carries them as surrogate escapes, so that it
+    goes back as the same bytes; here they become backslash escapes (b"\\xff" -> "\\xff")."""
+    if text.isascii():
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate of another kind, given by a caller
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -20,15 +52,32 @@ class StoreLimits:
     send_batch_size: int = 1000
 
 
+# A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"
+# (see delayqueue_django/tracing.py); JSON text never starts with "^". Untraced messages
+# are stored as they always were.
+TRACE_MARK = "^"
+
+
+def split_trace(text: str) -> tuple[str, str]:
+    """``(traceparent, payload)`` of a stored payload; ``""`` and the text when untraced."""
+    if text[:1] != TRACE_MARK:
+        return "", text
+    end = text.find(TRACE_MARK, 1)
+    if end < 0:
+        return "", text
+    return text[1:end], text[end + 1 :]
+
+
 @dataclass(frozen=True, slots=True)
 class NewMessage:
-    """A message to schedule. Exactly one of ``at_ms`` and ``delay_ms`` applies."""
+    """A message to schedule: due at ``at_ms`` (or the store's now, if that is past), or
+    ``delay_us`` microseconds after the store runs the send, rounded up to the ms."""
 
     id: str
     payload: str
     budget: int
     at_ms: int | None = None
-    delay_ms: int = 0
+    delay_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +92,9 @@ class Delivery:
     deadline_ms: int
     # When the message became due for this delivery (0 if sent before this was kept).
     due_ms: int
+    # Why the delivery cannot be handled: its id or payload is not UTF-8 text (only a
+    # foreign write puts such bytes in Redis). Queue.fetch buries it. Empty when sound.
+    unreadable: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +124,11 @@ class NackOutcome:
 @dataclass(frozen=True, slots=True)
 class ExhaustedClaim:
     id: str
-    payload: str | None
+    payload: str | None  # None when it is missing or not UTF-8 text
     attempt: int
+    # When the claim lapses (ms, store clock); also its token: confirming it removes the
+    # exhaustion only while this claim still holds it.
+    claimed_until_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +139,7 @@ class StoredMessage:
     state: str
     # Due time (pending), deadline (unack) or burial time (garbage); None in the lists.
     score_ms: int | None
+    # None when missing; bytes that are not UTF-8 shown as backslash escapes ("\\xff").
     payload: str | None
     payload_size: int
     lease: int | None
@@ -96,3 +152,75 @@ class StoredMessage:
         if self.attempt is None or self.budget is None:
             return None
         return max(self.budget - max(self.attempt - 1, 0), 0)
+
+
+# Schedules (schedule.lua): a schedule's ticks are messages with ids of this form.
+TICK_ID_PREFIX = "tick:"
+
+
+def tick_id(schedule: str, at_ms: int) -> str:
+    """The id of a schedule's tick at ``at_ms``: one message per tick time."""
+    return f"{TICK_ID_PREFIX}{schedule}:{at_ms}"
+
+
+def parse_tick_id(message_id: str) -> tuple[str, int] | None:
+    """``(schedule, tick ms)`` of a tick's id, or None for any other message."""
+    if not message_id.startswith(TICK_ID_PREFIX):
+        return None
+    schedule, _, at = message_id[len(TICK_ID_PREFIX) :].rpartition(":")
+    if not schedule or not (at.isascii() and at.isdigit()):
+        return None
+    return schedule, int(at)
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A tick to write: the message due at ``at_ms``, carrying ``payload``."""
+
+    at_ms: int
+    budget: int
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """One schedule as the store keeps it (see schedule.lua): its definition (JSON, None if
+    missing) and where its ticks stand (fingerprint None if that record is missing)."""
+
+    name: str
+    definition: str | None
+    fingerprint: str | None
+    paused: bool = False
+    # A tick is written only if later than the cursor (ms).
+    cursor_ms: int = 0
+    # The latest tick written since it was defined, changed or paused, and the one before
+    # it (ms, 0 if none).
+    tick_ms: int = 0
+    previous_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleReply:
+    """What a schedule call did (see schedule.lua), and the record after it."""
+
+    status: str
+    cursor_ms: int
+    tick_ms: int
+    previous_ms: int
+    now_ms: int
+
+
+# The store's clock (ms) and every schedule, by name.
+ScheduleListing = tuple[int, list[ScheduleRecord]]
+
+
+def parse_schedule_record(name: str, definition: str | None, raw: str | None) -> ScheduleRecord:
+    """A schedule from its definition and its "fingerprint:paused:cursor:tick:previous"
+    record; an unreadable record reads as missing, as schedule.lua takes it."""
+    parts = raw.split(":") if raw is not None else []
+    numbers = meta_numbers(parts[2:]) if len(parts) == 5 and parts[1] in ("0", "1") else None
+    fingerprint = parts[0] if numbers is not None else ""
+    if numbers is None or not all(c in "0123456789abcdefABCDEF" for c in fingerprint):
+        return ScheduleRecord(name, definition, None)
+    cursor, tick, previous = numbers
+    return ScheduleRecord(name, definition, fingerprint, parts[1] == "1", cursor, tick, previous)

@@ -29,25 +29,60 @@ from delayqueue_django.engine.records import (
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleListing,
+    ScheduleReply,
     StoredMessage,
     StoreLimits,
+    Tick,
+    meta_numbers,
+    parse_schedule_record,
+    split_trace,
 )
-from delayqueue_django.engine.scripts import Scripts
+from delayqueue_django.engine.scripts import Lua
 
 logger = logging.getLogger("delayqueue_django.engine")
 
 RedisClient: TypeAlias = Redis | RedisCluster
 
-# LPOP with a count, ZRANGE ... BYSCORE LIMIT and ZMSCORE arrived in Redis 6.2.
-MINIMUM_REDIS_VERSION = (6, 2)
+# Functions (FUNCTION LOAD, FCALL) arrived in Redis 7.0; Valkey, which has them from its
+# first release, 7.2, reports itself as that Redis version.
+MINIMUM_REDIS_VERSION = (7, 0)
+
+
+# Replies are bytes. What the package wrote itself is UTF-8 text; but anyone can write to a
+# queue's keys, and bytes that are not UTF-8 in an id, payload or meta record must cost that
+# message alone, never the reader (a fetch's whole batch, an admin page).
 
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def _optional_text(value: bytes | str | None) -> str | None:
-    return None if value is None else _text(value)
+def _id(value: bytes | str) -> str:
+    """An id as stored: bytes that are not UTF-8 become surrogate escapes (see _wire)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def _wire(message_id: str) -> bytes:
+    """An id as Redis stores it: an id read by _id goes back as the very same bytes."""
+    return message_id.encode("utf-8", "surrogateescape")
+
+
+def _shown(value: bytes | str) -> str:
+    """Text to look at: bytes that are not UTF-8 as backslash escapes ("\\xff")."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
+def _optional_shown(value: bytes | str | None) -> str | None:
+    return None if value is None else _shown(value)
+
+
+def _payload_text(value: bytes | str | None) -> str | None:
+    """A payload's text; None if it is missing or not UTF-8 text."""
+    try:
+        return None if value is None else _text(value)
+    except UnicodeDecodeError:
+        return None
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -61,9 +96,10 @@ def parse_meta(raw: str | None) -> tuple[int, int, int] | None:
     if raw is None:
         return None
     parts = raw.split(":")
-    if len(parts) not in (3, 4) or not all(part.isdigit() for part in parts):
+    numbers = meta_numbers(parts) if len(parts) in (3, 4) else None
+    if numbers is None:
         return None
-    lease, attempt, budget = (int(part) for part in parts[:3])
+    lease, attempt, budget = numbers[:3]
     return lease, attempt, budget
 
 
@@ -91,7 +127,7 @@ def require_supported(version: tuple[int, ...], queue: str) -> None:
 def log_warnings(queue: str, warnings: Sequence[Sequence[bytes | str]]) -> None:
     for subject, reason in warnings:
         logger.warning(
-            "damaged queue state queue=%s subject=%s: %s", queue, _text(subject), _text(reason)
+            "damaged queue state queue=%s subject=%s: %s", queue, _shown(subject), _shown(reason)
         )
 
 
@@ -102,7 +138,30 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
         args: list[Any] = [channel, len(chunk)]
         for message in chunk:
             at = "" if message.at_ms is None else message.at_ms
-            args += [message.id, at, message.delay_ms, message.budget, message.payload]
+            args += [message.id, at, message.delay_us, message.budget, message.payload]
+        calls.append(args)
+    return calls
+
+
+def relay_calls(
+    channel: str,
+    messages: Sequence[NewMessage],
+    forget: Sequence[str],
+    keep_ms: int,
+    batch_size: int,
+) -> list[list[Any]]:
+    """The relay script's ARGV for each chunk of ``batch_size`` messages; the first call
+    carries the ids to forget (and is made for them alone when there is no message)."""
+    chunks = list(_chunks(messages, batch_size)) or [[]]
+    calls = []
+    for number, chunk in enumerate(chunks):
+        forgotten = forget if number == 0 else ()
+        args: list[Any] = [channel, keep_ms, len(chunk), len(forgotten)]
+        for message in chunk:
+            if message.at_ms is None:
+                raise ValueError(f"a relayed message needs its due time (id {message.id!r})")
+            args += [message.id, message.at_ms, message.budget, message.payload]
+        args += forgotten
         calls.append(args)
     return calls
 
@@ -151,13 +210,18 @@ class RedisStore:
         self.limits = limits
         self._layout = keys.layout
         self._channel = keys.wakeup_channel
-        self._scripts = Scripts(client)
+        self._lua = Lua(client)
         self._version_checked = False
         self._version_lock = threading.Lock()
 
     @property
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
+
+    @property
+    def uses_scripts(self) -> bool:
+        """Whether the Lua runs as EVALSHA scripts: the server refused Functions."""
+        return self._lua.uses_scripts
 
     def check_server(self) -> None:
         """Refuse a Redis too old for the scripts (asked once per store)."""
@@ -169,14 +233,11 @@ class RedisStore:
             require_supported(oldest_version(self.client.info("server")), self.keys.queue)
             self._version_checked = True
 
-    def _run(
-        self, name: str, args: Sequence[Any], client: Any = None, extra_keys: Sequence[str] = ()
-    ) -> Any:
+    def _run(self, name: str, args: Sequence[Any], extra_keys: Sequence[str] = ()) -> Any:
         self.check_server()
         keys = [*self._layout, *extra_keys] if extra_keys else self._layout
-        reply = self._scripts[name](keys=keys, args=args, client=client)
-        if client is None:
-            log_warnings(self.keys.queue, reply[-1])
+        reply = self._lua(name, keys, args)
+        log_warnings(self.keys.queue, reply[-1])
         return reply
 
     # Producers
@@ -186,19 +247,37 @@ class RedisStore:
         calls = send_calls(self._channel, messages, self.limits.send_batch_size)
         try:
             if len(calls) <= 1 or self.is_cluster:
-                # Redis Cluster pipelines refuse EVALSHA, so a cluster sends chunk by chunk.
+                # A cluster sends chunk by chunk, each straight to the queue's node.
                 replies = [self._run("send", args) for args in calls]
             else:
                 self.check_server()
-                pipe = self.client.pipeline(transaction=False)
-                for args in calls:
-                    self._run("send", args, client=pipe)
-                replies = pipe.execute()
+                replies = self._lua.pipelined("send", [(self._layout, args) for args in calls])
                 for reply in replies:
                     log_warnings(self.keys.queue, reply[-1])
         except ResponseError as error:
             raise send_error(error, self.keys.queue) from None
         return [int(due) for reply in replies for due in reply[:-1]]
+
+    def relay(
+        self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
+    ) -> list[int | None]:
+        """Write messages relayed from a database outbox, each once however often it comes
+        (relay.lua); returns each one's due time, or None for one relayed before. ``forget``:
+        ids whose outbox rows are deleted for good. Every message needs its ``at_ms``."""
+        calls = relay_calls(self._channel, messages, forget, keep_ms, self.limits.send_batch_size)
+        record = [self.keys.key("relayed")]
+        try:
+            if len(calls) <= 1 or self.is_cluster:
+                replies = [self._run("relay", args, extra_keys=record) for args in calls]
+            else:
+                self.check_server()
+                keys = [*self._layout, *record]
+                replies = self._lua.pipelined("relay", [(keys, args) for args in calls])
+                for reply in replies:
+                    log_warnings(self.keys.queue, reply[-1])
+        except ResponseError as error:
+            raise send_error(error, self.keys.queue) from None
+        return [None if int(due) < 0 else int(due) for reply in replies for due in reply[:-1]]
 
     def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
         """Remove a message; returns the state it left, or None if nothing was removed.
@@ -207,7 +286,7 @@ class RedisStore:
         cancel, after which the message is never delivered.
         """
         mode = "delete" if include_in_flight_and_dead else "cancel"
-        return removed_state(self._run("remove", [message_id, mode]))
+        return removed_state(self._run("remove", [_wire(message_id), mode]))
 
     # Consumers
 
@@ -226,18 +305,25 @@ class RedisStore:
         # Redis read its clock between sending and receiving: the middle is the best guess.
         read_at = (sent_at + time.monotonic()) / 2
         deadline = now + limits.consume_ms
-        deliveries = [
-            Delivery(
-                id=_text(flat[i]),
-                payload=_text(flat[i + 1]),
-                attempt=int(flat[i + 2]),
-                lease=int(flat[i + 3]),
-                budget=int(flat[i + 4]),
-                deadline_ms=deadline,
-                due_ms=int(flat[i + 5]),
+        deliveries = []
+        for i in range(0, len(flat), 6):
+            try:
+                message_id, payload, unreadable = _text(flat[i]), _text(flat[i + 1]), ""
+            except UnicodeDecodeError as error:
+                message_id, payload = _id(flat[i]), _shown(flat[i + 1])
+                unreadable = f"its id or payload is not UTF-8 text ({error})"
+            deliveries.append(
+                Delivery(
+                    id=message_id,
+                    payload=payload,
+                    attempt=int(flat[i + 2]),
+                    lease=int(flat[i + 3]),
+                    budget=int(flat[i + 4]),
+                    deadline_ms=deadline,
+                    due_ms=int(flat[i + 5]),
+                    unreadable=unreadable,
+                )
             )
-            for i in range(0, len(flat), 6)
-        ]
         return FetchResult(
             now_ms=int(now),
             next_ms=None if next_ms < 0 else int(next_ms),
@@ -248,23 +334,47 @@ class RedisStore:
             read_at=read_at,
         )
 
-    def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
-        """Forget delivered messages; returns the ids whose lease still held."""
+    def _commit_record(self, fetcher: str, request: str) -> list[str]:
+        """The extra key of a named ack or nack request: its caller's record (see ack.lua)."""
+        return [self.keys.key(f"commit:{fetcher}")] if request else []
+
+    def ack(
+        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+    ) -> set[str]:
+        """Forget delivered messages; returns the ids whose lease still held.
+
+        A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
+        the repeat answers what that request did (see ack.lua)."""
         if not leases:
             return set()
-        acked, _ = self._run("ack", [len(leases), *_flatten(leases)])
-        return {_text(message_id) for message_id in acked}
+        acked, _ = self._run(
+            "ack",
+            [request, self.limits.consume_ms, len(leases), *_id_rows(leases)],
+            extra_keys=self._commit_record(fetcher, request),
+        )
+        return {_id(message_id) for message_id in acked}
 
-    def nack(self, refusals: Sequence[tuple[str, int, int]]) -> list[NackOutcome]:
+    def nack(
+        self,
+        refusals: Sequence[tuple[str, int, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+    ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
 
-        Returns the outcome of each refusal whose lease still held.
+        Returns the outcome of each refusal whose lease still held. A repeated ``request``
+        answers what that request did, as for ack.
         """
         if not refusals:
             return []
-        flat, _ = self._run("nack", [self._channel, len(refusals), *_flatten(refusals)])
+        flat, _ = self._run(
+            "nack",
+            [self._channel, request, self.limits.consume_ms, len(refusals), *_id_rows(refusals)],
+            extra_keys=self._commit_record(fetcher, request),
+        )
         return [
-            NackOutcome(_text(flat[i]), int(flat[i + 1]) == 2, int(flat[i + 2]))
+            NackOutcome(_id(flat[i]), int(flat[i + 1]) == 2, int(flat[i + 2]))
             for i in range(0, len(flat), 3)
         ]
 
@@ -272,31 +382,34 @@ class RedisStore:
         """Hand back deliveries that were never started, without using a retry."""
         if not leases:
             return []
-        released, _ = self._run("release", [self._channel, len(leases), *_flatten(leases)])
-        return [_text(message_id) for message_id in released]
+        released, _ = self._run("release", [self._channel, len(leases), *_id_rows(leases)])
+        return [_id(message_id) for message_id in released]
 
     def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:
         """Push deadlines to now + consume_ms; returns the new deadline and the ids extended."""
         if not leases:
             return 0, []
         deadline, extended, _ = self._run(
-            "extend", [self.limits.consume_ms, len(leases), *_flatten(leases)]
+            "extend", [self.limits.consume_ms, len(leases), *_id_rows(leases)]
         )
-        return int(deadline), [_text(message_id) for message_id in extended]
+        return int(deadline), [_id(message_id) for message_id in extended]
 
     def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
         flat, _ = self._run("claim_exhausted", [count, claim_ms])
         return [
-            ExhaustedClaim(_text(flat[i]), _optional_text(flat[i + 1]), int(flat[i + 2]))
-            for i in range(0, len(flat), 3)
+            ExhaustedClaim(
+                _id(flat[i]), _payload_text(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3])
+            )
+            for i in range(0, len(flat), 4)
         ]
 
-    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
-        """Record that these exhaustions were announced."""
-        if not message_ids:
+    def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
+        """Record that claimed exhaustions were announced, each only while its claim holds."""
+        if not claims:
             return 0
-        return int(self.client.zrem(self.keys.key("exhausted"), *message_ids))
+        confirmed, _ = self._run("confirm_exhausted", [len(claims), *_id_rows(claims)])
+        return int(confirmed)
 
     def subscribe_wakeups(self) -> RedisWakeups:
         """Listen on the wake-up channel the scripts publish to."""
@@ -308,23 +421,26 @@ class RedisStore:
         """Move dead letters back to pending, due now, with a fresh retry budget."""
         if not message_ids:
             return []
-        requeued, _ = self._run("requeue", [self._channel, default_budget, *message_ids])
-        return [_text(message_id) for message_id in requeued]
+        requeued, _ = self._run(
+            "requeue", [self._channel, default_budget, *map(_wire, message_ids)]
+        )
+        return [_id(message_id) for message_id in requeued]
 
     def promote(self, message_ids: Sequence[str]) -> list[str]:
         """Make pending messages due now."""
         if not message_ids:
             return []
-        promoted, _ = self._run("promote", [self._channel, *message_ids])
-        return [_text(message_id) for message_id in promoted]
+        promoted, _ = self._run("promote", [self._channel, *map(_wire, message_ids)])
+        return [_id(message_id) for message_id in promoted]
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool
-    ) -> tuple[int, bool]:
-        """Delete dead letters (all, or buried at least older_than_ms ago), at most limit."""
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+    ) -> tuple[int, int]:
+        """Delete dead letters (all, or buried at least older_than_ms ago), examining at most
+        limit after the oldest ``offset``; returns how many were deleted and how many kept."""
         age = -1 if older_than_ms is None else older_than_ms
-        dropped, more, _ = self._run("drop_garbage", [age, limit, int(keep_unannounced)])
-        return int(dropped), bool(more)
+        dropped, kept, _ = self._run("drop_garbage", [age, limit, int(keep_unannounced), offset])
+        return int(dropped), int(kept)
 
     def stats(self) -> dict[str, int]:
         return parse_stats(self._run("stats", []))
@@ -333,6 +449,15 @@ class RedisStore:
         """Every id the queue holds, read atomically (snapshot.lua; see engine.invariants)."""
         reply: list[Any] = self._run("snapshot", [])
         return reply
+
+    def unreadable_payloads(self) -> list[Any]:
+        """Read a page at a time (HSCAN), never holding Redis up; see engine.invariants."""
+        client: Any = self.client  # redis-py types hscan_iter loosely
+        unreadable = []
+        for message_id, payload in client.hscan_iter(self.keys.key("payload"), count=1000):
+            if _payload_text(payload) is None:
+                unreadable.append(message_id)
+        return unreadable
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
@@ -346,12 +471,12 @@ class RedisStore:
         """Add worker-measured counts to the queue's running totals (names without "all:")."""
         pairs = [(name, count) for name, count in increments.items() if count]
         if pairs:
-            self._run("add_totals", [len(pairs), *_flatten(pairs)])
+            self._run("add_totals", [len(pairs), *(value for pair in pairs for value in pair)])
 
     def totals(self) -> dict[str, int]:
         """Every running total, by name: the scripts' own and those added by workers."""
         flat, _ = self._run("totals", [])
-        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return {_shown(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def prune_throughput(self, keep_minutes: int) -> int:
         """Forget per-minute counts older than ``keep_minutes``; returns how many."""
@@ -372,7 +497,7 @@ class RedisStore:
 
     def peek(self, message_id: str) -> StoredMessage | None:
         """Where a message is and what it holds, or None if the queue does not know it."""
-        state, score, payload, meta, unannounced, _ = self._run("peek", [message_id])
+        state, score, payload, meta, unannounced, _ = self._run("peek", [_wire(message_id)])
         state = _text(state)
         if not state and payload is None and meta is None:
             return None
@@ -380,6 +505,68 @@ class RedisStore:
         return _stored(
             message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
         )
+
+    # Schedules (schedule.lua, schedules.lua)
+
+    def read_schedules(self) -> ScheduleListing:
+        now, flat, _ = self._run("schedules", [], extra_keys=self.keys.schedule_keys)
+        records = [
+            parse_schedule_record(
+                _id(flat[i]), _optional_shown(flat[i + 1]), _optional_shown(flat[i + 2])
+            )
+            for i in range(0, len(flat), 3)
+        ]
+        return int(now), records
+
+    def _schedule(
+        self,
+        op: str,
+        name: str,
+        *,
+        fingerprint: str = "",
+        definition: str = "",
+        expect: str = "any",
+        start_ms: int = 0,
+        tick: Tick | None = None,
+    ) -> ScheduleReply:
+        args = [op, self._channel, _wire(name), fingerprint, definition, expect, start_ms]
+        args += [0, 0, ""] if tick is None else [tick.at_ms, tick.budget, tick.payload]
+        status, cursor, tick_ms, previous, now, _ = self._run(
+            "schedule", args, extra_keys=self.keys.schedule_keys
+        )
+        return ScheduleReply(_text(status), int(cursor), int(tick_ms), int(previous), int(now))
+
+    def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
+        return self._schedule("tick", name, fingerprint=fingerprint, tick=tick)
+
+    def define_schedule(
+        self,
+        name: str,
+        definition: str,
+        fingerprint: str,
+        *,
+        expect: str,
+        start_ms: int,
+        first: Tick | None,
+    ) -> ScheduleReply:
+        return self._schedule(
+            "put",
+            name,
+            fingerprint=fingerprint,
+            definition=definition,
+            expect=expect,
+            start_ms=start_ms,
+            tick=first,
+        )
+
+    def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
+        return self._schedule("pause", name, start_ms=start_ms)
+
+    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
+        return self._schedule("resume", name, start_ms=start_ms, tick=first)
+
+    def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
+        return self._schedule("remove", name, fingerprint=fingerprint)
 
     # Task results (delayqueue_django.tasks): a hash per result, beside the queue's keys,
     # living ttl_seconds after its last change (or until deleted, with None).
@@ -426,16 +613,16 @@ class RedisStore:
     def heartbeats(self) -> dict[str, str]:
         client: Any = self.client  # redis-py types smembers/mget loosely
         index = self.keys.key("workers")
-        ids = sorted(_text(member) for member in client.smembers(index))
+        ids = sorted(_id(member) for member in client.smembers(index))
         if not ids:
             return {}
-        values = client.mget([self.keys.key(f"worker:{worker_id}") for worker_id in ids])
+        keys = [_wire(self.keys.key(f"worker:{worker_id}")) for worker_id in ids]
         live = {
-            worker_id: _text(value)
-            for worker_id, value in zip(ids, values, strict=True)
+            worker_id: _shown(value)
+            for worker_id, value in zip(ids, client.mget(keys), strict=True)
             if value is not None
         }
-        gone = [worker_id for worker_id in ids if worker_id not in live]
+        gone = [_wire(worker_id) for worker_id in ids if worker_id not in live]
         if gone:
             client.srem(index, *gone)
         return live
@@ -445,8 +632,13 @@ def _text_dict(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {_text(name): _text(value) for name, value in raw.items()}
 
 
-def _flatten(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
-    return [value for row in rows for value in row]
+def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """``(id, ...)`` rows as one flat list of script arguments, ids as _wire sends them.
+    Checked first, as these are the verdicts' hot path: an ASCII id (str.isascii() reads
+    a flag) goes as it is, and only a batch with another id pays for the encoding."""
+    if all(row[0].isascii() for row in rows):
+        return [value for row in rows for value in row]
+    return [value for row in rows for value in (_wire(row[0]), *row[1:])]
 
 
 def _stored(
@@ -458,13 +650,15 @@ def _stored(
     meta: bytes | str | None,
     unannounced: bool,
 ) -> StoredMessage:
-    parsed = parse_meta(_optional_text(meta))
+    parsed = parse_meta(_optional_shown(meta))
     lease, attempt, budget = parsed if parsed else (None, None, None)
+    shown = _optional_shown(payload)
     return StoredMessage(
-        id=_text(message_id),
+        id=_id(message_id),
         state=state,
         score_ms=None if int(score) < 0 else int(score),
-        payload=_optional_text(payload),
+        # Without the trace context a traced send put before it (see tracing.py).
+        payload=None if shown is None else split_trace(shown)[1],
         payload_size=int(size),
         lease=lease,
         attempt=attempt,

@@ -1,11 +1,16 @@
 """Commands that cannot serve a memory queue from a process of their own: its messages live in
 the memory of the process that sends them."""
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from django.core.management.base import BaseCommand, CommandError
 
 from delayqueue_django.queue import Queue
+
+# The package logger's level for each --verbosity.
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
 class OwnProcessCommand(BaseCommand):
@@ -30,3 +35,22 @@ class OwnProcessCommand(BaseCommand):
                     f"that sends them ({queue.config.url}); a process of its own would never "
                     f"see them. {instead}"
                 )
+
+    @contextmanager
+    def package_log(self, verbosity: int) -> Iterator[None]:
+        """Show the package's log on this command's stdout at the level ``verbosity`` asks
+        for, unless the project's LOGGING already gives the package a handler."""
+        package = logging.getLogger("delayqueue_django")
+        previous_level = package.level
+        package.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        added = None
+        if not package.handlers:
+            added = logging.StreamHandler(self.stdout)
+            added.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            package.addHandler(added)
+        try:
+            yield
+        finally:
+            package.setLevel(previous_level)
+            if added is not None:
+                package.removeHandler(added)

@@ -8,7 +8,7 @@ outcome in Redis (see ``results``), where any process can read it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from functools import partial
 from typing import Any, ParamSpec, TypeVar, cast
@@ -17,13 +17,15 @@ from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 
-from delayqueue_django import conf, handlers
+from delayqueue_django import conf, handlers, outbox
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.queue import Queue
 from delayqueue_django.registry import get_queue
-from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
+from delayqueue_django.tasks.call import TaskCall
+from delayqueue_django.tasks.claims import delayqueue_backends
 from delayqueue_django.tasks.compat import (
     BaseTaskBackend,
+    InvalidTask,
     Task,
     TaskResult,
     TaskResultDoesNotExist,
@@ -31,7 +33,7 @@ from delayqueue_django.tasks.compat import (
     normalize_json,
     task_enqueued,
 )
-from delayqueue_django.tasks.locate import UnknownTask, locate_task
+from delayqueue_django.tasks.locate import NOT_A_TASK, declared_task, enqueued_task
 from delayqueue_django.tasks.results import ResultRecords, build_result
 
 DEFAULT_RESULT_TTL = timedelta(days=7)
@@ -41,6 +43,9 @@ R = TypeVar("R")
 
 
 class DelayQueueBackend(BaseTaskBackend):
+    """A Django Tasks backend whose tasks are messages on the DELAYQUEUES queues it lists in
+    ``QUEUES``; ``run_delayqueue`` runs them, and their results live beside the queue."""
+
     supports_defer = True
     # Coroutine tasks run to completion in the worker's handler thread (async_to_sync).
     supports_async_task = True
@@ -49,6 +54,22 @@ class DelayQueueBackend(BaseTaskBackend):
     supports_priority = False
 
     # Enqueueing
+
+    def validate_task(self, task: Task[P, R]) -> None:
+        super().validate_task(task)
+        # A task declared for a backend of another kind is not ours to run, whoever names it:
+        # refused here when using(backend=...) moves it onto this backend, and so (the worker
+        # rebuilds each message's task with using()) when a message names it.
+        declared = declared_task(task.module_path)
+        if (
+            declared is not None
+            and declared.backend != self.alias
+            and declared.backend not in delayqueue_backends()
+        ):
+            raise InvalidTask(
+                f"{task.module_path} is declared for TASKS[{declared.backend!r}], which is not "
+                "a DelayQueueBackend; a DelayQueueBackend runs only tasks declared for one"
+            )
 
     def enqueue(
         self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]
@@ -86,8 +107,9 @@ class DelayQueueBackend(BaseTaskBackend):
     ) -> TaskResult[P, R]:
         result = build_result(task, message_id, call, {})
         announce = partial(task_enqueued.send, sender=type(self), task_result=result)
-        if queue.config.send_on_commit:
-            # The message reaches Redis when the transaction commits: say so only then.
+        if queue.config.send_on_commit or queue.config.outbox:
+            # The message exists (in Redis, or in the outbox for the relay to bring there)
+            # when the transaction commits: say so only then.
             transaction.on_commit(announce)
         else:
             announce()
@@ -123,22 +145,26 @@ class DelayQueueBackend(BaseTaskBackend):
         if record:
             payload = json.loads(record["call"])
         else:
-            # Not run yet: the message itself is the whole story.
+            # Not run yet: the message itself is the whole story (in Redis, or still in the
+            # outbox, not relayed yet: READY all the same).
             stored = queue.peek(result_id)
-            if stored is None or stored.payload is None:
+            if stored is not None and stored.payload is not None:
+                payload = json.loads(stored.payload)
+                status = TaskResultStatus.FAILED if stored.state == "garbage" else None
+            elif queue.config.outbox and (waiting := outbox.payload_of(queue.name, result_id)):
+                payload = json.loads(waiting)
+            else:
                 return None
-            payload = json.loads(stored.payload)
-            status = TaskResultStatus.FAILED if stored.state == "garbage" else None
         try:
             call = TaskCall.from_payload(payload)
-            task = locate_task(call.task_path)
-        except (MalformedTaskMessage, UnknownTask):
-            return None  # a message of this queue, but not a task this process knows
-        if call.backend != self.alias:
-            return None
+            if call.backend != self.alias or call.queue_name != queue.name:
+                return None  # not a task of this backend on this queue: not its result
+            task = enqueued_task(call)
+        except NOT_A_TASK:
+            return None  # a message of this queue, but not a task this process may run
         if status is not None:
             record = {"status": status}
-        return build_result(task.using(queue_name=call.queue_name), result_id, call, record)
+        return build_result(task, result_id, call, record)
 
     def _queues(self) -> Iterator[Queue]:
         for name in sorted(self.queues):
@@ -158,11 +184,12 @@ class DelayQueueBackend(BaseTaskBackend):
                     id="delayqueue_django.E101",
                 )
             )
-        try:
-            configured = conf.queue_configs()
-        except QueueConfigurationError:
-            configured = {}  # DELAYQUEUES' own checks report what is wrong with it
-        for name in sorted(self.queues - set(configured)):
+        # The queues DELAYQUEUES names, valid or not: what is wrong with a queue's options
+        # is DELAYQUEUES' own checks' to report, once, and not a queue missing here.
+        raw = conf.raw_setting()
+        named = set(raw) if isinstance(raw, Mapping) else self.queues
+        configured, _ = conf.parse(raw)
+        for name in sorted(self.queues - named):
             errors.append(
                 checks.Error(
                     f"{where}['QUEUES'] names {name!r}, which is not in DELAYQUEUES.",

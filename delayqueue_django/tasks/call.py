@@ -3,6 +3,7 @@ that is not a task."""
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 # Keys of a task message's payload. The payload is all a worker needs: the result record
@@ -25,9 +26,17 @@ class TaskCall:
     queue_name: str
     args: list[Any]
     kwargs: dict[str, Any]
-    # ISO 8601 strings, as they travel in JSON.
+    # ISO 8601 strings, as they travel in JSON (from_payload checks that they parse).
     enqueued_at: str
     run_after: str | None
+
+    @property
+    def enqueued_at_time(self) -> datetime:
+        return datetime.fromisoformat(self.enqueued_at)
+
+    @property
+    def run_after_time(self) -> datetime | None:
+        return None if self.run_after is None else datetime.fromisoformat(self.run_after)
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -57,6 +66,20 @@ class TaskCall:
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise MalformedTaskMessage("args must be a JSON array and kwargs a JSON object")
         enqueued_at, run_after = payload["enqueued_at"], payload["run_after"]
-        if not isinstance(enqueued_at, str) or not isinstance(run_after, str | None):
-            raise MalformedTaskMessage("enqueued_at and run_after must be ISO 8601 strings")
+        if not _is_iso_datetime(enqueued_at):
+            raise MalformedTaskMessage(
+                f"enqueued_at {enqueued_at!r} is not an ISO 8601 date and time"
+            )
+        if run_after is not None and not _is_iso_datetime(run_after):
+            raise MalformedTaskMessage(f"run_after {run_after!r} is not an ISO 8601 date and time")
         return cls(path, backend, queue, args, kwargs, enqueued_at, run_after)
+
+
+def _is_iso_datetime(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True

@@ -13,11 +13,16 @@ from typing import Any
 from django.apps import apps
 from django.utils.module_loading import import_string
 
-from delayqueue_django.tasks.compat import Task
+from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
+from delayqueue_django.tasks.compat import InvalidTask, Task
 
 
 class UnknownTask(LookupError):
     """The path in a message does not lead to a task this process may run."""
+
+
+# Why a message is not a task this process may run.
+NOT_A_TASK = (MalformedTaskMessage, UnknownTask, InvalidTask)
 
 
 def locate_task(path: str) -> Task[..., Any]:
@@ -36,3 +41,20 @@ def locate_task(path: str) -> Task[..., Any]:
     if found.module_path != path:
         raise UnknownTask(f"{path!r} refers to the task {found.module_path!r} under another name")
     return found
+
+
+def declared_task(path: str) -> Task[..., Any] | None:
+    """The task as its module declares it, if that module is imported and already holds it
+    (not while the ``@task`` decorator is still creating it). Imports nothing."""
+    module, _, name = path.rpartition(".")
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, Task) else None
+
+
+def enqueued_task(call: TaskCall) -> Task[..., Any]:
+    """The task as it was enqueued: the declared task with the backend, queue and
+    ``run_after`` of the call, validated by that backend (raises ``InvalidTask``)."""
+    # using() creates a new Task, which the framework validates with the Task's backend.
+    return locate_task(call.task_path).using(
+        backend=call.backend, queue_name=call.queue_name, run_after=call.run_after_time
+    )

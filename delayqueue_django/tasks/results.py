@@ -70,7 +70,7 @@ def build_result(
         task=task,
         id=result_id,
         status=TaskResultStatus(record.get("status", TaskResultStatus.READY)),
-        enqueued_at=_when(call.enqueued_at),
+        enqueued_at=call.enqueued_at_time,
         started_at=_when(record.get("started_at")),
         finished_at=_when(record.get("finished_at")),
         last_attempted_at=_when(record.get("last_attempted_at")),

@@ -23,10 +23,9 @@ from delayqueue_django.queue import Exhausted
 from delayqueue_django.registry import get_queue
 from delayqueue_django.signals import message_exhausted
 from delayqueue_django.tasks.backend import DelayQueueBackend
-from delayqueue_django.tasks.call import MalformedTaskMessage, TaskCall
+from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import task_queue_names
 from delayqueue_django.tasks.compat import (
-    InvalidTask,
     Task,
     TaskContext,
     TaskError,
@@ -36,7 +35,7 @@ from delayqueue_django.tasks.compat import (
     task_finished,
     task_started,
 )
-from delayqueue_django.tasks.locate import UnknownTask, locate_task
+from delayqueue_django.tasks.locate import NOT_A_TASK, UnknownTask, enqueued_task
 from delayqueue_django.tasks.results import build_result, call_fields, error_json
 
 logger = logging.getLogger("delayqueue_django.tasks")
@@ -45,15 +44,10 @@ logger = logging.getLogger("delayqueue_django.tasks")
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
 
 
-# Why a message is not a task this process may run.
-NOT_A_TASK = (MalformedTaskMessage, UnknownTask, InvalidTask)
-
-
 def run_task(message: Message) -> None:
     """Run the task a message names; raise to have the worker retry it (or bury it)."""
     try:
         call, backend, task = _task_of(message.payload, message.queue)
-        backend.validate_task(task)
     except NOT_A_TASK as error:
         # Bury at once: retrying cannot make a message into a task.
         raise Reject(f"refusing to run message {message.id} as a task: {error}") from None
@@ -121,10 +115,11 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
 
 
 def _task_of(payload: Any, queue: str) -> tuple[TaskCall, DelayQueueBackend, Task[..., Any]]:
-    """The call a message carries, its backend and its task; raises one of NOT_A_TASK."""
+    """The call a message carries, its backend and its task as enqueued (that backend's,
+    validated by it); raises one of NOT_A_TASK."""
     call = TaskCall.from_payload(payload)
     backend = _backend_for(call, queue)
-    return call, backend, locate_task(call.task_path).using(queue_name=call.queue_name)
+    return call, backend, enqueued_task(call)
 
 
 def _record_failure(

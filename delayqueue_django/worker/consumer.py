@@ -10,9 +10,12 @@ away: it logs, backs off and tries again.
 """
 
 import contextlib
+import itertools
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -21,10 +24,14 @@ from redis.exceptions import RedisError
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
+from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from delayqueue_django.worker.outages import is_outage
+from delayqueue_django.worker.pool import Running
 from delayqueue_django.worker.wakeup import WakeupListener
 
 if TYPE_CHECKING:
@@ -34,6 +41,9 @@ logger = logging.getLogger("delayqueue_django.worker")
 
 # Even with nothing due, look again this often, in case a wake-up was lost.
 IDLE_RECHECK_SECONDS = 30.0
+# While the wake-up listener is not subscribed (Redis away, a dead connection being
+# replaced), wake-ups go unheard: look at least this often instead.
+UNHEARD_WAKEUPS_RECHECK_SECONDS = 1.0
 GARBAGE_EXPIRY_SECONDS = 60.0
 # After announcing exhaustions failed, wait this long before claiming again.
 ANNOUNCE_RETRY_SECONDS = 1.0
@@ -47,12 +57,21 @@ class QueueConsumer(threading.Thread):
         super().__init__(name=f"delayqueue-consumer-{queue.name}", daemon=True)
         self.worker = worker
         self.queue = queue
-        self.handler = handler
+        # The queue's schedules: this worker writes their ticks as they fall due, and skips
+        # the missed ones its policy drops (see delayqueue_django.schedules.runner).
+        self.schedules = ScheduleRunner(queue)
+        self.handler = self.schedules.guard(handler)
         self.finished = threading.Event()
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
         self._first_outcome_at = 0.0  # time.monotonic() of the oldest uncommitted verdict
+        # Verdicts taken for committing, one round trip each, in order; a commit that failed
+        # stays first in line (see _send_commits). Only this consumer's thread touches it.
+        self._commits: deque[verdicts.Commit] = deque()
+        self._commit_requests = itertools.count(1)
+        # Fetched and not yet committed (handed back, acked, refused): running, buffered,
+        # or with its verdict waiting in _outcomes or _commits.
         self._in_flight = 0
         # A buffered message not started within this many seconds of its fetch goes back.
         self.slack = min(1.0, queue.config.max_consume_ms / 1000 / 10)
@@ -63,6 +82,8 @@ class QueueConsumer(threading.Thread):
         self._batch = min(limit, worker.concurrency)
         # A moving average of handler durations, for deciding how large batches may grow.
         self._handler_seconds = 0.0
+        # Deliveries (id, lease) whose handler was reported running past their deadline.
+        self._overruns_reported: set[tuple[str, int]] = set()
         # Each fetch is a numbered request of this consumer; after a fetch that failed the
         # next one repeats its number, and gets what it took if Redis ran it after all.
         self._fetcher = worker.worker_id
@@ -74,20 +95,33 @@ class QueueConsumer(threading.Thread):
         # Set by wake(); a wake-up that lands while a fetch is under way must not be lost
         # to the sleep time that fetch computes, so it is a flag, not a time.
         self._woken = True
+        # The earliest due time (Redis clock, ms) that a wake-up announced for later than
+        # now: the loop fetches then, not at once (a fetch now would only learn that time).
+        # Cleared just before a fetch, which sees whatever was announced until then.
+        self._announced_ms = math.inf
         # True while this consumer waits for a free handler thread (shared by all queues).
         self.starved = False
         self._next_beat = 0.0
         self._next_expiry = 0.0
+        # When the schedules next need this consumer, on the Redis clock (ms).
+        self._schedules_at_ms = -math.inf
         self._announce_after = 0.0
-        self.listener = WakeupListener(queue, self.wake, worker.stopping)
+        self.listener = WakeupListener(queue, self.wake, worker.stopping, worker.outages)
         # Handler durations and lateness, added to Redis with each heartbeat.
         self.timings = Timings()
 
     # Called from other threads
 
-    def wake(self) -> None:
-        """Look at the queue again now (a wake-up, a free handler, a stop request)."""
-        self._woken = True
+    def wake(self, due_ms: int | None = None) -> None:
+        """Look at the queue again: now (a free handler, a stop request, a wake-up due now or
+        of unknown due time), or at ``due_ms`` on the Redis clock, a wake-up's due time, if
+        that is still to come by this consumer's estimate of the Redis clock."""
+        if due_ms is not None and due_ms > self.redis_now_ms():
+            with self._lock:
+                self._announced_ms = min(self._announced_ms, due_ms)
+        else:
+            self._woken = True
+        # Either way the loop times its sleep again.
         self._event.set()
 
     def report(self, outcome: Outcome) -> None:
@@ -112,15 +146,25 @@ class QueueConsumer(threading.Thread):
 
         The pool may hold ``_batch`` messages (running or waiting for a thread), at least
         one per thread. It is refilled once it is down to the threads plus half of what
-        may wait: the next batch arrives while the handlers work through the rest.
+        may wait: the next batch arrives while the handlers work through the rest. While
+        one of this queue's handlers has run longer than the slack, nothing is fetched
+        ahead: what would wait behind it may well not start in time.
+
+        Every delivery this consumer holds (running, buffered, or handled with its verdict
+        not committed: each one an attempt used if the worker dies) counts against the
+        target, so they never exceed it.
         """
         concurrency = self.worker.concurrency
-        target = max(self._batch, concurrency)
+        target = concurrency if self._handler_outlasting_slack() else max(self._batch, concurrency)
         refill_at = concurrency + (target - concurrency) // 2
         outstanding = self.worker.pool.outstanding()
         if outstanding >= target or outstanding > refill_at:
             return 0
-        return target - outstanding
+        with self._lock:
+            uncommitted = len(self._outcomes)
+        # A fetch commits the verdicts first, so these are only the handlers that finished
+        # since; at least one all the same: the refill is due.
+        return max(target - outstanding - uncommitted, 1)
 
     @property
     def in_flight(self) -> int:
@@ -180,17 +224,19 @@ class QueueConsumer(threading.Thread):
                 wait = self._fetch_if_due()
                 backoff.reset()
             except RedisError as error:
+                # Whatever failed (a fetch over a connection that just went dead, say), the
+                # look this turn owed is still owed: retried after the backoff, on a fresh
+                # connection (redis-py drops one that failed), not at the old plan.
+                self._woken = True
                 delay = backoff.next()
-                logger.warning(
-                    "redis unavailable queue=%s: %s; retrying in %.1f s",
-                    self.queue.name,
-                    error,
-                    delay,
-                )
+                self._failed("redis unavailable", error, f"retrying in {delay:.1f} s")
                 self._wait(delay)
                 continue
-            except Exception:
-                # A bug must not silently end this queue's consumer: log it, back off, go on.
+            except BaseException:
+                # A bug must not silently end this queue's consumer, nor a SystemExit from
+                # code it calls (the worker stops through its own events, never through an
+                # exception here): log it, back off, go on.
+                self._woken = True
                 delay = backoff.next()
                 logger.exception(
                     "unexpected error in the consumer loop queue=%s; retrying in %.1f s",
@@ -201,14 +247,38 @@ class QueueConsumer(threading.Thread):
                 continue
             if wait is None:
                 return
-            self._wait(wait)
+            self._wait(min(wait, self._unless_wakeups_go_unheard()))
+
+    def _unless_wakeups_go_unheard(self) -> float:
+        """How long the loop may sleep as far as wake-ups go: any time while the listener is
+        subscribed; else briefly, with a look planned at the end of it (and a listener
+        thread that ended somehow is replaced)."""
+        if not self.listener.is_alive() and not self.worker.stopping.is_set():
+            logger.warning("wake-up listener stopped queue=%s; starting a new one", self.queue.name)
+            self.listener = WakeupListener(
+                self.queue, self.wake, self.worker.stopping, self.worker.outages
+            )
+            self.listener.start()
+        if self.listener.subscribed.is_set():
+            return math.inf
+        self._next_fetch = min(self._next_fetch, time.monotonic() + UNHEARD_WAKEUPS_RECHECK_SECONDS)
+        return UNHEARD_WAKEUPS_RECHECK_SECONDS
 
     def _idle(self) -> bool:
         with self._lock:
             return self._in_flight == 0 and not self._outcomes
 
     def _wait(self, seconds: float) -> None:
-        deadline = min(self._next_beat, self._next_expiry)
+        deadline = math.inf
+        # The housekeeping's schedules; a stopping consumer keeps none of them, and once one
+        # passed it would end every wait at once (a busy loop all through the grace period).
+        if not self.worker.stopping.is_set():
+            deadline = min(
+                self._next_beat,
+                self._next_expiry,
+                self._next_pool_check(),
+                self._monotonic_at(self._schedules_at_ms),
+            )
         with self._lock:
             if self._outcomes:
                 deadline = min(deadline, self._first_outcome_at + VERDICT_FLUSH_SECONDS)
@@ -218,8 +288,11 @@ class QueueConsumer(threading.Thread):
     def _fetch_if_due(self) -> float | None:
         """Fetch if it is time; returns how long to sleep, or None when a burst run is done."""
         now = time.monotonic()
-        if not self._woken and now < self._next_fetch:
-            return self._next_fetch - now
+        with self._lock:
+            announced_ms = self._announced_ms
+        next_fetch = min(self._next_fetch, self._monotonic_at(announced_ms))
+        if not self._woken and now < next_fetch:
+            return next_fetch - now
         self._woken = False
         # Say so before looking: a thread freed after the look then wakes us.
         self.starved = True
@@ -241,7 +314,11 @@ class QueueConsumer(threading.Thread):
         # The room, but never more than the batch limit (--batch-size: the room exceeds it
         # when the threads outnumber it) or the quota; at least one, as the room said.
         count = max(min(self._room(), limit), 1)
+        with self._lock:
+            # This fetch sees every message announced so far; later announcements stay.
+            self._announced_ms = math.inf
         fetched = self.queue.fetch(count, fetcher=self._fetcher, request=str(self._request))
+        self.worker.outages.reached(self.queue.address)
         self._request += 1
         store_ms = fetched.now_ms + fetched.now_us / 1000
         self._clock_offset_ms = store_ms - fetched.read_at * 1000
@@ -286,24 +363,46 @@ class QueueConsumer(threading.Thread):
         return bool(stale)
 
     def _grow_batch(self) -> None:
-        """Double the batch if, at the handlers' usual pace, the last message of a doubled
-        batch would still start within half the slack (slow handlers never buffer)."""
+        """Double the batch if, at the handlers' pace, the last message of a doubled batch
+        would still start within half the slack (slow handlers never buffer); never while
+        a handler has run longer than the slack."""
+        if self._handler_outlasting_slack():
+            return
         concurrency = self.worker.concurrency
         grown = min(self._batch * 2, self._batch_limit)
         queued_behind = max(grown - concurrency, 0) / concurrency
-        if queued_behind * self._handler_seconds < self.slack / 2:
+        if queued_behind * self._pace() < self.slack / 2:
             self._batch = grown
+
+    def _own_running(self) -> list[Running]:
+        return [running for running in self.worker.pool.running() if running.job.consumer is self]
+
+    def _pace(self) -> float:
+        """How long this queue's handlers take, in seconds: the moving average of those that
+        returned, or the age of the oldest one still running if that is longer (until a
+        handler returns, the average knows nothing of it: a stuck one would count as 0)."""
+        running = self._own_running()
+        oldest = time.monotonic() - running[0].started_at if running else 0.0
+        return max(self._handler_seconds, oldest)
+
+    def _handler_outlasting_slack(self) -> bool:
+        running = self._own_running()
+        return bool(running) and time.monotonic() - running[0].started_at > self.slack
 
     def _shrink_batch(self) -> None:
         """Handlers are slower than the buffer: fetch about what can start at once."""
         self._batch = max(self.worker.concurrency, self._batch // 2)
 
     def _hand_back(self, messages: Sequence[Message]) -> None:
+        """Release buffered messages that never started, ahead of any verdict waiting to be
+        committed. If Redis does not answer, they wait in line to be released when it does
+        (a failure raises, for the loop to back off), rather than time out using an
+        attempt; they count as in flight until then."""
         if not messages:
             return
-        with self._lock:
-            self._in_flight -= len(messages)
-        self.queue.release(messages)
+        outcomes = [Outcome(message, Verdict.RELEASE) for message in messages]
+        self._commits.appendleft(verdicts.Commit(Verdict.RELEASE, outcomes))
+        self._send_commits()
 
     def _housekeeping(self) -> None:
         """The heartbeat (with the timings) and garbage expiry, each on its own schedule.
@@ -321,19 +420,81 @@ class QueueConsumer(threading.Thread):
         if now >= self._next_expiry:
             self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
             self._unless_failing("garbage expiry", self._expire_garbage)
+        if self.redis_now_ms() >= self._schedules_at_ms:
+            self._unless_failing("schedules", self._run_schedules)
+        self._watch_pool()
+
+    # This queue's jobs in the pool, between fetches
+
+    def _next_pool_check(self) -> float:
+        """When the pool next needs this consumer (time.monotonic(); inf if never): when its
+        oldest buffered message outlasts the slack, to hand it back on time, or when one of
+        its running handlers passes its delivery's deadline, to report it."""
+        at = math.inf
+        oldest = self.worker.pool.oldest_buffered(self)
+        if oldest is not None:
+            at = oldest + self.slack
+        for running in self._own_running():
+            message = running.job.message
+            if (message.id, message.lease) not in self._overruns_reported:
+                at = min(at, self._monotonic_at(message.deadline_ms))
+        return at
+
+    def _watch_pool(self) -> None:
+        """Between fetches (a full pool may keep this consumer from fetching for long): a
+        buffered message past the slack calls for a look now, which hands it back long
+        before its deadline; a handler running past its deadline is logged, once."""
+        oldest = self.worker.pool.oldest_buffered(self)
+        if oldest is not None and self.is_stale(oldest):
+            self._woken = True  # _fetch_if_due hands back the stale ones, then looks
+        self._report_overruns()
+
+    def _report_overruns(self) -> None:
+        """Log each of this queue's handlers still running past its delivery's deadline,
+        once per delivery: it will never be stopped, and its message is delivered again."""
+        running = self._own_running()
+        now, redis_now_ms = time.monotonic(), self.redis_now_ms()
+        for handler in running:
+            message = handler.job.message
+            key = (message.id, message.lease)
+            if redis_now_ms < message.deadline_ms or key in self._overruns_reported:
+                continue
+            self._overruns_reported.add(key)
+            logger.warning(
+                "handler still running past its deadline (MAX_CONSUME_DURATION), for %.1f s "
+                "now; message id=%s queue=%s attempt=%s will be delivered again, and this handler "
+                "thread stays busy until the handler returns",
+                now - handler.started_at,
+                message.id,
+                message.queue,
+                message.attempt,
+            )
+        # Only the running ones are remembered: a delivery ends when its handler returns.
+        self._overruns_reported &= {(r.job.message.id, r.job.message.lease) for r in running}
+
+    def _monotonic_at(self, redis_ms: float) -> float:
+        """A time on the Redis clock, on this process's time.monotonic() clock."""
+        return (redis_ms - self._clock_offset_ms) / 1000
 
     def _unless_failing(self, what: str, step: Callable[[], None]) -> None:
         try:
             step()
         except RedisError as error:
-            logger.warning(
-                "%s failed queue=%s: %s; trying again at the next interval",
-                what,
-                self.queue.name,
-                error,
-            )
+            self._failed(f"{what} failed", error, "trying again at the next interval")
+        else:
+            self.worker.outages.reached(self.queue.address)
+
+    def _failed(self, what: str, error: RedisError, then: str) -> None:
+        """Log a step that failed: an outage once for the whole worker (every try at debug
+        level), any other error as it comes."""
+        level = logging.WARNING
+        if is_outage(error):
+            self.worker.outages.failed(self.queue.address, error)
+            level = logging.DEBUG
+        logger.log(level, "%s queue=%s: %s; %s", what, self.queue.name, error, then)
 
     def _beat(self) -> None:
+        self.worker.summarize()
         self._add_timings()
         heartbeat.beat(
             self.queue,
@@ -341,6 +502,11 @@ class QueueConsumer(threading.Thread):
             self.worker.details(),
             ttl_seconds=self.worker.heartbeat_interval * 3,
         )
+
+    def _run_schedules(self) -> None:
+        # Planned before trying, as the heartbeat is: a failure waits before the next try.
+        self._schedules_at_ms = self.redis_now_ms() + SCHEDULES_RETRY_MS
+        self._schedules_at_ms = self.schedules.run_due(self.redis_now_ms())
 
     def _expire_garbage(self) -> None:
         self.queue.prune_throughput()
@@ -370,43 +536,74 @@ class QueueConsumer(threading.Thread):
 
     def _flush(self, *, force: bool = False) -> None:
         """Commit the handlers' verdicts: all of them when ``force``d, else once the oldest
-        has waited VERDICT_FLUSH_SECONDS or a batch is full."""
+        has waited VERDICT_FLUSH_SECONDS or a batch is full; commits that failed before go
+        first, and at once."""
         with self._lock:
-            if not self._outcomes:
-                return
-            due = self._first_outcome_at + VERDICT_FLUSH_SECONDS
-            if not force and len(self._outcomes) < self._batch_limit and time.monotonic() < due:
-                return
-            outcomes, self._outcomes = self._outcomes, []
+            outcomes: list[Outcome] = []
+            if self._outcomes:
+                due = self._first_outcome_at + VERDICT_FLUSH_SECONDS
+                if (
+                    force
+                    or self._commits
+                    or len(self._outcomes) >= self._batch_limit
+                    or time.monotonic() >= due
+                ):
+                    outcomes, self._outcomes = self._outcomes, []
+        if outcomes:
+            self._line_up(outcomes)
+        self._send_commits()
+
+    def _line_up(self, outcomes: list[Outcome]) -> None:
+        """Queue outcomes for committing: one commit per verdict, each its own request."""
         by_verdict: dict[Verdict, list[Outcome]] = {verdict: [] for verdict in Verdict}
         for outcome in outcomes:
             by_verdict[outcome.verdict].append(outcome)
         if by_verdict[Verdict.RELEASE]:
             self._shrink_batch()
-        done: list[Outcome] = []
+        for verdict in verdicts.COMMIT_ORDER:
+            if by_verdict[verdict]:
+                request = str(next(self._commit_requests))
+                self._commits.append(verdicts.Commit(verdict, by_verdict[verdict], request))
+
+    def _send_commits(self) -> None:
+        """Send the queued commits in order. One that raises stays first in line, to be sent
+        again as it was by the next flush (after the loop's backoff): the same request, so
+        that if Redis ran it and only the reply was lost, the repeat is told what it did.
+        Those committed before it are counted and signalled all the same, once."""
+        committed: list[Outcome] = []
         exhausted = False
         try:
-            for verdict in verdicts.COMMIT_ORDER:
-                batch = by_verdict[verdict]
-                if batch:
-                    exhausted |= verdicts.commit(self.queue, verdict, batch)
-                    done += batch
-        except RedisError:
-            # Keep what was not committed, to retry once Redis is back.
-            with self._lock:
-                self._outcomes[:0] = [o for o in outcomes if o not in done]
-            raise
+            while self._commits:
+                commit = self._commits[0]
+                exhausted |= verdicts.commit(
+                    self.queue,
+                    commit.verdict,
+                    commit.outcomes,
+                    fetcher=self._fetcher,
+                    request=commit.request,
+                )
+                self._commits.popleft()
+                committed += commit.outcomes
+        finally:
+            if committed:
+                self._settle(committed, exhausted=exhausted)
+
+    def _settle(self, committed: list[Outcome], *, exhausted: bool) -> None:
+        """Account for committed outcomes: no longer in flight, counted, exhaustions owed."""
         with self._lock:
-            self._in_flight -= len(outcomes)
+            self._in_flight -= len(committed)
             idle = self._in_flight == 0
-        if idle or len(by_verdict[Verdict.ACK]) < len(outcomes):
-            # Retries and hand-backs change what is due, and with nothing left in hand the
-            # last fetch's plan is stale too (a burst run ends on the look that finds the
-            # queue empty): look again. Acks in the middle of a batch only take work away.
+        if any(outcome.verdict is not Verdict.ACK for outcome in committed) or (
+            idle and self.worker.burst
+        ):
+            # Retries and hand-backs change what is due: look again; so does a burst run
+            # with nothing left in hand, which ends on the look that finds the queue empty.
+            # Acks only take work away: the last fetch's plan stands (a message sent since,
+            # due earlier, announced itself), so at a trickle an ack costs no extra fetch.
             self._woken = True
         self.worker.count(
-            handled=sum(o.verdict is not Verdict.RELEASE for o in outcomes),
-            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in outcomes),
+            handled=sum(o.verdict is not Verdict.RELEASE for o in committed),
+            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in committed),
         )
         if exhausted:
             # After the commit, and never failing it: see _announce_exhaustions.
@@ -422,11 +619,10 @@ class QueueConsumer(threading.Thread):
             verdicts.announce_exhaustions(self.queue)
         except RedisError as error:
             self._announce_after = time.monotonic() + ANNOUNCE_RETRY_SECONDS
-            logger.warning(
-                "announcing exhausted messages failed queue=%s: %s; trying again in %.0f s",
-                self.queue.name,
+            self._failed(
+                "announcing exhausted messages failed",
                 error,
-                ANNOUNCE_RETRY_SECONDS,
+                f"trying again in {ANNOUNCE_RETRY_SECONDS:.0f} s",
             )
             return False
         return True

@@ -7,6 +7,7 @@ from enum import Enum
 
 from django.db import close_old_connections
 
+from delayqueue_django import exactly_once, tracing
 from delayqueue_django.exceptions import Reject
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
@@ -15,19 +16,27 @@ logger = logging.getLogger("delayqueue_django.worker")
 
 
 class Verdict(Enum):
+    """What becomes of a delivery once its handler returned."""
+
     ACK = "ack"
+    """Handled: the message is deleted."""
     NACK = "nack"
+    """Refused (the handler raised or returned False): retried while retries are left."""
     BURY = "bury"
-    # Fetched but never started: hand it back without using a retry.
+    """Rejected (the handler raised ``Reject``): a dead letter at once."""
     RELEASE = "release"
+    """Fetched but never started: handed back without using a retry."""
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """One handler call: the message, its verdict, and the handler's exception if any."""
+
     message: Message
     verdict: Verdict
     error: BaseException | None = None
     seconds: float = 0.0
+    """How long the handler ran."""
 
 
 def call_handler(
@@ -43,16 +52,58 @@ def call_handler(
     after the message it handled before (back to back, with no wait in between).
 
     Returns None/True: ack. False: nack. Raises Reject: bury now. Raises anything else: nack,
-    with the traceback logged. Nothing a handler does escapes to the worker.
+    with the traceback logged. Nothing a handler does escapes to the worker. On an
+    EXACTLY_ONCE queue the handler runs in a transaction that records the message as
+    processed; a message processed before is acked without running it (see exactly_once).
 
     ``manage_connections=False`` leaves the connections alone, as Django's test client does
     for requests: inside a test's transaction, closing them would break the test.
+
+    With OpenTelemetry installed, the call runs in a consumer span (see tracing.py).
     """
+    if not tracing.ENABLED:
+        return _call_handler(
+            handler,
+            message,
+            manage_connections=manage_connections,
+            connections_checked=connections_checked,
+        )
+    with tracing.consumer_span(message) as span:
+        outcome = _call_handler(
+            handler,
+            message,
+            manage_connections=manage_connections,
+            connections_checked=connections_checked,
+        )
+        tracing.record_outcome(span, outcome)
+    return outcome
+
+
+def _call_handler(
+    handler: Handler,
+    message: Message,
+    *,
+    manage_connections: bool = True,
+    connections_checked: bool = False,
+) -> Outcome:
     if manage_connections and not connections_checked:
         close_old_connections()
     started = time.perf_counter()
     try:
-        result = handler(message)
+        database = exactly_once.database_for(message.queue)
+        if database is None:
+            result = handler(message)
+        else:
+            result = exactly_once.call_once(handler, message, database)
+    except exactly_once.AlreadyProcessed:
+        outcome = Outcome(message, Verdict.ACK, None, time.perf_counter() - started)
+        logger.info(
+            "message id=%s queue=%s attempt=%s was processed before (its transaction "
+            "committed): acked without running the handler again",
+            message.id,
+            message.queue,
+            message.attempt,
+        )
     except Reject as error:
         outcome = Outcome(message, Verdict.BURY, error, time.perf_counter() - started)
         logger.warning(

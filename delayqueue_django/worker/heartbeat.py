@@ -6,9 +6,13 @@ intervals (so a dead worker disappears on its own); the store keeps them (Redis:
 """
 
 import json
+import logging
 from typing import Any
 
+from delayqueue_django.engine import printable
 from delayqueue_django.queue import Queue
+
+logger = logging.getLogger("delayqueue_django")
 
 
 def beat(queue: Queue, worker_id: str, details: dict[str, Any], ttl_seconds: float) -> None:
@@ -22,8 +26,21 @@ def forget(queue: Queue, worker_id: str) -> None:
 
 
 def live_workers(queue: Queue) -> list[dict[str, Any]]:
-    """Details of the workers whose heartbeat has not expired, by id."""
-    return [
-        {"id": worker_id, **json.loads(details)}
-        for worker_id, details in sorted(queue.store.heartbeats().items())
-    ]
+    """Details of the workers whose heartbeat has not expired, by id. A heartbeat that is not
+    a JSON object is no worker's (anyone can write to Redis): skipped, with a warning."""
+    workers = []
+    for worker_id, text in sorted(queue.store.heartbeats().items()):
+        try:
+            details = json.loads(text)
+        except (ValueError, RecursionError):
+            details = None
+        if not isinstance(details, dict):
+            logger.warning(
+                "heartbeat of worker id=%s queue=%s is not a JSON object, skipped: %.100r",
+                printable(worker_id),
+                queue.name,
+                text,
+            )
+            continue
+        workers.append({**details, "id": printable(worker_id)})
+    return workers

@@ -3,7 +3,9 @@
 Consumers fetch in batches, so fast handlers cost few round trips; messages wait here until a
 thread is free. A message's redelivery deadline starts at fetch, so a message that waited
 here longer than its consumer's slack is not started: it is handed back (released, no retry
-used) for any worker to take, and the consumer fetches smaller batches from then on.
+used) for any worker to take, and the consumer fetches smaller batches from then on. The pool
+tells its consumers what is running and since when, so that they can plan around a handler
+that takes long (or never returns), report it, and hand back on time what waits behind it.
 """
 
 import threading
@@ -27,17 +29,28 @@ class Job:
     fetched_at: float  # time.monotonic()
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A job a handler thread has taken."""
+
+    job: Job
+    started_at: float  # time.monotonic()
+
+
 class HandlerPool:
     def __init__(self, concurrency: int, on_slot_freed: Callable[[], None] = lambda: None) -> None:
         self.concurrency = concurrency
         # Told whenever a thread frees up: consumers of other queues may be waiting for one.
         self.on_slot_freed = on_slot_freed
         self._jobs: deque[Job] = deque()
-        self._running = 0
+        # What each thread runs, by the thread's number.
+        self._running: dict[int, Running] = {}
         self._closed = False
         self._lock = threading.Condition()
         self._threads = [
-            threading.Thread(target=self._work, name=f"delayqueue-handler-{n}", daemon=True)
+            threading.Thread(
+                target=self._work, args=(n,), name=f"delayqueue-handler-{n}", daemon=True
+            )
             for n in range(concurrency)
         ]
 
@@ -48,7 +61,18 @@ class HandlerPool:
     def outstanding(self) -> int:
         """Messages handed to the pool and not finished: running or waiting for a thread."""
         with self._lock:
-            return self._running + len(self._jobs)
+            return len(self._running) + len(self._jobs)
+
+    def running(self) -> list[Running]:
+        """The jobs the threads are on now, the longest-running first."""
+        with self._lock:
+            return sorted(self._running.values(), key=lambda running: running.started_at)
+
+    def oldest_buffered(self, consumer: "QueueConsumer") -> float | None:
+        """When the consumer's oldest buffered job was fetched (time.monotonic()), or None."""
+        with self._lock:
+            # A consumer's jobs wait in fetch order: its first is its oldest.
+            return next((job.fetched_at for job in self._jobs if job.consumer is consumer), None)
 
     def submit(self, consumer: "QueueConsumer", messages: list[Message]) -> None:
         now = time.monotonic()
@@ -80,7 +104,7 @@ class HandlerPool:
             self._closed = True
             self._lock.notify_all()
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
         ran_before = False  # this thread handled a message and has not waited since
         while True:
             with self._lock:
@@ -90,7 +114,7 @@ class HandlerPool:
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
-                self._running += 1
+                self._running[slot] = Running(job, time.monotonic())
             try:
                 if job.consumer.is_stale(job.fetched_at):
                     outcome = Outcome(job.message, Verdict.RELEASE)
@@ -99,7 +123,7 @@ class HandlerPool:
                     ran_before = True
             finally:
                 with self._lock:
-                    self._running -= 1
+                    del self._running[slot]
             # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
             self.on_slot_freed()

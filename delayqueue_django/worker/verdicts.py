@@ -3,9 +3,13 @@ one round trip, then the signals, so ``message_acked`` always follows a committe
 every exhaustion announced at least once. Shared by the worker's consumers and by
 ``delayqueue_django.testing``, so both behave alike."""
 
+import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
 from delayqueue_django import signals
@@ -22,28 +26,78 @@ EXHAUSTED_CLAIM_BATCH = 100
 
 
 def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
-    """Send a signal; a receiver that raises is logged and never reaches the worker."""
-    for receiver, result in signal.send_robust(sender=Queue, queue=queue, **kwargs):
-        if isinstance(result, Exception):
-            logger.error(
-                "signal receiver %r failed queue=%s",
-                receiver,
-                queue,
-                exc_info=(type(result), result, result.__traceback__),
-            )
+    """Send a signal to every receiver; one that raises is logged and the others are still
+    called. Anything it raises, ``SystemExit`` and ``KeyboardInterrupt`` too, stops there:
+    only the worker's own stop request may end the worker, never a receiver.
+
+    Django's ``Signal.send_robust`` catches ``Exception`` only, so this walks the receivers
+    itself, as that method does: ``Signal._live_receivers(sender)`` (private Django API,
+    the same in 5.2 and 6.x) gives the sync receivers, called in turn, and the async ones,
+    then run together in one event loop.
+    """
+    if not signal.receivers:
+        return
+    sync_receivers, async_receivers = signal._live_receivers(Queue)
+    for receiver in sync_receivers:
+        try:
+            receiver(signal=signal, sender=Queue, queue=queue, **kwargs)
+        except BaseException as error:  # anything: see above
+            _log_receiver_failure(receiver, queue, error)
+    if async_receivers:
+
+        async def call(receiver: Callable[..., Any]) -> None:
+            try:
+                await receiver(signal=signal, sender=Queue, queue=queue, **kwargs)
+            except BaseException as error:
+                _log_receiver_failure(receiver, queue, error)
+
+        async def call_all() -> None:
+            await asyncio.gather(*(call(receiver) for receiver in async_receivers))
+
+        async_to_sync(call_all)()
 
 
-def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> bool:
+def _log_receiver_failure(receiver: Callable[..., Any], queue: str, error: BaseException) -> None:
+    logger.error(
+        "signal receiver %r failed queue=%s",
+        receiver,
+        queue,
+        exc_info=(type(error), error, error.__traceback__),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One round trip of verdicts: outcomes sharing a verdict, and the request id they are
+    sent under. After a failure it is sent again as it was, same outcomes, same request:
+    if Redis ran it and only the reply was lost, the repeat is told what it did (see
+    ``Queue.ack``). Hand-backs (RELEASE) need no id: a repeated release changes nothing,
+    and its reply says nothing anyone waits for."""
+
+    verdict: Verdict
+    outcomes: list[Outcome]
+    request: str = ""
+
+
+def commit(
+    queue: Queue,
+    verdict: Verdict,
+    outcomes: list[Outcome],
+    *,
+    fetcher: str = "",
+    request: str = "",
+) -> bool:
     """Commit outcomes sharing one verdict, then send their signals. True when some message
     was exhausted: its announcement is owed (``announce_exhaustions``), left to the caller
-    so that a failure to announce never looks like a failed commit."""
+    so that a failure to announce never looks like a failed commit. ``fetcher`` and
+    ``request`` name the call, so that a repeat of it is recognised (see ``Commit``)."""
     messages = [outcome.message for outcome in outcomes]
     name = queue.name
     if verdict is Verdict.RELEASE:
         queue.release(messages)
         return False
     if verdict is Verdict.ACK:
-        acked = queue.ack(messages)
+        acked = queue.ack(messages, fetcher=fetcher, request=request)
         for message in messages:
             if message.id in acked:
                 send_robust(signals.message_acked, name, message=message)
@@ -51,9 +105,9 @@ def commit(queue: Queue, verdict: Verdict, outcomes: list[Outcome]) -> bool:
                 _log_lost_lease(message, "ack")
         return False
     if verdict is Verdict.NACK:
-        results = {r.id: r for r in queue.nack(messages)}
+        results = {r.id: r for r in queue.nack(messages, fetcher=fetcher, request=request)}
     else:
-        results = {r.id: r for r in queue.bury(messages)}
+        results = {r.id: r for r in queue.bury(messages, fetcher=fetcher, request=request)}
     for outcome in outcomes:
         message = outcome.message
         result = results.get(message.id)
@@ -97,6 +151,6 @@ def announce_exhaustions(queue: Queue) -> None:
                 claim.attempt,
             )
             send_robust(signals.message_exhausted, queue.name, message=claim)
-        queue.confirm_exhausted([claim.id for claim in claims])
+        queue.confirm_exhausted(claims)
         if len(claims) < EXHAUSTED_CLAIM_BATCH:
             return

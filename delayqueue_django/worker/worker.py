@@ -16,12 +16,21 @@ import time
 from secrets import token_hex
 from typing import Any
 
+from delayqueue_django import conf, exactly_once
 from delayqueue_django.handlers import Handler
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.consumer import QueueConsumer
+from delayqueue_django.worker.outages import Outages
 from delayqueue_django.worker.pool import HandlerPool
+from delayqueue_django.worker.relay import RELAY_POLL_SECONDS, OutboxRelay
 
 logger = logging.getLogger("delayqueue_django.worker")
+
+# At the default verbosity the worker logs a summary of the messages handled at most this
+# often (at -v 2, also a line per message).
+SUMMARY_SECONDS = 10.0
+# How often a worker prunes the processed ids of its EXACTLY_ONCE queues.
+PRUNE_PROCESSED_SECONDS = 60.0
 
 
 class Worker:
@@ -36,6 +45,8 @@ class Worker:
         grace: float = 30.0,
         jitter: float = 0.0,
         heartbeat_interval: float = 10.0,
+        relay: bool = True,
+        relay_poll: float = RELAY_POLL_SECONDS,
     ) -> None:
         self.concurrency = concurrency
         self.batch_size = batch_size
@@ -46,13 +57,29 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
         self.started_at = time.time()
+        self._started_monotonic = time.monotonic()
         self.stopping = threading.Event()
         self.abandoning = threading.Event()
         self.pool = HandlerPool(concurrency, on_slot_freed=self._wake_starved_consumers)
+        # Created before the consumers, which report to it.
+        self.outages = Outages()
         self.consumers = [QueueConsumer(self, queue, handler) for queue, handler in queues]
         self._counts_lock = threading.Lock()
         self.handled = 0
         self.failed = 0
+        # The counts at the last summary line, and when it was logged (None: not yet).
+        self._summarized = (0, 0)
+        self._summarized_at: float | None = None
+        # The database duties, in a thread of their own: relaying the outbox rows of these
+        # queues (unless ``relay`` is off, or DELAYQUEUE_OUTBOX_DATABASES is empty), and
+        # pruning the processed ids of those that are EXACTLY_ONCE.
+        chosen = [queue for queue, _ in queues]
+        self.exactly_once = [queue.name for queue in chosen if queue.config.exactly_once]
+        databases = conf.outbox_databases() if relay else []
+        self.relay: OutboxRelay | None = None
+        if databases or self.exactly_once:
+            self.relay = OutboxRelay(chosen, databases=databases, poll_seconds=relay_poll)
+        self._database_thread: threading.Thread | None = None
 
     # Shared state, used by the consumers
 
@@ -61,9 +88,34 @@ class Worker:
             self.handled += handled
             self.failed += failed
             reached = self.max_messages is not None and self.handled >= self.max_messages
+        self.summarize()
         if reached and not self.stopping.is_set():
             logger.info("handled %d messages (--max-messages); stopping", self.handled)
             self.request_stop()
+
+    def summarize(self) -> None:
+        """Log what was handled since the last summary line, if anything was and the last
+        line is SUMMARY_SECONDS old (the default verbosity's view of the work, where a line
+        per message would cost a busy worker more than its handlers). Called as verdicts
+        are counted, so the first message after a quiet spell is told at once, and at each
+        heartbeat, for the last ones of a burst."""
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        now = time.monotonic()
+        with self._counts_lock:
+            totals, last = (self.handled, self.failed), self._summarized_at
+            if totals == self._summarized or (last is not None and now - last < SUMMARY_SECONDS):
+                return
+            handled, failed = totals[0] - self._summarized[0], totals[1] - self._summarized[1]
+            self._summarized, self._summarized_at = totals, now
+        logger.info(
+            "handled %d message%s (%d failed) in the last %.0f s; %d (%d failed) since start",
+            handled,
+            "" if handled == 1 else "s",
+            failed,
+            now - (self._started_monotonic if last is None else last),
+            *totals,
+        )
 
     def quota(self) -> int | None:
         """How many more messages may be fetched, or None without --max-messages."""
@@ -84,7 +136,25 @@ class Worker:
             "handled": self.handled,
             "failed": self.failed,
             "last_seen": time.time(),
+            "running": self.running_handlers(),
         }
+
+    def running_handlers(self) -> list[dict[str, Any]]:
+        """The handlers running now, the longest-running first: the message (id, queue,
+        attempt), ``age`` (seconds since the handler started) and ``past_deadline`` (its
+        delivery timed out: the next fetch of any worker delivers the message again)."""
+        now = time.monotonic()
+        return [
+            {
+                "id": running.job.message.id,
+                "queue": running.job.message.queue,
+                "attempt": running.job.message.attempt,
+                "age": round(now - running.started_at, 1),
+                "past_deadline": running.job.consumer.redis_now_ms()
+                > running.job.message.deadline_ms,
+            }
+            for running in self.pool.running()
+        ]
 
     def _wake_starved_consumers(self) -> None:
         # Only those that may fetch now: waking one per finished message for nothing
@@ -110,6 +180,7 @@ class Worker:
             logger.info("start-up jitter: waiting %.2f s", delay)
             if self.stopping.wait(delay):
                 return
+        self._start_database_duties()
         self.pool.start()
         for consumer in self.consumers:
             consumer.start()
@@ -136,3 +207,33 @@ class Worker:
             consumer.wake()
             consumer.finished.wait(2.0)
         self.pool.close()
+        self._stop_database_duties()
+
+    def _start_database_duties(self) -> None:
+        relay = self.relay
+        if relay is None:
+            return
+        if self.burst:
+            # Everything committed to the outbox by now is due now too: relay it first.
+            try:
+                relayed = relay.drain()
+            except Exception:
+                logger.exception("relaying the outbox failed; the burst goes on without it")
+            else:
+                if relayed:
+                    logger.info("relayed %d outbox rows", relayed)
+            return
+        names = self.exactly_once
+        every = [(PRUNE_PROCESSED_SECONDS, lambda: exactly_once.prune_queues(names))]
+        self._database_thread = threading.Thread(
+            target=relay.run,
+            kwargs={"every": every if names else []},
+            name="delayqueue-relay",
+            daemon=True,
+        )
+        self._database_thread.start()
+
+    def _stop_database_duties(self) -> None:
+        if self.relay is not None and self._database_thread is not None:
+            self.relay.stop()
+            self._database_thread.join(timeout=5.0)

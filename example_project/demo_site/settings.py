@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -64,21 +65,27 @@ CACHES = {
     }
 }
 
-# The queues share the django-redis cache's connection pool.
-DELAYQUEUES = {
+# --8<-- [start:queues]
+# The queues share the django-redis cache's connection pool. Both are sent to through the
+# transactional outbox (the worker relays it); the order timers' handler runs exactly once.
+DELAYQUEUES: dict[str, dict[str, Any]] = {
     "orders": {
         "REDIS": "default",
         "KEY_PREFIX": "delayqueue-demo",
         "HANDLER": "shop.handlers.on_order_message",
+        "OUTBOX": True,
+        "EXACTLY_ONCE": True,
     },
     "warehouse": {
         "REDIS": "default",
         "KEY_PREFIX": "delayqueue-demo",
         "HANDLER": "shop.handlers.notify_warehouse",
+        "OUTBOX": True,
         "RETRY_COUNT": 2,
         "NACK_REDELIVERY_DELAY": [2, 4],
     },
 }
+# --8<-- [end:queues]
 
 # Seconds an order may stay unpaid, and when the payment reminder goes out.
 SHOP_PAY_WINDOW = int(os.environ.get("SHOP_PAY_WINDOW", "30"))

@@ -7,7 +7,11 @@ from shop.models import Event, Order
 
 
 def on_order_message(message: Message) -> None:
-    """Order timers: an unpaid order's reminder, and its expiry."""
+    """Order timers: an unpaid order's reminder, and its expiry.
+
+    The orders queue is EXACTLY_ONCE (settings.py): this runs in a transaction that also
+    records the message as processed, so the cancellation and its event are written once,
+    even when a worker dies before its ack and the message is delivered again."""
     order_id, kind = message.payload["order"], message.payload["kind"]
     if kind == "expire":
         # One conditional UPDATE: paying and expiring can race, and only one may win.

@@ -27,36 +27,42 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# --8<-- [start:create]
 @require_POST
 def create_order(request: HttpRequest) -> HttpResponse:
     item = (request.POST.get("item") or "").strip()[:100] or "a teapot"
     window = timedelta(seconds=settings.SHOP_PAY_WINDOW)
     with transaction.atomic():
         order = Order.objects.create(item=item, pay_by=timezone.now() + window)
-        # Sent only once the order is committed: a rolled-back order never gets timers.
-        transaction.on_commit(lambda: schedule_timers(order.pk, window))
+        # Both queues have OUTBOX (settings.py): the timers are written in this transaction,
+        # so they exist exactly when the order does, even if Redis is down right now.
+        schedule_timers(order, window)
     messages.success(
         request, f"Order #{order.pk} created: pay within {settings.SHOP_PAY_WINDOW} s."
     )
     return redirect("home")
 
 
-def schedule_timers(order_id: int, window: timedelta) -> None:
-    expiry = delayqueue.send({"order": order_id, "kind": "expire"}, delay=window, queue="orders")
-    Order.objects.filter(pk=order_id).update(expiry_message_id=expiry)
+def schedule_timers(order: Order, window: timedelta) -> None:
+    """The order's timers, sent through the outbox within the caller's transaction."""
+    expiry = delayqueue.send({"order": order.pk, "kind": "expire"}, delay=window, queue="orders")
+    order.expiry_message_id = expiry
+    order.save(update_fields=["expiry_message_id"])
     delayqueue.send(
-        {"order": order_id, "kind": "remind"}, delay=settings.SHOP_REMINDER_AFTER, queue="orders"
+        {"order": order.pk, "kind": "remind"}, delay=settings.SHOP_REMINDER_AFTER, queue="orders"
     )
-    delayqueue.send({"order": order_id}, delay=1, queue="warehouse")
+    delayqueue.send({"order": order.pk}, delay=1, queue="warehouse")
     reminder = settings.SHOP_REMINDER_AFTER
     Event.objects.create(
         queue="orders",
         kind="sent",
         message_id=expiry,
-        text=f"order #{order_id}: expiry in {window.seconds} s, reminder in {reminder} s",
+        text=f"order #{order.pk}: expiry in {window.seconds} s, reminder in {reminder} s",
     )
 
 
+# --8<-- [end:create]
+# --8<-- [start:pay]
 @require_POST
 def pay_order(request: HttpRequest, order_id: int) -> HttpResponse:
     order = get_object_or_404(Order, pk=order_id)
@@ -72,7 +78,8 @@ def pay_order(request: HttpRequest, order_id: int) -> HttpResponse:
     text = (
         "expiry message cancelled"
         if cancelled
-        else "expiry message already running; it will see the payment"
+        else "expiry message not waiting in the queue (running, or still in the outbox); "
+        "the expiry will see the payment"
     )
     Event.objects.create(
         queue="orders",
@@ -82,3 +89,6 @@ def pay_order(request: HttpRequest, order_id: int) -> HttpResponse:
     )
     messages.success(request, f"Order #{order.pk} paid in time.")
     return redirect("home")
+
+
+# --8<-- [end:pay]

@@ -26,6 +26,11 @@ def chaos_rounds(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
+def chaos_schedule_seconds(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("chaos_schedule_seconds"))
+
+
+@pytest.fixture
 def report_figures(request: pytest.FixtureRequest) -> Callable[[Figures], None]:
     return request.config.stash[FIGURES].append
 
@@ -54,13 +59,18 @@ def use_settings(settings: Any) -> Callable[[dict[str, Any]], Queue]:
 
 @pytest.fixture
 def fleets(tmp_path: Path) -> Iterator[Callable[..., WorkerFleet]]:
-    """``fleets(chaos_settings, *worker_args, size=n)``: a fleet, closed after the test."""
+    """``fleets(chaos_settings, *worker_args, size=n, command=...)``: a fleet of worker (or
+    relay) processes, closed after the test."""
     made: list[WorkerFleet] = []
 
-    def make(chaos_settings: dict[str, Any], *worker_args: str, size: int = 2) -> WorkerFleet:
-        fleet = WorkerFleet(
-            tmp_path / f"fleet-{len(made)}", chaos_settings, *worker_args, size=size
-        )
+    def make(
+        chaos_settings: dict[str, Any],
+        *worker_args: str,
+        size: int = 2,
+        command: str = "run_delayqueue",
+    ) -> WorkerFleet:
+        folder = tmp_path / f"fleet-{len(made)}"
+        fleet = WorkerFleet(folder, chaos_settings, *worker_args, size=size, command=command)
         made.append(fleet)
         return fleet
 

@@ -35,6 +35,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=1,
         help="faults injected per scenario (default: 1; make chaos: 5)",
     )
+    group.addoption(
+        "--chaos-schedule-seconds",
+        type=int,
+        default=12,
+        help="how long the 1-second schedule runs under kill -9 (default: 12; make chaos: 300)",
+    )
     group.addoption("--chaos-report", metavar="PATH", help="also write the figures as JSON")
 
 
@@ -57,7 +63,7 @@ def pytest_terminal_summary(
 
 
 def table(figures: list[Figures]) -> list[str]:
-    """A Markdown table, ready for the README."""
+    """A Markdown table, ready for the docs' Reliability page."""
     lines = [
         "| scenario | messages | lost | duplicates | recovery | note |",
         "| --- | ---: | ---: | ---: | ---: | --- |",

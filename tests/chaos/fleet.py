@@ -20,7 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 class WorkerFleet:
     def __init__(
-        self, folder: Path, chaos_settings: dict[str, Any], *worker_args: str, size: int = 2
+        self,
+        folder: Path,
+        chaos_settings: dict[str, Any],
+        *worker_args: str,
+        size: int = 2,
+        command: str = "run_delayqueue",
     ) -> None:
         self.folder = folder
         self.ledger = folder / "ledger"
@@ -36,6 +41,7 @@ class WorkerFleet:
         }
         self.worker_args = worker_args
         self.size = size
+        self.command = command  # or delayqueue_relay: a fleet of relays
         self.running: list[subprocess.Popen[bytes]] = []
         self.killed: dict[int, float] = {}  # pid -> time.time() of its kill -9
         self.exited: dict[int, int] = {}  # pid -> exit code, for those stopped by the fleet
@@ -51,7 +57,7 @@ class WorkerFleet:
         log = open(path, "wb")  # noqa: SIM115  (closed by close())
         self._log_files.append(log)
         process = subprocess.Popen(
-            [sys.executable, "-m", "django", "run_delayqueue", "-v", "1", *self.worker_args],
+            [sys.executable, "-m", "django", self.command, "-v", "1", *self.worker_args],
             env=self.environment,
             cwd=ROOT,
             stdout=log,

@@ -49,6 +49,19 @@ def returns_something_json_cannot_carry() -> Any:
     return object()
 
 
+@task(backend="second", queue_name="second")
+def multiply(a: int, b: int) -> int:
+    calls.append(("multiply", (a, b)))
+    return a * b
+
+
+@task(backend="elsewhere")
+def declared_elsewhere() -> None:
+    """A task of a backend of another kind (test_tasks configures "elsewhere" so): a
+    DelayQueueBackend must never run it."""
+    calls.append(("declared_elsewhere", None))
+
+
 def not_a_task() -> None:
     """A plain function: a message naming it must never get it called."""
     calls.append(("not_a_task", None))

@@ -1,17 +1,27 @@
 --[[
-  Shared prelude, prepended to every script of this folder when it is loaded.
+  Shared prelude of every script of this folder. engine/scripts.py builds one Redis
+  Functions library from it: this prelude, run once when the library is loaded, then each
+  script's file as the body of a function taking (keys, args), the KEYS and ARGV its
+  header lists. (Where a server refuses FUNCTION LOAD, the same text is sent as one
+  EVALSHA script per function: this prelude and the function, called at once.)
 
-  Every script receives the same KEYS, all sharing the queue's hash tag so that a
+  Every script receives the same keys, all sharing the queue's hash tag so that a
   script touches a single Redis Cluster slot:
     KEYS[1] pending    zset  id -> due time (ms, server clock)
     KEYS[2] ready      list  ids due for their first delivery (bounded staging list)
     KEYS[3] unack      zset  id -> redelivery deadline (ms)
     KEYS[4] retry      list  ids due for redelivery (bounded staging list)
     KEYS[5] garbage    zset  id -> time its retries ran out (ms)
-    KEYS[6] payload    hash  id -> JSON payload
-    KEYS[7] meta       hash  id -> "lease:attempt:budget:due"
+    KEYS[6] payload    hash  id -> JSON payload, after its budget and due time (see wrap)
+    KEYS[7] meta       hash  id -> "lease:attempt:budget:due", from the message's first
+                             delivery on (or a retry, deliver-now): a message never handed
+                             out has none; its lease and attempt are 0, and its budget
+                             and due time are kept with its payload
     KEYS[8] exhausted  zset  id -> earliest time its exhaustion may be announced (ms)
-    KEYS[9] quarantine any   where a structure of the wrong type is moved aside
+    KEYS[9] quarantine zset  the keys that held a structure of the wrong type, each renamed
+                             aside to "<KEYS[9]>:<part>:<ms>" (":<n>" added if taken), so it
+                             stays in the queue's slot: its name -> when (ms). (A version
+                             before this index renamed one such key to KEYS[9] itself.)
     KEYS[10] throughput hash "<minute>:acked" / "<minute>:failed" -> count, minute being
                              the Redis clock's ms // 60000 (pruned by prune_throughput);
                              and running totals since the queue began, never pruned:
@@ -29,20 +39,32 @@
                        workers can measure how late it started.
 ]]
 
-local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local garbage, payloads, metas, exhausted = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local quarantine, throughput = KEYS[9], KEYS[10]
-
+-- The state of one call, set by begin() as each function starts: the library is loaded
+-- once and its functions serve every queue, so nothing here may outlive a call.
+local pending, ready, unack, retry, garbage, payloads, metas, exhausted, quarantine, throughput
 -- Problems met on the way ({id-or-key, reason} pairs); every script returns them
 -- last so the client can log them. Damage never stops the queue.
-local warnings = {}
+local warnings
+-- The microseconds past the millisecond of the last now_ms() reading: fetch hands them
+-- out, so that workers can time their wake-ups to the due time, not up to 1 ms after it.
+local now_us
 
--- In a fixed order, so that the outcome never depends on table iteration order.
-local EXPECTED_TYPES = {
-  {pending, 'zset'}, {ready, 'list'}, {unack, 'zset'}, {retry, 'list'},
-  {garbage, 'zset'}, {payloads, 'hash'}, {metas, 'hash'}, {exhausted, 'zset'},
-  {throughput, 'hash'},
-}
+local function begin(keys)
+  pending, ready, unack, retry = keys[1], keys[2], keys[3], keys[4]
+  garbage, payloads, metas, exhausted = keys[5], keys[6], keys[7], keys[8]
+  quarantine, throughput = keys[9], keys[10]
+  warnings, now_us = {}, 0
+end
+
+-- The keys' types, in a fixed order, so that the outcome never depends on table
+-- iteration order.
+local function expected_types()
+  return {
+    {pending, 'zset'}, {ready, 'list'}, {unack, 'zset'}, {retry, 'list'},
+    {garbage, 'zset'}, {payloads, 'hash'}, {metas, 'hash'}, {exhausted, 'zset'},
+    {throughput, 'hash'},
+  }
+end
 
 -- Scores and other numbers go to Redis through "%d": Lua's default conversion keeps
 -- only 14 significant digits, which would round far-future times.
@@ -50,34 +72,96 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- The microseconds past the millisecond of the last now_ms() reading: fetch hands them
--- out, so that workers can time their wake-ups to the due time, not up to 1 ms after it.
-local now_us = 0
-
-local function now_ms()
-  local t = redis.call('TIME')
-  now_us = tonumber(t[2]) % 1000
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- When a delay of `delay_ms` ms and `delay_us` µs (0-999) from the last now_ms() reading
+-- runs out, in whole ms: rounded up, because a fetch hands out what is due by its clock
+-- truncated to the ms, and nothing may be handed out before its time. No delay at all is
+-- due at `now` itself: every later call runs after this one.
+local function due_after(now, delay_ms, delay_us)
+  if delay_ms == 0 and delay_us == 0 then
+    return now
+  end
+  return now + delay_ms + math.ceil((now_us + delay_us) / 1000)
 end
 
--- A key holding the wrong type would make every later command on it fail and stop
--- the queue; mutating scripts rename it aside instead and carry on with an empty one.
-local function quarantine_foreign_keys()
-  for _, entry in ipairs(EXPECTED_TYPES) do
-    local key, expected = entry[1], entry[2]
-    local actual = redis.call('TYPE', key)['ok']
-    if actual ~= 'none' and actual ~= expected then
-      redis.call('RENAME', key, quarantine)
-      table.insert(warnings, {key, 'held a ' .. actual .. ' instead of a ' .. expected ..
-        '; renamed to ' .. quarantine})
+-- The Redis clock in ms; now_ms() also keeps the µs past that ms (see now_us).
+local function clock()
+  local t = redis.call('TIME')
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + math.floor(us / 1000), us % 1000
+end
+
+local function now_ms()
+  local now
+  now, now_us = clock()
+  return now
+end
+
+-- Renames a key aside to a name of its own under the quarantine key's (see KEYS[9]), never
+-- over another, and indexes it there; returns the name.
+local function rename_aside(key, now)
+  local base = quarantine .. ':' .. string.match(key, '[^:]*$') .. ':' .. int(now)
+  local name, taken = base, 1
+  while redis.call('EXISTS', name) == 1 do
+    taken = taken + 1
+    name = base .. ':' .. taken
+  end
+  redis.call('RENAME', key, name)
+  redis.call('ZADD', quarantine, int(now), name)
+  return name
+end
+
+-- A key holding the wrong type fails every command on it (WRONGTYPE), which would stop the
+-- queue: the functions that write rename it aside and carry on with an empty one. They
+-- do so when a command first meets it (see call), which checks nothing while the keys
+-- are sound: a call checking every key's TYPE first spent more time on that than on its
+-- own work.
+local function rename_foreign(key)
+  local now = clock()
+  local index = redis.call('TYPE', quarantine)['ok']
+  if index ~= 'none' and index ~= 'zset' then
+    -- A key an older version renamed to the quarantine key itself: kept the same way.
+    table.insert(warnings, {quarantine, 'held a key set aside by an older version; ' ..
+      'renamed to ' .. rename_aside(quarantine, now)})
+  end
+  local expected = 'another type'
+  for _, entry in ipairs(expected_types()) do
+    if entry[1] == key then
+      expected = 'a ' .. entry[2]
     end
   end
+  local actual = redis.call('TYPE', key)['ok']
+  table.insert(warnings, {key, 'held a ' .. actual .. ' instead of ' .. expected ..
+    '; renamed to ' .. rename_aside(key, now)})
+end
+
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
+local function wrong_type(reply)
+  return string.sub(reply.err, 1, 9) == 'WRONGTYPE'
+end
+
+-- redis.call for a command on one of the queue's keys. A key of the wrong type fails the
+-- first command on it in this call (none before touched it): renamed aside, the key is
+-- empty and the command runs again. So the call ends as if the key had been empty from its
+-- start, as when every key's TYPE was checked first: never stopped halfway.
+local function call(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if failed(reply) then
+    if not wrong_type(reply) then
+      error(reply)
+    end
+    rename_foreign(key)
+    return redis.call(command, key, ...)
+  end
+  return reply
 end
 
 -- Read-only scripts do not move anything: they report the key and treat it as empty.
 local function foreign_keys()
   local foreign = {}
-  for _, entry in ipairs(EXPECTED_TYPES) do
+  for _, entry in ipairs(expected_types()) do
     local key, expected = entry[1], entry[2]
     local actual = redis.call('TYPE', key)['ok']
     if actual ~= 'none' and actual ~= expected then
@@ -87,6 +171,10 @@ local function foreign_keys()
   end
   return foreign
 end
+
+-- Lua numbers are doubles, exact up to 2^53: a larger field would be rounded, and "%d"
+-- writes one past 2^63 back as a negative number. Such a record is damage.
+local LARGEST_META_NUMBER = 9007199254740991
 
 -- Parses a meta record as HGET or HMGET return it (false when the field is missing).
 -- Returns lease, attempt, budget, due as numbers, or nil when the record is missing or
@@ -103,11 +191,17 @@ local function parse_meta(raw)
     end
     due = 0
   end
-  return tonumber(lease), tonumber(attempt), tonumber(budget), tonumber(due)
+  lease, attempt, budget = tonumber(lease), tonumber(attempt), tonumber(budget)
+  due = tonumber(due)
+  local largest = LARGEST_META_NUMBER
+  if lease > largest or attempt > largest or budget > largest or due > largest then
+    return nil
+  end
+  return lease, attempt, budget, due
 end
 
 local function read_meta(id)
-  return parse_meta(redis.call('HGET', metas, id))
+  return parse_meta(call('HGET', metas, id))
 end
 
 -- Whether a delivery's token still holds: it must equal the lease of a readable meta
@@ -122,8 +216,41 @@ local function format_meta(lease, attempt, budget, due)
   return string.format('%d:%d:%d:%d', lease, attempt, budget, due)
 end
 
+-- A message never handed out has no meta record (about 96 bytes of Redis memory each): its
+-- retry budget and the time it was due when sent are kept at the start of its stored
+-- payload, as "~<budget>~<due>~", which JSON text never starts with. (Not only the budget:
+-- a message staged in ready would then need a record for its due time, written at
+-- staging, and in a burst the small meta hash, a listpack, makes every such write slow.)
+-- Once a meta record is written (a delivery, a retry, deliver-now), it is the one to read.
+local function wrap(budget, due, payload)
+  return string.format('~%d~%d~', budget, due) .. payload
+end
+
+-- The budget, due time and payload in a stored payload. A payload a previous release stored
+-- carries neither (its message has a meta record): nil, nil and the payload as it is.
+local function unwrap(stored)
+  local budget, due = string.match(stored, '^~(%d+)~(%d+)~')
+  if not budget then
+    return nil, nil, stored
+  end
+  return tonumber(budget), tonumber(due), string.sub(stored, #budget + #due + 4)
+end
+
+-- The meta record of a message never handed out, made from its stored payload (false when
+-- it is missing); nil when the payload carries no budget.
+local function first_meta(stored)
+  if not stored then
+    return nil
+  end
+  local budget, due = unwrap(stored)
+  if budget == nil or budget > LARGEST_META_NUMBER or due > LARGEST_META_NUMBER then
+    return nil
+  end
+  return format_meta(0, 0, budget, due)
+end
+
 local function write_meta(id, lease, attempt, budget, due)
-  redis.call('HSET', metas, id, format_meta(lease, attempt, budget, due))
+  call('HSET', metas, id, format_meta(lease, attempt, budget, due))
 end
 
 -- Batches. The hot scripts (send, fetch, ack, nack) read and write a whole batch with one
@@ -140,7 +267,7 @@ local CHUNK = 1000
 local function call_chunked(command, key, values)
   local total = #values
   for first = 1, total, CHUNK do
-    redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, total)))
+    call(command, key, unpack(values, first, math.min(first + CHUNK - 1, total)))
   end
 end
 
@@ -150,7 +277,7 @@ local function gather(command, key, values)
   local answers, total, count = {}, #values, 0
   for first = 1, total, CHUNK do
     local last = math.min(first + CHUNK - 1, total)
-    local part = redis.call(command, key, unpack(values, first, last))
+    local part = call(command, key, unpack(values, first, last))
     for i = 1, #part do
       count = count + 1
       answers[count] = part[i]
@@ -169,11 +296,27 @@ local function at_score(score, ids)
   return scored
 end
 
+-- Adds n to a count in the throughput hash. A field holding no integer (a foreign write)
+-- would fail HINCRBY halfway through a script, after some of its moves: the count starts
+-- again at n instead, and the warning says so.
+local function add_count(field, n)
+  local added = redis.pcall('HINCRBY', throughput, field, n)
+  if failed(added) and wrong_type(added) then
+    rename_foreign(throughput)
+    added = redis.pcall('HINCRBY', throughput, field, n)
+  end
+  if failed(added) then
+    redis.call('HSET', throughput, field, int(n))
+    table.insert(warnings, {throughput, 'field ' .. field .. ' could not count (' ..
+      added.err .. '); it starts again at ' .. int(n)})
+  end
+end
+
 -- Running totals for monitoring: counted here, in the step that makes them true, they add
 -- up across any number of workers and survive a worker's crash.
 local function count_total(what, n)
   if n > 0 then
-    redis.call('HINCRBY', throughput, 'all:' .. what, n)
+    add_count('all:' .. what, n)
   end
 end
 
@@ -198,14 +341,47 @@ local function set_aside(aside, now)
   call_chunked('ZADD', garbage, at_score(int(now), aside))
 end
 
+-- (The payload first: a message never handed out keeps its first record there.)
 local function damage_of(id, has_payload, lease)
-  if not lease then
-    return 'meta record missing or unreadable; moved to garbage'
-  end
   if not has_payload then
     return 'payload missing; moved to garbage'
   end
+  if not lease then
+    return 'meta record missing or unreadable; moved to garbage'
+  end
   return nil
+end
+
+-- Lost replies of ack and nack. Redis can run a verdict and the reply still be lost (a
+-- connection cut, a client timing out while Redis was stalled); the caller then repeats
+-- the call, and a second run would find nothing left to do and answer as if the verdict
+-- had come too late. So a caller may name its request (KEYS[11], its own record key, and
+-- a request id): the script keeps its reply there, a string holding the request id and
+-- the reply packed with cmsgpack, expiring after record_ms; a repeat of that request is
+-- answered from the record, changing nothing. A new request replaces the record, but
+-- only when it changed something: a request that changed nothing (every lease stale)
+-- gives the same reply when run again, and a script that writes nothing stays runnable
+-- on a Redis out of memory (which refuses a script's first write of new data).
+-- A msgpack string carries its length, so a request's packed id is never the start of
+-- another's: comparing the record's start with it is exact. A record key holding another
+-- type (written by anyone but this queue) holds no record: the next one replaces it.
+local function recorded_reply(record_key, request)
+  if request == '' then
+    return nil
+  end
+  local raw = redis.pcall('GET', record_key)
+  local tag = cmsgpack.pack(request)
+  if type(raw) ~= 'string' or string.sub(raw, 1, #tag) ~= tag then
+    return nil
+  end
+  local _, reply = cmsgpack.unpack(raw)
+  return reply
+end
+
+local function record_reply(record_key, request, reply, count, record_ms)
+  if request ~= '' and count > 0 then
+    redis.call('SET', record_key, cmsgpack.pack(request, reply), 'PX', record_ms)
+  end
 end
 
 -- Wakes idle workers when the earliest due time moved earlier (or work is waiting).
@@ -216,13 +392,13 @@ end
 -- Per-minute counts of acked and failed deliveries, and their totals, for monitoring.
 local function count_throughput(now, what, n)
   if n > 0 then
-    redis.call('HINCRBY', throughput, int(math.floor(now / 60000)) .. ':' .. what, n)
+    add_count(int(math.floor(now / 60000)) .. ':' .. what, n)
     count_total(what, n)
   end
 end
 
 local function head_score(key)
-  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local head = call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if head[2] then
     return tonumber(head[2])
   end

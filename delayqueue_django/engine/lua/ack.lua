@@ -1,28 +1,36 @@
 --[[
   ack: a batch of deliveries succeeded; forget those messages.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput.
-  ARGV[1]  n, then n pairs: id, lease (the token handed out by fetch)
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput;
+  KEYS[11] the caller's record of its last request (only with a request id; see "Lost
+           replies" in the prelude)
+  ARGV[1]  request: this call's id ("": none, nothing recorded)
+  ARGV[2]  record_ms: how long the record of the reply is kept
+  ARGV[3]  n, then n pairs: id, lease (the token handed out by fetch)
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
+  A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {acked_ids, warnings}.
 ]]
 
-local n = tonumber(ARGV[1])
-quarantine_foreign_keys()
+local request, record_ms, n = args[1], tonumber(args[2]), tonumber(args[3])
+local replayed = recorded_reply(keys[11], request)
+if replayed then
+  return {replayed, warnings}
+end
 local now = now_ms()
 
 -- One read of every meta record and unack score, one write per key (see "Batches" in
 -- the prelude).
 local ids = {}
-for i = 0, n - 1 do
-  ids[i + 1] = ARGV[2 + i * 2]
+for i = 1, n do
+  ids[i] = args[2 + i * 2]
 end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 local acked, done = {}, {}
 for i, id in ipairs(ids) do
-  local token = tonumber(ARGV[1 + i * 2])
+  local token = tonumber(args[3 + i * 2])
   local lease = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its pairs that holds: once acked,
   -- its meta record and unack entry are gone, so no later pair could hold.
@@ -35,4 +43,5 @@ call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)
 count_throughput(now, 'acked', #acked)
+record_reply(keys[11], request, acked, #acked, record_ms)
 return {acked, warnings}

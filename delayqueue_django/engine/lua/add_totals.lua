@@ -8,9 +8,8 @@
   Returns {warnings}.
 ]]
 
-local n = tonumber(ARGV[1])
-quarantine_foreign_keys()
+local n = tonumber(args[1])
 for i = 0, n - 1 do
-  count_total(ARGV[2 + i * 2], tonumber(ARGV[3 + i * 2]))
+  count_total(args[2 + i * 2], tonumber(args[3 + i * 2]))
 end
 return {warnings}

@@ -1,38 +1,39 @@
 --[[
-  drop_garbage: delete dead letters for good, oldest first, at most `limit` per call.
-  Used for retention (older than a cutoff, keeping those whose exhaustion has not been
+  drop_garbage: delete dead letters for good, oldest first, examining at most `limit` per
+  call. Used for retention (older than a cutoff, keeping those whose exhaustion has not been
   announced yet) and for an operator's purge (everything).
+
+  The ones kept stay where they are, oldest first: a caller going on past them skips them
+  with `offset` (how many earlier calls kept), so that any number of unannounced dead
+  letters never hides the announced ones behind them.
 
   KEYS: the queue's key layout (see _prelude.lua); writes garbage, payload, meta, exhausted.
   ARGV[1]  older_than_ms: drop those buried at least this long ago, or -1 for all
   ARGV[2]  limit, the most ids examined in this call
   ARGV[3]  "1" to keep messages whose exhaustion is still unannounced, "0" to drop them too
+  ARGV[4]  offset: how many of the oldest candidates to pass over (kept by earlier calls)
 
-  Returns {dropped, more, warnings}: how many were deleted, and 1 if another call may
-  find more.
+  Returns {dropped, kept, warnings}: how many were deleted, and how many examined were
+  kept. Fewer than `limit` examined in all means there are no more candidates.
 ]]
 
-local older_than_ms, limit, keep_unannounced = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-quarantine_foreign_keys()
+local older_than_ms, limit, keep_unannounced = tonumber(args[1]), tonumber(args[2]), args[3]
+local offset = tonumber(args[4])
 local ids
 if older_than_ms < 0 then
-  ids = redis.call('ZRANGE', garbage, 0, limit - 1)
+  ids = call('ZRANGE', garbage, offset, offset + limit - 1)
 else
   local cutoff = now_ms() - older_than_ms
-  ids = redis.call('ZRANGE', garbage, '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0, limit)
+  ids = call('ZRANGE', garbage, '-inf', int(cutoff), 'BYSCORE', 'LIMIT', offset, limit)
 end
 local dropped = 0
 for _, id in ipairs(ids) do
-  if not (keep_unannounced == '1' and redis.call('ZSCORE', exhausted, id)) then
-    redis.call('ZREM', garbage, id)
-    redis.call('ZREM', exhausted, id)
-    redis.call('HDEL', payloads, id)
-    redis.call('HDEL', metas, id)
+  if not (keep_unannounced == '1' and call('ZSCORE', exhausted, id)) then
+    call('ZREM', garbage, id)
+    call('ZREM', exhausted, id)
+    call('HDEL', payloads, id)
+    call('HDEL', metas, id)
     dropped = dropped + 1
   end
 end
-local more = 0
-if #ids == limit and dropped > 0 then
-  more = 1
-end
-return {dropped, more, warnings}
+return {dropped, #ids - dropped, warnings}

@@ -11,15 +11,14 @@
   Returns {deadline_ms, extended_ids, warnings}.
 ]]
 
-local consume_ms, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-quarantine_foreign_keys()
+local consume_ms, n = tonumber(args[1]), tonumber(args[2])
 local deadline = now_ms() + consume_ms
 local extended = {}
 for i = 0, n - 1 do
-  local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
+  local id, token = args[3 + i * 2], tonumber(args[4 + i * 2])
   local lease = read_meta(id)
-  if holds(lease, token) and redis.call('ZSCORE', unack, id) then
-    redis.call('ZADD', unack, 'XX', int(deadline), id)
+  if holds(lease, token) and call('ZSCORE', unack, id) then
+    call('ZADD', unack, 'XX', int(deadline), id)
     table.insert(extended, id)
   end
 end

@@ -4,10 +4,12 @@
     1. deliveries whose deadline passed go to retry (or to garbage when their
        retries are used up), and count as failed in throughput;
     2. due pending messages are staged: to ready (first delivery) or retry;
-    3. up to `count` ids are popped, retry first, and leased until now + consume_ms.
+    3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
   lists (ready + retry) hold fewer than `stage_limit`, so every call is bounded and
-  a cancel's LREM on a staging list is bounded too.
+  a cancel's LREM on a staging list is bounded too. What step 3 takes of the ids staged
+  in this call is handed out at once, in list order after those already listed; only the
+  rest is pushed to the lists.
 
   A fetch's reply can be lost after Redis ran it (a connection cut, a client timing
   out while Redis was paused, a client re-sending on its own): its messages would sit
@@ -17,8 +19,9 @@
   leases and without counting another attempt, instead of taking new ones.
 
   KEYS: the queue's key layout (see _prelude.lua); uses all of them; and
-  KEYS[11] the fetcher's replay record: a list [request, id, lease, id, lease, ...]
-           of its last fetch, expiring with those deliveries' lease (consume_ms)
+  KEYS[11] the fetcher's replay record: a string, msgpack of the request and the list
+           {id, lease, id, lease, ...} of its last fetch, expiring with those deliveries'
+           lease (consume_ms)
   ARGV[1]  wake-up channel
   ARGV[2]  count, the most messages to hand out (0 just runs the housekeeping)
   ARGV[3]  consume_ms, how long a delivery may stay unacked before redelivery
@@ -38,19 +41,24 @@
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
-local channel, count = ARGV[1], tonumber(ARGV[2])
-local consume_ms, stage_limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local record_key, request = KEYS[11], ARGV[5]
-quarantine_foreign_keys()
+local channel, count = args[1], tonumber(args[2])
+local consume_ms, stage_limit = tonumber(args[3]), tonumber(args[4])
+local record_key, request = keys[11], args[5]
 local now = now_ms()
 local deadline = int(now + consume_ms)
 local expired, handed, deliveries = 0, 0, {}
 -- The new meta records and unack entries of the deliveries, written once at the end.
 local records, leased = {}, {}
-
-local function room()
-  return stage_limit - redis.call('LLEN', ready) - redis.call('LLEN', retry)
+-- The staging lists' lengths (usually both empty: one EXISTS says so), the earliest
+-- delivery deadline and pending due time, read once and kept up to date below rather
+-- than asked again; unack_moved when the deadline must be read again, pending_head nil
+-- until read.
+local ready_len, retry_len = 0, 0
+if redis.call('EXISTS', ready, retry) > 0 then
+  ready_len, retry_len = call('LLEN', ready), call('LLEN', retry)
 end
+local unack_head, unack_moved = head_score(unack), false
+local pending_head, pending_read = nil, false
 
 -- Hands a message out under the next lease until the deadline; returns its new record.
 -- Appended by index, which costs Lua a fraction of table.insert's call: this runs for
@@ -69,11 +77,14 @@ end
 local function take_due()
   -- Each step below reads its whole batch with one command per key (HMGET, ...) and writes
   -- it the same way, instead of a few commands per message (see "Batches" in the prelude).
+  -- The ids staged in this call, in order, for the retry and ready lists; and the meta
+  -- record of each id this call read or wrote, which is the one to build on.
+  local staged_retry, staged_ready, known, aside = {}, {}, {}, {}
 
   -- 1. Deliveries that outlived their deadline.
-  local free = room()
-  if free > 0 then
-    local timed_out = redis.call('ZRANGE', unack, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free,
+  local free = stage_limit - ready_len - retry_len
+  if free > 0 and unack_head and unack_head <= now then
+    local timed_out = call('ZRANGE', unack, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free,
       'WITHSCORES')
     local ids, deadlines = {}, {}
     for i = 1, #timed_out, 2 do
@@ -81,8 +92,9 @@ local function take_due()
       table.insert(deadlines, tonumber(timed_out[i + 1]))
     end
     call_chunked('ZREM', unack, ids)
+    unack_moved = true
     local raw = gather('HMGET', metas, ids)
-    local expired_records, to_retry, to_bury, aside = {}, {}, {}, {}
+    local expired_records, to_bury = {}, {}
     for i, id in ipairs(ids) do
       local lease, attempt, budget = parse_meta(raw[i])
       if not lease then
@@ -90,74 +102,102 @@ local function take_due()
       else
         expired = expired + 1
         -- Its redelivery is due from the moment the deadline passed.
+        local record = format_meta(lease + 1, attempt, budget, deadlines[i])
+        known[id] = record
         table.insert(expired_records, id)
-        table.insert(expired_records, format_meta(lease + 1, attempt, budget, deadlines[i]))
+        table.insert(expired_records, record)
         if attempt > budget then
           table.insert(to_bury, id)
         else
-          table.insert(to_retry, id)
+          table.insert(staged_retry, id)
         end
       end
     end
-    -- Written now: step 3 may hand these out again and reads their records.
     call_chunked('HSET', metas, expired_records)
-    set_aside(aside, now)
     bury(to_bury, now)
-    call_chunked('RPUSH', retry, to_retry)
-    count_total('retried', #to_retry)
+    count_total('retried', #staged_retry)
+    free = free - #staged_retry
   end
 
   count_throughput(now, 'failed', expired)
   count_total('timed_out', expired)
 
-  -- 2. Pending messages whose time has come. Each staging list keeps their order.
-  free = room()
+  -- 2. Pending messages whose time has come. Each staging list keeps their order. One
+  -- never handed out has no meta record (see wrap): a first delivery, staged as it is.
   if free > 0 then
-    local ids = redis.call('ZRANGE', pending, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free)
-    call_chunked('ZREM', pending, ids)
-    local raw = gather('HMGET', metas, ids)
-    local to_retry, to_ready, aside = {}, {}, {}
-    for i, id in ipairs(ids) do
-      local lease, attempt = parse_meta(raw[i])
-      if not lease then
-        note_damage(aside, id, 'meta record missing or unreadable; moved to garbage')
-      elseif attempt > 0 then
-        table.insert(to_retry, id)
-      else
-        table.insert(to_ready, id)
-      end
+    -- The two earliest first: when no more than one of them is due (a trickle, or nothing
+    -- due yet), they are all this step needs, and tell the earliest left after it.
+    local first = call('ZRANGE', pending, 0, 1, 'WITHSCORES')
+    local ids = {}
+    if first[4] and tonumber(first[4]) <= now then
+      ids = call('ZRANGE', pending, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, free)
+    elseif first[2] and tonumber(first[2]) <= now then
+      pending_head, pending_read = tonumber(first[4]), true
+      ids = {first[1]}
+    else
+      pending_head, pending_read = tonumber(first[2]), true
     end
-    set_aside(aside, now)
-    call_chunked('RPUSH', retry, to_retry)
-    call_chunked('RPUSH', ready, to_ready)
-  end
-
-  -- 3. Hand out, redeliveries first: they have waited longest.
-  local aside = {}
-  -- The meta records this step has written so far, by id. Only a damaged queue lists an id
-  -- twice; its second delivery must then build on the first, as when each record was
-  -- written before the next one was read.
-  local written = {}
-  for _, source in ipairs({retry, ready}) do
-    local want = count - handed
-    if want <= 0 then
-      break
-    end
-    local ids = redis.call('LPOP', source, want)
-    if ids then
-      local payload_of, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
+    if #ids > 0 then
+      call_chunked('ZREM', pending, ids)
+      local raw = gather('HMGET', metas, ids)
       for i, id in ipairs(ids) do
-        local payload = payload_of[i]
-        local lease, attempt, budget, due = parse_meta(written[id] or raw[i])
-        local damage = damage_of(id, payload, lease)
-        if damage then
-          note_damage(aside, id, damage)
+        if not raw[i] then
+          table.insert(staged_ready, id)
         else
-          written[id] = lease_out(id, payload, lease, attempt + 1, budget, due)
+          local lease, attempt = parse_meta(raw[i])
+          if not lease then
+            note_damage(aside, id, 'meta record missing or unreadable; moved to garbage')
+          else
+            known[id] = raw[i]
+            table.insert(attempt > 0 and staged_retry or staged_ready, id)
+          end
         end
       end
     end
   end
+
+  -- 3. Hand out, redeliveries first: they have waited longest. From each list, those
+  -- already listed first, then those staged above; the staged ones left are listed.
+  local function hand_out(list, listed, staged)
+    local want = count - handed
+    local popped = {}
+    if want > 0 and listed > 0 then
+      popped = call('LPOP', list, want) or {}
+    end
+    local ids, taken = {}, 0
+    for i, id in ipairs(popped) do
+      ids[i] = id
+    end
+    while #ids < want and taken < #staged do
+      taken = taken + 1
+      ids[#ids + 1] = staged[taken]
+    end
+    if #ids > 0 then
+      -- The meta records of those listed before (the staged ones' are known, or they have
+      -- none); a message never handed out has its first made from its payload.
+      local payload_of, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, popped)
+      for i, id in ipairs(ids) do
+        local payload = payload_of[i]
+        local record = known[id] or raw[i] or first_meta(payload)
+        local lease, attempt, budget, due = parse_meta(record)
+        local damage = damage_of(id, payload, lease)
+        if damage then
+          note_damage(aside, id, damage)
+        else
+          local _, _, body = unwrap(payload)
+          known[id] = lease_out(id, body, lease, attempt + 1, budget, due)
+        end
+      end
+    end
+    local rest = {}
+    for i = taken + 1, #staged do
+      rest[#rest + 1] = staged[i]
+    end
+    call_chunked('RPUSH', list, rest)
+    return listed - #popped + #rest
+  end
+  retry_len = hand_out(retry, retry_len, staged_retry)
+  ready_len = hand_out(ready, ready_len, staged_ready)
   set_aside(aside, now)
 end
 
@@ -167,7 +207,7 @@ end
 -- since are left alone.
 local function hand_out_again(recorded)
   local ids, leases = {}, {}
-  for i = 2, #recorded, 2 do
+  for i = 1, #recorded, 2 do
     table.insert(ids, recorded[i])
     table.insert(leases, tonumber(recorded[i + 1]))
   end
@@ -176,16 +216,23 @@ local function hand_out_again(recorded)
   for i, id in ipairs(ids) do
     local lease, attempt, budget, due = parse_meta(raw[i])
     if holds(lease, leases[i]) and in_flight[i] and payload_of[i] then
-      lease_out(id, payload_of[i], lease, attempt, budget, due)
+      local _, _, body = unwrap(payload_of[i])
+      lease_out(id, body, lease, attempt, budget, due)
     end
   end
+  unack_moved = true
 end
 
+-- The fetcher's record of its last request (see KEYS[11]): false when there is none, a
+-- table when the key holds another type (anyone's write; replaced like a record).
+local record = false
 local recorded = nil
 if request ~= '' then
-  recorded = redis.call('LRANGE', record_key, 0, -1)
-  if recorded[1] ~= request then
-    recorded = nil
+  record = redis.pcall('GET', record_key)
+  local tag = cmsgpack.pack(request)
+  if type(record) == 'string' and string.sub(record, 1, #tag) == tag then
+    local _
+    _, recorded = cmsgpack.unpack(record)
   end
 end
 if recorded then
@@ -200,21 +247,28 @@ call_chunked('ZADD', unack, leased)
 -- a new request means the fetcher received the reply to its last one, whose record is
 -- then of no more use.
 if request ~= '' then
-  redis.call('DEL', record_key)
   if handed > 0 then
-    local entries = {request}
+    local entries = {}
     for i = 0, handed - 1 do
-      entries[2 * i + 2], entries[2 * i + 3] = deliveries[6 * i + 1], deliveries[6 * i + 4]
+      entries[2 * i + 1], entries[2 * i + 2] = deliveries[6 * i + 1], deliveries[6 * i + 4]
     end
-    call_chunked('RPUSH', record_key, entries)
-    redis.call('PEXPIRE', record_key, consume_ms)
+    redis.call('SET', record_key, cmsgpack.pack(request, entries), 'PX', consume_ms)
+  elseif record then
+    redis.call('DEL', record_key)
   end
 end
 
 -- When to look again.
+if unack_moved then
+  unack_head = head_score(unack)
+elseif handed > 0 and not (unack_head and unack_head < now + consume_ms) then
+  unack_head = now + consume_ms
+end
 local next_ms = -1
-local waiting = redis.call('LLEN', ready) + redis.call('LLEN', retry) > 0
-local pending_head, unack_head = head_score(pending), head_score(unack)
+local waiting = ready_len + retry_len > 0
+if not (waiting or pending_read) then
+  pending_head = head_score(pending)
+end
 if waiting or (pending_head and pending_head <= now) or (unack_head and unack_head <= now) then
   next_ms = now
   if count > 0 and handed == count then

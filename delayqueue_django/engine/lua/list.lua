@@ -10,11 +10,12 @@
 
   Returns {entries, warnings}; entries is a flat list of
     id, score (due time, deadline or burial time in ms; -1 for the lists),
-    payload (possibly cut; false if missing), payload size in bytes, meta (false if missing)
+    payload (possibly cut; false if missing), payload size in bytes, meta (false if missing;
+    made up for a message never handed out, as peek does)
 ]]
 
-local state, offset, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local preview_bytes = tonumber(ARGV[4])
+local state, offset, limit = args[1], tonumber(args[2]), tonumber(args[3])
+local preview_bytes = tonumber(args[4])
 
 -- Cut on a UTF-8 character boundary, so the preview is still valid text.
 local function preview(text)
@@ -57,18 +58,22 @@ if key and not foreign[key] and limit > 0 then
     end
   end
   for i, id in ipairs(ids) do
-    local payload = false
+    local stored, payload = false, false
     local size = 0
     if not foreign[payloads] then
-      payload = redis.call('HGET', payloads, id)
-      if payload then
-        size = string.len(payload)
-        payload = preview(payload)
+      stored = redis.call('HGET', payloads, id)
+      if stored then
+        local _, _, body = unwrap(stored)
+        size = string.len(body)
+        payload = preview(body)
       end
     end
     local meta = false
     if not foreign[metas] then
       meta = redis.call('HGET', metas, id)
+    end
+    if not meta and (key == pending or key == ready) then
+      meta = first_meta(stored) or false
     end
     table.insert(entries, id)
     table.insert(entries, scores[i] or -1)

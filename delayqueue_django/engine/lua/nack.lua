@@ -3,34 +3,44 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted, throughput (each refusal counts as failed).
+        meta, exhausted, throughput (each refusal counts as failed);
+  KEYS[11] the caller's record of its last request (only with a request id; see "Lost
+           replies" in the prelude)
   ARGV[1]  wake-up channel
-  ARGV[2]  n, then n triples: id, lease, delay_ms before the retry (-1: bury now,
-          whatever retries are left)
+  ARGV[2]  request: this call's id ("": none, nothing recorded)
+  ARGV[3]  record_ms: how long the record of the reply is kept
+  ARGV[4]  n, then n triples: id, lease, delay_ms before the retry (-1: bury now,
+          whatever retries are left); the retry's due time is rounded up to the ms, as
+          send's, so that it is not handed out before the delay has passed
 
   A triple counts only if the message is still in unack under that lease (see ack).
+  A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {outcomes, warnings}; outcomes is a flat list of id, code, time:
     code 1 retry scheduled, time = its due time; code 2 exhausted, time = now.
   Ids whose lease did not match are left out.
   Publishes the earliest retry time when it is earlier than every pending message's.
 ]]
 
-local channel, n = ARGV[1], tonumber(ARGV[2])
-quarantine_foreign_keys()
+local channel, request = args[1], args[2]
+local record_ms, n = tonumber(args[3]), tonumber(args[4])
+local replayed = recorded_reply(keys[11], request)
+if replayed then
+  return {replayed, warnings}
+end
 local now = now_ms()
 local previous_head = head_score(pending)
 
 -- One read of every meta record and unack score, one write per key (see "Batches" in
 -- the prelude).
 local ids = {}
-for i = 0, n - 1 do
-  ids[i + 1] = ARGV[3 + i * 3]
+for i = 1, n do
+  ids[i] = args[2 + i * 3]
 end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
 for i, id in ipairs(ids) do
-  local token, delay_ms = tonumber(ARGV[1 + i * 3]), tonumber(ARGV[2 + i * 3])
+  local token, delay_ms = tonumber(args[3 + i * 3]), tonumber(args[4 + i * 3])
   local lease, attempt, budget, due = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its triples that holds: that one
   -- takes it out of unack, so no later triple could hold.
@@ -45,7 +55,7 @@ for i, id in ipairs(ids) do
       table.insert(outcomes, 2)
       table.insert(outcomes, now)
     else
-      due = now + delay_ms
+      due = due_after(now, delay_ms, 0)
       table.insert(records, id)
       table.insert(records, format_meta(lease + 1, attempt, budget, due))
       table.insert(scored, int(due))
@@ -68,4 +78,5 @@ if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
 count_throughput(now, 'failed', #outcomes / 3)
+record_reply(keys[11], request, outcomes, #outcomes, record_ms)
 return {outcomes, warnings}

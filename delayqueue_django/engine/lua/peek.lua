@@ -8,10 +8,12 @@
     state        pending, ready, unack, retry, garbage, or "" if unknown
     score        due time, deadline or burial time in ms (-1 for ready and retry)
     payload      the JSON text, or false; meta "lease:attempt:budget:due", or false
+                 (a message never handed out, pending or ready, has its first made
+                 up from its payload: see first_meta)
     unannounced  1 if its exhaustion is still to be announced
 ]]
 
-local id = ARGV[1]
+local id = args[1]
 local foreign = foreign_keys()
 local state, score = '', -1
 for _, entry in ipairs({{'pending', pending}, {'unack', unack}, {'garbage', garbage}}) do
@@ -27,12 +29,19 @@ for _, entry in ipairs({{'ready', ready}, {'retry', retry}}) do
     state = entry[1]
   end
 end
-local payload, meta, unannounced = false, false, 0
+local stored, payload, meta, unannounced = false, false, false, 0
 if not foreign[payloads] then
-  payload = redis.call('HGET', payloads, id)
+  stored = redis.call('HGET', payloads, id)
+end
+if stored then
+  local _, _, body = unwrap(stored)
+  payload = body
 end
 if not foreign[metas] then
   meta = redis.call('HGET', metas, id)
+end
+if not meta and (state == 'pending' or state == 'ready') then
+  meta = first_meta(stored) or false
 end
 if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
   unannounced = 1

@@ -9,15 +9,14 @@
   Returns {pruned, warnings}: how many fields were deleted.
 ]]
 
-local keep_minutes = tonumber(ARGV[1])
-quarantine_foreign_keys()
+local keep_minutes = tonumber(args[1])
 local oldest_kept = math.floor(now_ms() / 60000) - keep_minutes + 1
 local pruned = 0
-for _, field in ipairs(redis.call('HKEYS', throughput)) do
+for _, field in ipairs(call('HKEYS', throughput)) do
   local minute = tonumber(string.match(field, '^(%d+):'))
   local total = string.sub(field, 1, 4) == 'all:'
   if not total and (minute == nil or minute < oldest_kept) then
-    redis.call('HDEL', throughput, field)
+    call('HDEL', throughput, field)
     pruned = pruned + 1
   end
 end

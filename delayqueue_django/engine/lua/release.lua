@@ -11,20 +11,19 @@
   Returns {released_ids, warnings}. Publishes now when anything was released.
 ]]
 
-local channel, n = ARGV[1], tonumber(ARGV[2])
-quarantine_foreign_keys()
+local channel, n = args[1], tonumber(args[2])
 local released = {}
 -- Walk backwards and push to the front, so the first id given ends up first.
 for i = n - 1, 0, -1 do
-  local id, token = ARGV[3 + i * 2], tonumber(ARGV[4 + i * 2])
+  local id, token = args[3 + i * 2], tonumber(args[4 + i * 2])
   local lease, attempt, budget, due = read_meta(id)
-  if holds(lease, token) and redis.call('ZSCORE', unack, id) then
-    redis.call('ZREM', unack, id)
+  if holds(lease, token) and call('ZSCORE', unack, id) then
+    call('ZREM', unack, id)
     write_meta(id, lease + 1, attempt - 1, budget, due)
     if attempt - 1 > 0 then
-      redis.call('LPUSH', retry, id)
+      call('LPUSH', retry, id)
     else
-      redis.call('LPUSH', ready, id)
+      call('LPUSH', ready, id)
     end
     table.insert(released, 1, id)
   end

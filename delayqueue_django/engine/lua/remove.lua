@@ -13,26 +13,25 @@
   LREM on ready and retry is bounded: fetch keeps those lists short (stage_limit).
 ]]
 
-local id, mode = ARGV[1], ARGV[2]
-quarantine_foreign_keys()
+local id, mode = args[1], args[2]
 
 local removed = ''
-if redis.call('ZREM', pending, id) == 1 then
+if call('ZREM', pending, id) == 1 then
   removed = 'pending'
-elseif redis.call('LREM', ready, 1, id) == 1 then
+elseif call('LREM', ready, 1, id) == 1 then
   removed = 'ready'
-elseif redis.call('LREM', retry, 1, id) == 1 then
+elseif call('LREM', retry, 1, id) == 1 then
   removed = 'retry'
 elseif mode == 'delete' then
-  if redis.call('ZREM', garbage, id) == 1 then
+  if call('ZREM', garbage, id) == 1 then
     removed = 'garbage'
-  elseif redis.call('ZREM', unack, id) == 1 then
+  elseif call('ZREM', unack, id) == 1 then
     removed = 'unack'
   end
 end
 if removed ~= '' then
-  redis.call('HDEL', payloads, id)
-  redis.call('HDEL', metas, id)
-  redis.call('ZREM', exhausted, id)
+  call('HDEL', payloads, id)
+  call('HDEL', metas, id)
+  call('ZREM', exhausted, id)
 end
 return {removed, warnings}

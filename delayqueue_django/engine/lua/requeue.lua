@@ -11,21 +11,20 @@
   they are. Returns {requeued_ids, warnings}. Publishes now when anything was requeued.
 ]]
 
-local channel, default_budget = ARGV[1], tonumber(ARGV[2])
-quarantine_foreign_keys()
+local channel, default_budget = args[1], tonumber(args[2])
 local now = now_ms()
 local requeued = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
-  if redis.call('ZSCORE', garbage, id) then
-    if redis.call('HEXISTS', payloads, id) == 0 then
+for i = 3, #args do
+  local id = args[i]
+  if call('ZSCORE', garbage, id) then
+    if call('HEXISTS', payloads, id) == 0 then
       table.insert(warnings, {id, 'payload missing; cannot be requeued, only deleted'})
     else
       local lease, _, budget = read_meta(id)
       write_meta(id, (lease or 0) + 1, 0, budget or default_budget, now)
-      redis.call('ZREM', garbage, id)
-      redis.call('ZREM', exhausted, id)
-      redis.call('ZADD', pending, int(now), id)
+      call('ZREM', garbage, id)
+      call('ZREM', exhausted, id)
+      call('ZADD', pending, int(now), id)
       table.insert(requeued, id)
     end
   end

@@ -1,13 +1,18 @@
 --[[
   send: schedule a batch of new messages (one call per batch of at most SEND_BATCH_SIZE).
 
-  KEYS: the queue's key layout (see _prelude.lua); writes pending, payload, meta.
+  KEYS: the queue's key layout (see _prelude.lua); writes pending and payload (the budget
+        and due time go with the payload: a message has no meta record until it is
+        handed out).
   ARGV[1]  wake-up channel
   ARGV[2]  n, the number of messages
   then, five values per message:
     id         message id (must be new to the queue)
-    at_ms      absolute due time in ms since the epoch, or "" to use delay_ms
-    delay_ms   delay in ms counted from the Redis server's clock (used when at_ms is "")
+    at_ms      absolute due time in ms since the epoch, or "" to use delay_us; a time
+               already past is due now (the server's clock)
+    delay_us   delay in whole microseconds counted from the Redis server's clock (used
+               when at_ms is ""); the due time is rounded up to the ms, so that no fetch
+               hands the message out before the delay has passed
     budget     retries allowed after the first delivery
     payload    JSON text
 
@@ -16,71 +21,87 @@
   another payload (or without one).
   A message whose id is already stored with this very payload is a replay of a send whose
   reply was lost (clients re-send after a timeout or a cut connection): it is left as it
-  is, and its due time is its pending score if it is still pending, else now.
+  is, and its due time is its pending score if it is still pending, else the time it last
+  became due (it is staged, in flight or dead), else now (its meta record is unreadable).
+  An id no longer stored (its message was handled, or deleted) is new to the queue: a
+  replay arriving after that schedules the message again.
   Publishes the earliest due time when it is earlier than every pending message's.
 ]]
 
-local channel, n = ARGV[1], tonumber(ARGV[2])
-quarantine_foreign_keys()
+local channel, n = args[1], tonumber(args[2])
 local now = now_ms()
 
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[3 + i * 5]
+  ids[i + 1] = args[3 + i * 5]
 end
 
 -- Check the whole batch before writing anything, so a refused batch leaves no trace.
 -- The first message found known to the queue with another payload (or with a meta
 -- record but no payload) refuses the batch.
 local stored, known = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
-local replayed = {}
+local replayed, stored_due = {}, {}
 for i = 0, n - 1 do
-  local payload = ARGV[7 + i * 5]
-  if stored[i + 1] == payload then
-    replayed[i] = true
+  local _, due, payload = unwrap(stored[i + 1] or '')
+  if stored[i + 1] and payload == args[7 + i * 5] then
+    replayed[i], stored_due[i + 1] = true, due
   elseif stored[i + 1] or known[i + 1] then
     return redis.error_reply('DUPLICATE ' .. ids[i + 1])
   end
 end
 
--- A replay's due time is its pending score if it is still pending, else now. Read before
--- the writes below, which cannot touch it: an id the batch writes was unknown to the queue,
--- while a replayed one is stored.
-local replays = {}
+-- A replay's due time is its pending score if it is still pending, else the due time its
+-- meta record keeps, else the one kept with its payload, else now. Read before the writes
+-- below, which cannot touch it: an id the batch writes was unknown to the queue, while a
+-- replayed one is stored.
+local replays, replay_records, replay_dues = {}, {}, {}
 for i = 0, n - 1 do
   if replayed[i] then
     table.insert(replays, ids[i + 1])
+    table.insert(replay_records, known[i + 1])
+    replay_dues[#replays] = stored_due[i + 1]
   end
 end
 local replay_scores = gather('ZMSCORE', pending, replays)
 
--- Then every new message is written with one ZADD and two HSETs. An id given twice in
+-- The delay comes as whole µs, cut apart as text into ms and the µs left over, so that it
+-- stays exact at any size (a double holds every whole µs only up to 2^53, 285 years).
+local function delay_of(text)
+  return tonumber(string.sub(text, 1, -4)) or 0, tonumber(string.sub(text, -3))
+end
+
+-- Then every new message is written with one ZADD and one HSET. An id given twice in
 -- the batch (Queue never does: it makes the ids) is written twice and the later entry
 -- wins, as with one call per message; the reply still has a due time for each entry, and
 -- the earlier entry's due time still counts for the wake-up.
 local previous_head = head_score(pending)
 local earliest = nil
-local dues, scored, stored_payloads, records = {}, {}, {}, {}
+local dues, scored, stored_payloads = {}, {}, {}
 local replay, written = 0, 0
 for i = 0, n - 1 do
   local base = 3 + i * 5
-  local id, at_ms, delay_ms = ids[i + 1], ARGV[base + 1], ARGV[base + 2]
-  local budget, payload = tonumber(ARGV[base + 3]), ARGV[base + 4]
+  local id, at_ms, budget = ids[i + 1], args[base + 1], tonumber(args[base + 3])
   local due
-  if at_ms ~= '' then
-    due = tonumber(at_ms)
-  else
-    due = now + tonumber(delay_ms)
-  end
   if replayed[i] then
     replay = replay + 1
-    due = tonumber(replay_scores[replay]) or now
+    due = tonumber(replay_scores[replay])
+    if not due then
+      local _, _, _, became_due = parse_meta(replay_records[replay])
+      became_due = became_due or replay_dues[replay] or 0
+      due = became_due > 0 and became_due or now
+    end
   else
+    if at_ms ~= '' then
+      -- A time already past is due now: kept as it was, it would read as a lag of its age
+      -- in stats and as lateness in the workers' figures.
+      due = math.max(tonumber(at_ms), now)
+    else
+      due = due_after(now, delay_of(args[base + 2]))
+    end
     -- Appended by index, which costs Lua a fraction of table.insert's call.
     local pair = 2 * written
     scored[pair + 1], scored[pair + 2] = int(due), id
-    stored_payloads[pair + 1], stored_payloads[pair + 2] = id, payload
-    records[pair + 1], records[pair + 2] = id, format_meta(0, 0, budget, due)
+    stored_payloads[pair + 1], stored_payloads[pair + 2] = id, wrap(budget, due, args[base + 4])
     written = written + 1
     if earliest == nil or due < earliest then
       earliest = due
@@ -90,7 +111,6 @@ for i = 0, n - 1 do
 end
 call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
-call_chunked('HSET', metas, records)
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)

@@ -9,9 +9,11 @@
   quarantined, foreign, warnings}:
     pending … garbage  the ids in each state (lists in list order, zsets by score)
     payload_ids        the fields of the payload hash (the payloads themselves stay here)
-    metas              the meta hash, flat: id, meta, id, meta, …
+    metas              the meta hash, flat: id, meta, id, meta, …; and the first record
+                       made up for each message never handed out (see first_meta)
     exhausted          the ids whose exhaustion is still to be announced
-    quarantined        1 if the quarantine key exists (a key was renamed aside once)
+    quarantined        the names of the keys renamed aside for holding the wrong type
+                       (see KEYS[9]; an older version's single one is the key itself)
     foreign            the keys holding a type they should not (read as empty)
 
   Unlike every other script this one is not bounded: it reads the whole queue, O(n) for n
@@ -34,16 +36,49 @@ for key in pairs(foreign) do
 end
 table.sort(foreign_list)
 
+local quarantined = {}
+local index = redis.call('TYPE', quarantine)['ok']
+if index == 'zset' then
+  quarantined = redis.call('ZRANGE', quarantine, 0, -1)
+elseif index ~= 'none' then
+  quarantined = {quarantine}
+end
+
+-- The messages never handed out (pending or ready) have no meta record: their first, made
+-- up from what their payload carries, joins the others. Read once, for both answers.
+local all_metas = read(metas, 'HGETALL', metas)
+local waiting = {read(pending, 'ZRANGE', pending, 0, -1), read(ready, 'LRANGE', ready, 0, -1)}
+if not foreign[metas] and not foreign[payloads] then
+  local recorded, ids = {}, {}
+  for i = 1, #all_metas, 2 do
+    recorded[all_metas[i]] = true
+  end
+  for _, listed in ipairs(waiting) do
+    for _, id in ipairs(listed) do
+      if not recorded[id] then
+        table.insert(ids, id)
+      end
+    end
+  end
+  for i, stored in ipairs(gather('HMGET', payloads, ids)) do
+    local made = first_meta(stored)
+    if made then
+      table.insert(all_metas, ids[i])
+      table.insert(all_metas, made)
+    end
+  end
+end
+
 return {
-  read(pending, 'ZRANGE', pending, 0, -1),
-  read(ready, 'LRANGE', ready, 0, -1),
+  waiting[1],
+  waiting[2],
   read(unack, 'ZRANGE', unack, 0, -1),
   read(retry, 'LRANGE', retry, 0, -1),
   read(garbage, 'ZRANGE', garbage, 0, -1),
   read(payloads, 'HKEYS', payloads),
-  read(metas, 'HGETALL', metas),
+  all_metas,
   read(exhausted, 'ZRANGE', exhausted, 0, -1),
-  redis.call('EXISTS', quarantine),
+  quarantined,
   foreign_list,
   warnings,
 }

@@ -9,7 +9,7 @@
     minute (ms // 60000 on the Redis clock), acked, failed
 ]]
 
-local minutes = tonumber(ARGV[1])
+local minutes = tonumber(args[1])
 local foreign = foreign_keys()
 local now = now_ms()
 local current = math.floor(now / 60000)
@@ -17,8 +17,9 @@ local counts = {}
 for minute = current - minutes + 1, current do
   local acked, failed = 0, 0
   if not foreign[throughput] then
-    acked = tonumber(redis.call('HGET', throughput, int(minute) .. ':acked') or 0)
-    failed = tonumber(redis.call('HGET', throughput, int(minute) .. ':failed') or 0)
+    -- A count that is no number (a foreign write) reads as 0.
+    acked = tonumber(redis.call('HGET', throughput, int(minute) .. ':acked')) or 0
+    failed = tonumber(redis.call('HGET', throughput, int(minute) .. ':failed')) or 0
   end
   table.insert(counts, minute)
   table.insert(counts, acked)

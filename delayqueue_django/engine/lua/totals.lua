@@ -5,7 +5,8 @@
   KEYS: the queue's key layout (see _prelude.lua); reads throughput.
   ARGV: none.
 
-  Returns {totals, warnings}; totals is a flat list of name (without "all:"), value.
+  Returns {totals, warnings}; totals is a flat list of name (without "all:"), value; a
+  value that is no integer (a foreign write) is left out, with a warning.
   Bounded: the hash holds one field per minute kept and a few hundred totals at most.
 ]]
 
@@ -14,9 +15,15 @@ local totals = {}
 if not foreign[throughput] then
   local fields = redis.call('HGETALL', throughput)
   for i = 1, #fields, 2 do
-    if string.sub(fields[i], 1, 4) == 'all:' then
-      table.insert(totals, string.sub(fields[i], 5))
-      table.insert(totals, fields[i + 1])
+    local name, value = fields[i], fields[i + 1]
+    if string.sub(name, 1, 4) == 'all:' then
+      -- What HINCRBY counts: a 64-bit integer, 20 characters at most.
+      if #value <= 20 and string.match(value, '^%-?%d+$') then
+        table.insert(totals, string.sub(name, 5))
+        table.insert(totals, value)
+      else
+        table.insert(warnings, {throughput, 'field ' .. name .. ' holds no integer; left out'})
+      end
     end
   end
 end

@@ -15,10 +15,17 @@ class Clock(Protocol):
     def now_ms(self) -> int:
         """Milliseconds since the epoch."""
 
+    def now_us(self) -> int:
+        """Microseconds since the epoch (Redis's TIME reads them too: sends count delays
+        from them)."""
+
 
 class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def now_us(self) -> int:
+        return time.time_ns() // 1_000
 
 
 class ManualClock:
@@ -32,14 +39,24 @@ class ManualClock:
     def now_ms(self) -> int:
         return self._now
 
+    def now_us(self) -> int:
+        return self._now * 1000
+
     def advance(self, seconds: float | timedelta) -> int:
-        """Move forward by ``seconds`` (never back); returns the new time in ms."""
+        """Move forward by ``seconds`` (never back), rounded up to the millisecond as due
+        times are, so that a message sent with a delay is due after an advance by it;
+        returns the new time in ms."""
         if isinstance(seconds, timedelta):
-            seconds = seconds.total_seconds()
-        if not seconds >= 0:
-            raise ValueError(f"a clock only moves forward; cannot advance by {seconds!r} s")
+            micros = seconds // timedelta(microseconds=1)
+        elif seconds >= 0:  # not NaN either
+            micros = round(seconds * 1_000_000)
+        else:
+            micros = -1
+        if micros < 0:
+            unit = "" if isinstance(seconds, timedelta) else " s"
+            raise ValueError(f"a clock only moves forward; cannot advance by {seconds!r}{unit}")
         with self._lock:
-            self._now += round(seconds * 1000)
+            self._now += -(-micros // 1000)
             now = self._now
         for listener in list(self._listeners):
             listener(now)

@@ -10,6 +10,7 @@ live as long as the process, like a Redis server outlives the settings that poin
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from delayqueue_django.engine.memory.clock import Clock, ManualClock, SystemClock
 from delayqueue_django.engine.memory.scored import ScoredSet
@@ -24,6 +25,18 @@ class Meta:
     attempt: int
     budget: int
     due: int
+
+
+@dataclass(slots=True)
+class TickRecord:
+    """Where a schedule's ticks stand ("fingerprint:paused:cursor:tick:previous" in Redis);
+    see schedule.lua."""
+
+    fingerprint: str
+    paused: bool = False
+    cursor: int = 0
+    tick: int = 0
+    previous: int = 0
 
 
 @dataclass
@@ -46,6 +59,14 @@ class QueueState:
     heartbeats: dict[str, tuple[str, int]] = field(default_factory=dict)
     # fetcher -> its last fetch: (request, [(id, lease), ...], expiry ms); see fetch.lua.
     fetches: dict[str, tuple[str, list[tuple[str, int]], int]] = field(default_factory=dict)
+    # fetcher -> the reply to its last named ack or nack request that changed something:
+    # (request, reply, expiry ms); see "Lost replies" in _prelude.lua.
+    commits: dict[str, tuple[str, Any, int]] = field(default_factory=dict)
+    # schedule name -> definition (JSON), and where its ticks stand.
+    schedules: dict[str, str] = field(default_factory=dict)
+    schedule_ticks: dict[str, TickRecord] = field(default_factory=dict)
+    # Ids written by relay from a database outbox -> when (see relay.lua).
+    relayed: ScoredSet = field(default_factory=ScoredSet)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
 
@@ -129,9 +150,12 @@ class MemoryServer:
             self.lock.notify_all()
 
     def _wake_everyone(self, now_ms: int) -> None:
+        # Announced as due at 0, long past on any clock: a worker times an announced due
+        # time by its estimate of the store's clock, which runs with real time, and so lags
+        # behind a clock that jumped; the moved clock's own time would look an hour away.
         with self.lock:
             for channel in self._subscribers:
-                self.publish(channel, now_ms)
+                self.publish(channel, 0)
 
 
 _servers: dict[str, MemoryServer] = {}

@@ -26,6 +26,7 @@ from delayqueue_django.engine.memory.server import (
     Meta,
     QueueState,
     SentRecord,
+    TickRecord,
 )
 from delayqueue_django.engine.records import (
     STATES,
@@ -34,9 +35,18 @@ from delayqueue_django.engine.records import (
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleListing,
+    ScheduleRecord,
+    ScheduleReply,
     StoredMessage,
     StoreLimits,
+    Tick,
+    split_trace,
+    tick_id,
 )
+
+# As relay.lua: ids relayed longer ago than keep_ms are dropped, this many per call.
+RELAY_PRUNE_LIMIT = 100
 
 
 class MemoryStore:
@@ -60,6 +70,10 @@ class MemoryStore:
     def _now(self) -> int:
         return self.server.clock.now_ms()
 
+    def _now_with_us(self) -> tuple[int, int]:
+        """The clock in ms, and the µs past that ms (0-999), as now_ms() reads Redis's."""
+        return divmod(self.server.clock.now_us(), 1000)
+
     def _wake(self, due_ms: int) -> None:
         self.server.publish(self._channel, due_ms)
 
@@ -75,7 +89,7 @@ class MemoryStore:
 
     def _send_batch(self, batch: Sequence[NewMessage]) -> list[int]:
         with self.server.lock:
-            state, now = self._state(), self._now()
+            state, (now, now_us) = self._state(), self._now_with_us()
             # The same id with the same payload is a replay of a send whose reply was lost
             # (see send.lua): acknowledged, written once. Decided per entry, as the script
             # does: an id given twice may be a replay once and a duplicate the other time.
@@ -92,10 +106,13 @@ class MemoryStore:
             dues = []
             for message, replay in zip(batch, replayed, strict=True):
                 if replay:
-                    score = state.pending.score(message.id)
-                    dues.append(now if score is None else score)
+                    dues.append(_replayed_due(state, message.id, now))
                     continue
-                due = now + message.delay_ms if message.at_ms is None else message.at_ms
+                if message.at_ms is None:
+                    due = _due_after(now, now_us, *divmod(message.delay_us, 1000))
+                else:
+                    # A time already past is due now (see send.lua).
+                    due = max(message.at_ms, now)
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
                 state.metas[message.id] = Meta(0, 0, message.budget, due)
@@ -103,6 +120,52 @@ class MemoryStore:
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
             written = [due for due, replay in zip(dues, replayed, strict=True) if not replay]
+            if written and (previous_head is None or min(written) < previous_head[1]):
+                self._wake(min(written))
+            return dues
+
+    def relay(
+        self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
+    ) -> list[int | None]:
+        dues: list[int | None] = []
+        size = self._limits.send_batch_size
+        # Batch by batch, as RedisStore relays them; the first call forgets (see relay.lua).
+        for start in range(0, max(len(messages), 1), size):
+            batch = messages[start : start + size]
+            dues += self._relay_batch(batch, forget if start == 0 else (), keep_ms)
+        return dues
+
+    def _relay_batch(
+        self, batch: Sequence[NewMessage], forget: Sequence[str], keep_ms: int
+    ) -> list[int | None]:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            for message_id in forget:
+                state.relayed.remove(message_id)
+            for message_id, _ in state.relayed.upto(now - keep_ms, RELAY_PRUNE_LIMIT):
+                state.relayed.remove(message_id)
+            previous_head = state.pending.head()
+            dues: list[int | None] = []
+            for message in batch:
+                message_id = message.id
+                if (
+                    message_id in state.relayed
+                    or message_id in state.metas
+                    or message_id in state.payloads
+                ):
+                    dues.append(None)
+                    continue
+                if message.at_ms is None:
+                    raise ValueError(f"a relayed message needs its due time (id {message_id!r})")
+                due = max(message.at_ms, now)
+                state.pending.add(message_id, due)
+                state.payloads[message_id] = message.payload
+                state.metas[message_id] = Meta(0, 0, message.budget, due)
+                state.relayed.add(message_id, now)
+                dues.append(due)
+                if self.server.sent is not None:
+                    self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
+            written = [due for due in dues if due is not None]
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
@@ -130,7 +193,7 @@ class MemoryStore:
 
     def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
         with self.server.lock:
-            state, now = self._state(), self._now()
+            state, (now, now_us) = self._state(), self._now_with_us()
             read_at = time.monotonic()
             deadline = now + self._limits.consume_ms
             last = state.fetches.pop(fetcher, None) if request else None
@@ -142,7 +205,7 @@ class MemoryStore:
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
-            return self._fetched(state, now, read_at, count, deliveries, expired)
+            return self._fetched(state, now, now_us, read_at, count, deliveries, expired)
 
     def _hand_out_again(
         self, state: QueueState, handed: list[tuple[str, int]], deadline: int
@@ -201,6 +264,7 @@ class MemoryStore:
         self,
         state: QueueState,
         now: int,
+        now_us: int,
         read_at: float,
         count: int,
         deliveries: list[Delivery],
@@ -236,14 +300,34 @@ class MemoryStore:
             expired=expired,
             deliveries=deliveries,
             exhaustions_owed=owed,
+            now_us=now_us,
             read_at=read_at,
         )
 
-    def ack(self, leases: Sequence[tuple[str, int]]) -> set[str]:
+    def _recorded(self, state: QueueState, fetcher: str, request: str, now: int) -> Any:
+        """The recorded reply of a repeated ack or nack request, or None ("Lost replies" in
+        _prelude.lua)."""
+        record = state.commits.get(fetcher) if request else None
+        if record is None or record[0] != request or record[2] <= now:
+            return None
+        return record[1]
+
+    def _record(
+        self, state: QueueState, fetcher: str, request: str, reply: Any, changed: int, now: int
+    ) -> None:
+        if request and changed:
+            state.commits[fetcher] = (request, reply, now + self._limits.consume_ms)
+
+    def ack(
+        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+    ) -> set[str]:
         if not leases:
             return set()
         with self.server.lock:
             state, now = self._state(), self._now()
+            replayed = self._recorded(state, fetcher, request, now)
+            if replayed is not None:
+                return set(replayed)
             acked: list[str] = []
             for message_id, lease in leases:
                 if _holds(state, message_id, lease):
@@ -252,13 +336,23 @@ class MemoryStore:
                     state.metas.pop(message_id, None)
                     acked.append(message_id)
             _count(state, now, "acked", len(acked))
+            self._record(state, fetcher, request, frozenset(acked), len(acked), now)
             return set(acked)
 
-    def nack(self, refusals: Sequence[tuple[str, int, int]]) -> list[NackOutcome]:
+    def nack(
+        self,
+        refusals: Sequence[tuple[str, int, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+    ) -> list[NackOutcome]:
         if not refusals:
             return []
         with self.server.lock:
-            state, now = self._state(), self._now()
+            state, (now, now_us) = self._state(), self._now_with_us()
+            replayed = self._recorded(state, fetcher, request, now)
+            if replayed is not None:
+                return list(replayed)
             previous_head = state.pending.head()
             earliest: int | None = None
             outcomes = []
@@ -272,7 +366,7 @@ class MemoryStore:
                     _bury(state, message_id, now)
                     outcomes.append(NackOutcome(message_id, True, now))
                 else:
-                    meta.due = now + delay_ms
+                    meta.due = _due_after(now, now_us, delay_ms, 0)
                     state.pending.add(message_id, meta.due)
                     _count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
@@ -280,6 +374,7 @@ class MemoryStore:
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             _count(state, now, "failed", len(outcomes))
+            self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
@@ -318,22 +413,29 @@ class MemoryStore:
         with self.server.lock:
             state, now = self._state(), self._now()
             claims = []
+            claimed_until = now + claim_ms
             for message_id, _ in state.exhausted.upto(now, count):
-                state.exhausted.add(message_id, now + claim_ms)
+                state.exhausted.add(message_id, claimed_until)
                 meta = state.metas.get(message_id)
                 claims.append(
                     ExhaustedClaim(
                         message_id,
                         state.payloads.get(message_id),
                         0 if meta is None else meta.attempt,
+                        claimed_until,
                     )
                 )
             return claims
 
-    def confirm_exhausted(self, message_ids: Sequence[str]) -> int:
+    def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
         with self.server.lock:
             state = self._state()
-            return sum(state.exhausted.remove(message_id) for message_id in message_ids)
+            confirmed = 0
+            for message_id, claimed_until in claims:
+                # Only while it still holds this very claim (see confirm_exhausted.lua).
+                if state.exhausted.score(message_id) == claimed_until:
+                    confirmed += state.exhausted.remove(message_id)
+            return confirmed
 
     def subscribe_wakeups(self) -> MemoryWakeups:
         return MemoryWakeups(self.server, self._channel)
@@ -376,14 +478,15 @@ class MemoryStore:
             return promoted
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool
-    ) -> tuple[int, bool]:
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+    ) -> tuple[int, int]:
         with self.server.lock:
             state = self._state()
             if older_than_ms is None or older_than_ms < 0:
-                candidates = state.garbage.page(0, limit)
+                candidates = state.garbage.page(offset, limit)
             else:
-                candidates = state.garbage.upto(self._now() - older_than_ms, limit)
+                cutoff = self._now() - older_than_ms
+                candidates = state.garbage.upto(cutoff, offset + limit)[offset:]
             dropped = 0
             for message_id, _ in candidates:
                 if keep_unannounced and message_id in state.exhausted:
@@ -391,7 +494,7 @@ class MemoryStore:
                 state.garbage.remove(message_id)
                 _forget(state, message_id)
                 dropped += 1
-            return dropped, len(candidates) == limit and dropped > 0
+            return dropped, len(candidates) - dropped
 
     def stats(self) -> dict[str, int]:
         with self.server.lock:
@@ -431,10 +534,13 @@ class MemoryStore:
                 list(state.payloads),
                 flat_metas,
                 [member for member, _ in state.exhausted.ordered()],
-                0,  # nothing can hold a foreign type here, so nothing is quarantined
+                [],  # nothing can hold a foreign type here, so nothing is quarantined
                 [],
                 [],
             ]
+
+    def unreadable_payloads(self) -> list[Any]:
+        return []  # its payloads are what send was given: text
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         with self.server.lock:
@@ -505,6 +611,127 @@ class MemoryStore:
                 return _stored(queue, message_id, "unknown", None, peeked=True)
             return None
 
+    # Schedules (schedule.lua, schedules.lua)
+
+    def read_schedules(self) -> ScheduleListing:
+        with self.server.lock:
+            state = self._state()
+            records = []
+            for name in sorted(state.schedules.keys() | state.schedule_ticks.keys()):
+                record = state.schedule_ticks.get(name)
+                definition = state.schedules.get(name)
+                if record is None:
+                    records.append(ScheduleRecord(name, definition, None))
+                    continue
+                records.append(
+                    ScheduleRecord(
+                        name,
+                        definition,
+                        record.fingerprint,
+                        record.paused,
+                        record.cursor,
+                        record.tick,
+                        record.previous,
+                    )
+                )
+            return self._now(), records
+
+    def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None:
+                return _schedule_reply("missing", None, now)
+            if record.paused:
+                return _schedule_reply("paused", record, now)
+            if record.fingerprint != fingerprint:
+                return _schedule_reply("stale", record, now)
+            if tick.at_ms <= record.cursor:
+                return _schedule_reply("behind", record, now)
+            self._write_tick(state, name, record, tick)
+            return _schedule_reply("written", record, now)
+
+    def define_schedule(
+        self,
+        name: str,
+        definition: str,
+        fingerprint: str,
+        *,
+        expect: str,
+        start_ms: int,
+        first: Tick | None,
+    ) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            exists = record is not None or name in state.schedules
+            if expect == "new" and exists:
+                return _schedule_reply("exists", record, now)
+            if expect == "existing" and not exists:
+                return _schedule_reply("missing", record, now)
+            state.schedules[name] = definition
+            if record is not None and record.fingerprint == fingerprint:
+                return _schedule_reply("unchanged", record, now)
+            if record is None:
+                record = state.schedule_ticks[name] = TickRecord(fingerprint)
+            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record))
+            record.fingerprint = fingerprint
+            if first is not None and first.at_ms > record.cursor and not record.paused:
+                self._write_tick(state, name, record, first)
+            return _schedule_reply("defined", record, now)
+
+    def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None:
+                return _schedule_reply("missing", None, now)
+            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record))
+            record.paused = True
+            return _schedule_reply("paused", record, now)
+
+    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None:
+                return _schedule_reply("missing", None, now)
+            if record.paused:
+                record.paused = False
+                record.cursor = max(start_ms, record.cursor)
+                if first is not None and first.at_ms > record.cursor:
+                    self._write_tick(state, name, record, first)
+            return _schedule_reply("resumed", record, now)
+
+    def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None:
+                found = state.schedules.pop(name, None) is not None
+                return _schedule_reply("removed" if found else "missing", None, now)
+            if fingerprint and record.fingerprint != fingerprint:
+                return _schedule_reply("stale", record, now)
+            _drop_waiting_tick(state, name, record)
+            del state.schedule_ticks[name]
+            state.schedules.pop(name, None)
+            return _schedule_reply("removed", record, now)
+
+    def _write_tick(self, state: QueueState, name: str, record: TickRecord, tick: Tick) -> None:
+        """The tick as a message due at its time, and the cursor moved to it (schedule.lua's
+        write_tick): an id still held by a message is not written over."""
+        message_id = tick_id(name, tick.at_ms)
+        if message_id not in state.payloads and message_id not in state.metas:
+            head = state.pending.head()
+            state.pending.add(message_id, tick.at_ms)
+            state.payloads[message_id] = tick.payload
+            state.metas[message_id] = Meta(0, 0, tick.budget, tick.at_ms)
+            if head is None or tick.at_ms < head[1]:
+                self._wake(tick.at_ms)
+        if record.tick > 0:
+            record.previous = record.tick
+        record.cursor = record.tick = tick.at_ms
+
     # Task results (delayqueue_django.tasks)
 
     def write_result(
@@ -556,6 +783,49 @@ class MemoryStore:
 
 
 # The prelude's helpers (_prelude.lua), on a QueueState.
+
+
+def _due_after(now: int, now_us: int, delay_ms: int, delay_us: int) -> int:
+    """When a delay from the clock reading (now, now_us) runs out, in whole ms, rounded up:
+    nothing is handed out before its time. No delay at all is due at ``now`` itself."""
+    if delay_ms == 0 and delay_us == 0:
+        return now
+    return now + delay_ms + -(-(now_us + delay_us) // 1000)
+
+
+def _replayed_due(state: QueueState, message_id: str, now: int) -> int:
+    """A replayed send's due time: its pending score, else when it last became due (it is
+    staged, in flight or dead), else now (send.lua)."""
+    score = state.pending.score(message_id)
+    if score is not None:
+        return score
+    meta = state.metas.get(message_id)
+    return meta.due if meta is not None and meta.due > 0 else now
+
+
+def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord) -> int:
+    """Take out the tick the schedule waits on if it was never handed out; else return the
+    time of the tick that fired, the floor of the cursor (schedule.lua)."""
+    if record.tick == 0:
+        return 0
+    message_id = tick_id(name, record.tick)
+    meta = state.metas.get(message_id)
+    if (meta is None or meta.attempt == 0) and (
+        state.pending.remove(message_id) or _remove_first(state.ready, message_id)
+    ):
+        state.payloads.pop(message_id, None)
+        state.metas.pop(message_id, None)
+        record.tick = 0
+        return 0
+    fired = record.tick
+    record.previous, record.tick = record.tick, 0
+    return fired
+
+
+def _schedule_reply(status: str, record: TickRecord | None, now: int) -> ScheduleReply:
+    if record is None:
+        return ScheduleReply(status, 0, 0, 0, now)
+    return ScheduleReply(status, record.cursor, record.tick, record.previous, now)
 
 
 def _holds(state: QueueState, message_id: str, lease: int) -> bool:
@@ -636,7 +906,8 @@ def _stored(
         id=message_id,
         state=where,
         score_ms=score,
-        payload=payload,
+        # Without the trace context a traced send put before it (see tracing.py).
+        payload=None if payload is None else split_trace(payload)[1],
         payload_size=size,
         lease=None if meta is None else meta.lease,
         attempt=None if meta is None else meta.attempt,

@@ -7,9 +7,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from delayqueue_django import registry
+from delayqueue_django import redis_checks, registry
 from delayqueue_django.engine.invariants import InvariantReport
-from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
+from delayqueue_django.exceptions import (
+    QueueConfigurationError,
+    UnknownQueue,
+    UnsupportedRedisVersion,
+)
 from delayqueue_django.management.commands.run_delayqueue import positive_int
 
 # Exit codes (2 is Django's own for a usage error; 1 as in delayqueue_stats).
@@ -19,8 +23,9 @@ UNREACHABLE, INCONSISTENT = 1, 3
 class Command(BaseCommand):
     help = (
         "Checks each queue's state in Redis: every message in exactly one state, no orphaned "
-        "payload or meta record, exhaustions owed only for dead letters. Reads each queue "
-        "whole, in one atomic step: on a very large queue Redis pauses for the read. Exit "
+        "payload or meta record, exhaustions owed only for dead letters, ids and payloads "
+        "that are UTF-8 text. Reads each queue whole, in one atomic step: on a very large "
+        "queue Redis pauses for the read; then reads every payload a page at a time. Exit "
         f"codes: {UNREACHABLE} a queue's Redis cannot be reached, {INCONSISTENT} a problem "
         "was found."
     )
@@ -42,6 +47,10 @@ class Command(BaseCommand):
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
         unreachable, inconsistent = [], []
+        try:
+            advice = redis_checks.advise(chosen)
+        except UnsupportedRedisVersion as error:
+            raise CommandError(str(error)) from None
         for queue in chosen:
             try:
                 report = queue.check_invariants()
@@ -50,6 +59,9 @@ class Command(BaseCommand):
                 unreachable.append(queue.name)
                 continue
             self._print(report, show)
+            for said in advice:
+                if said.queue == queue.name:
+                    self.stdout.write(f"  {said.label}: {said.text}")
             if not report.ok:
                 inconsistent.append(queue.name)
         if unreachable:
@@ -71,10 +83,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  ... and {len(report.problems) - show} more")
         if report.damaged:
             self.stdout.write(
-                f"  note: {report.damaged} dead letter(s) lack a payload or meta record "
-                "(damage set aside; requeue cannot revive them, delete them)"
+                f"  note: {report.damaged} dead letter(s) lack a readable payload or meta "
+                "record (damage set aside; requeue cannot revive them, delete them)"
             )
-        if report.quarantined:
-            self.stdout.write(
-                "  note: a key of the wrong type was renamed aside to the quarantine key"
-            )
+        for name in report.quarantined[:show]:
+            self.stdout.write(f"  note: a key of the wrong type was renamed aside to {name}")
+        if len(report.quarantined) > show:
+            self.stdout.write(f"  ... and {len(report.quarantined) - show} more renamed aside")

@@ -9,11 +9,15 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from delayqueue_django import registry
-from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
+from delayqueue_django import redis_checks, registry
+from delayqueue_django.exceptions import (
+    QueueConfigurationError,
+    UnknownQueue,
+    UnsupportedRedisVersion,
+)
 from delayqueue_django.management.commands.run_delayqueue import non_negative_seconds
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.monitoring import queue_report
+from delayqueue_django.monitoring import describe_running, queue_report, running_handlers
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
 UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
@@ -75,6 +79,13 @@ class Command(OwnProcessCommand):
             instead="Look at them from that process (the admin, or "
             "call_command('delayqueue_stats')), or give the queue a Redis URL.",
         )
+        # On stderr: --json output stays parseable.
+        try:
+            advice = redis_checks.advise(chosen)
+        except UnsupportedRedisVersion as error:
+            raise CommandError(str(error)) from None
+        for said in advice:
+            self.stderr.write(str(said))
         if watch is None:
             reports = {queue.name: queue_report(queue) for queue in chosen}
             self._print(reports, as_json=json)
@@ -95,6 +106,7 @@ class Command(OwnProcessCommand):
         header = f"{'queue':<20}" + "".join(f"{name:>9}" for name in COUNTS)
         self.stdout.write(f"{header}{'lag':>10}  {'next due (UTC)':<20} workers")
         for name, data in reports.items():
+            self._print_outbox(name, data)
             if not data["ok"]:
                 self.stdout.write(f"{name:<20} Redis unavailable: {data['error']}")
                 continue
@@ -110,6 +122,24 @@ class Command(OwnProcessCommand):
                 for w in data["workers"]
             )
             self.stdout.write(f"{name:<20}{counts}{lag:>10}  {due:<20} {workers or 'none'}")
+            # Each running handler on a line of its own, so that a hung one stands out.
+            for worker in data["workers"]:
+                for handler in running_handlers(worker):
+                    self.stdout.write(
+                        f"  {worker.get('host')}:{worker.get('pid')} running "
+                        f"{describe_running(handler)}"
+                    )
+
+    def _print_outbox(self, name: str, data: dict[str, Any]) -> None:
+        """A line for a queue whose messages wait in the outbox (or whose outbox database
+        cannot be read); none while the outbox is empty."""
+        if data.get("outbox_error"):
+            self.stdout.write(f"{name:<20} outbox unreadable: {data['outbox_error']}")
+        elif data.get("outbox"):
+            self.stdout.write(
+                f"{name:<20} outbox: {data['outbox']} waiting, the oldest for "
+                f"{data['outbox_age_ms'] / 1000:.1f} s"
+            )
 
     def _verdict(
         self, reports: dict[str, dict[str, Any]], max_lag: float | None, require_workers: bool
@@ -120,7 +150,12 @@ class Command(OwnProcessCommand):
                 f"Redis unavailable for {', '.join(unreachable)}", returncode=UNREACHABLE
             )
         if max_lag is not None:
-            lagging = [n for n, d in reports.items() if d["lag_ms"] > max_lag * 1000]
+            # A message waiting in the outbox (no relay running, Redis away) lags as well.
+            lagging = [
+                n
+                for n, d in reports.items()
+                if max(d["lag_ms"], d.get("outbox_age_ms") or 0) > max_lag * 1000
+            ]
             if lagging:
                 raise CommandError(
                     f"lagging more than {max_lag:g} s: {', '.join(lagging)}", returncode=LAGGING

@@ -2,23 +2,31 @@
 
 import argparse
 import logging
+import os
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.management.base import CommandError, CommandParser
+from django.utils import autoreload
 
-from delayqueue_django import registry
-from delayqueue_django.conf import QueueConfig
-from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
+from delayqueue_django import redis_checks, registry
+from delayqueue_django.exceptions import (
+    QueueConfigurationError,
+    UnknownQueue,
+    UnsupportedRedisVersion,
+)
 from delayqueue_django.handlers import HandlerNotFound, resolve
 from delayqueue_django.management.own_process import OwnProcessCommand
+from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
-
-VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+from delayqueue_django.worker.relay import RELAY_POLL_SECONDS
 
 
 def positive_int(text: str) -> int:
@@ -41,9 +49,10 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
-def describe_connection(config: QueueConfig) -> str:
+def describe_connection(queue: Queue) -> str:
+    config = queue.config
     if config.redis_alias is not None:
-        return f"cache {config.redis_alias!r}"
+        return f"cache {config.redis_alias!r} at {queue.address}"
     if config.memory_name is not None:
         return f"{config.url} (in this process)"
     parts = urlsplit(config.url or "")
@@ -102,11 +111,39 @@ class Command(OwnProcessCommand):
             help="Wait a random 0..N seconds before starting, to spread out restarts (default: 0).",
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Restart the worker when a module it loaded changes, as runserver does "
+            "(for development only).",
+        )
+        parser.add_argument(
             "--heartbeat",
             type=non_negative_seconds,
             default=10.0,
             help="Seconds between heartbeats published for the admin (default: 10).",
         )
+        parser.add_argument(
+            "--no-relay",
+            action="store_false",
+            dest="relay",
+            help="Do not relay these queues' outbox rows to Redis in this process (run "
+            "delayqueue_relay instead).",
+        )
+        parser.add_argument(
+            "--relay-poll",
+            type=non_negative_seconds,
+            default=RELAY_POLL_SECONDS,
+            help="Seconds between looks at the outbox for rows other processes committed "
+            f"(default: {RELAY_POLL_SECONDS:g}).",
+        )
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        if options.get("reload"):
+            # As runserver does: the checks run in the restarted process, at each start, so
+            # that an error they find waits for a fix instead of ending the command.
+            options["checks_at_each_start"] = not options.get("skip_checks", True)
+            options["skip_checks"] = True
+        return super().execute(*args, **options)
 
     def handle(
         self,
@@ -120,25 +157,15 @@ class Command(OwnProcessCommand):
         jitter: float,
         heartbeat: float,
         verbosity: int,
+        reload: bool = False,
+        checks_at_each_start: bool = False,
+        relay: bool = True,
+        relay_poll: float = RELAY_POLL_SECONDS,
         **options: Any,
     ) -> None:
-        try:
-            names = list(queues) or registry.queue_names()
-            if not names:
-                raise CommandError("DELAYQUEUES defines no queue: nothing to consume.")
-            chosen = [registry.get_queue(name) for name in dict.fromkeys(names)]
-            handlers = [(queue, resolve(queue.config)) for queue in chosen]
-        except (QueueConfigurationError, UnknownQueue, HandlerNotFound) as error:
-            raise CommandError(str(error)) from None
-        self.refuse_memory_queues(
-            chosen,
-            instead="Run the worker in that process (delayqueue_django.worker."
-            "start_worker_thread(), or call_command('run_delayqueue', burst=True) in tests), "
-            "or give the queue a Redis URL.",
-        )
-
-        worker = Worker(
-            handlers,
+        start = partial(
+            self._worker_for,
+            queues,
             concurrency=concurrency,
             batch_size=batch_size,
             burst=burst,
@@ -146,17 +173,86 @@ class Command(OwnProcessCommand):
             grace=grace,
             jitter=jitter,
             heartbeat_interval=max(heartbeat, 0.1),
+            relay=relay,
+            relay_poll=max(relay_poll, 0.01),
         )
-        with self._logging(verbosity), self._signals(worker):
+        if not reload:
+            self._run(start(), verbosity)
+            return
+        if burst or max_messages is not None:
+            raise CommandError(
+                "--reload restarts a worker that runs until stopped; it cannot be combined "
+                "with --burst or --max-messages."
+            )
+        if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) != "true":
+            self.stdout.write(
+                "Restarting the worker whenever a module it loaded changes "
+                "(--reload: for development only)."
+            )
+            self.stdout.flush()
+        # This process watches; a copy of it, restarted after each change, runs the worker.
+        autoreload.run_with_reloader(self._run_until_reload, start, verbosity, checks_at_each_start)
+
+    def _worker_for(self, queues: list[str], **options: Any) -> Worker:
+        try:
+            names = list(queues) or registry.queue_names()
+            if not names:
+                raise CommandError("DELAYQUEUES defines no queue: nothing to consume.")
+            chosen = [registry.get_queue(name) for name in dict.fromkeys(names)]
+            handlers = [(queue, resolve(queue.config)) for queue in chosen]
+        except (QueueConfigurationError, UnknownQueue, HandlerNotFound) as error:
+            raise CommandError(str(error)) from error
+        self.refuse_memory_queues(
+            chosen,
+            instead="Run the worker in that process (delayqueue_django.worker."
+            "start_worker_thread(), or call_command('run_delayqueue', burst=True) in tests), "
+            "or give the queue a Redis URL.",
+        )
+        return Worker(handlers, **options)
+
+    def _run(self, worker: Worker, verbosity: int) -> None:
+        with self.package_log(verbosity), self._signals(worker):
             # Printed once the signal handlers are in place: a supervisor (or a test) that
             # sees it knows SIGTERM now means a clean stop.
             self._banner(worker, verbosity)
+            self._advise([consumer.queue for consumer in worker.consumers])
             worker.run()
         if verbosity >= 1:
             self.stdout.write(
                 f"Worker {worker.worker_id} stopped: "
                 f"{worker.handled} handled, {worker.failed} failed."
             )
+
+    def _run_until_reload(self, start: Callable[[], Worker], verbosity: int, checks: bool) -> None:
+        """``--reload``, in the restarted process: runs in a thread of its own while the main
+        thread watches the modules. A change stops the worker as SIGTERM would (running
+        handlers finish, buffered messages go back), then the process restarts."""
+        try:
+            worker = start()
+            if checks:
+                self.check(display_num_errors=True)
+        except CommandError as error:
+            self.stderr.write(f"{error}\nThe worker starts again when a file is saved.")
+            origin = _origin(error)
+            if origin is not None:
+                # Raised for the reloader, which then watches the file it came from too
+                # (a module that failed to import is not among the loaded ones).
+                raise origin from None
+            return
+        finished = threading.Event()
+
+        def stop_before_reload(sender: Any, file_path: Path, **kwargs: Any) -> None:
+            self.stdout.write(f"{file_path} changed: stopping the worker to restart it.")
+            self.stdout.flush()
+            worker.request_stop()
+            finished.wait(worker.grace + 5)
+            # Returning nothing lets the reloader restart the process.
+
+        autoreload.file_changed.connect(stop_before_reload, weak=False)
+        try:
+            self._run(worker, verbosity)
+        finally:
+            finished.set()
 
     def _banner(self, worker: Worker, verbosity: int) -> None:
         if verbosity < 1:
@@ -171,33 +267,30 @@ class Command(OwnProcessCommand):
             handler = getattr(consumer.handler, "__qualname__", repr(consumer.handler))
             module = getattr(consumer.handler, "__module__", "")
             self.stdout.write(
-                f"  queue {config.name!r}: {describe_connection(config)}, handler "
+                f"  queue {config.name!r}: {describe_connection(consumer.queue)}, handler "
                 f"{module}.{handler}, retries {config.retry_count}, max consume "
                 f"{config.max_consume_ms / 1000:g} s, "
                 f"batch {worker.batch_size or config.fetch_batch_size}"
+                + (f", exactly once on {config.exactly_once!r}" if config.exactly_once else "")
             )
+        if worker.relay is not None and worker.relay.databases:
+            databases = ", ".join(map(repr, worker.relay.databases))
+            self.stdout.write(f"  outbox relay: database {databases}")
         # Under systemd or Kubernetes stdout is a pipe: show the banner now, not when a
         # buffer fills.
         self.stdout.flush()
 
-    @contextmanager
-    def _logging(self, verbosity: int) -> Iterator[None]:
-        """Show the package's log on this command's stdout, unless the project's LOGGING
-        already gives the package a handler."""
-        package = logging.getLogger("delayqueue_django")
-        previous_level = package.level
-        package.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
-        added = None
-        if not package.handlers:
-            added = logging.StreamHandler(self.stdout)
-            added.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            package.addHandler(added)
+    def _advise(self, queues: list[Queue]) -> None:
+        """Log what the queues' Redis servers say an operator should know (an evicting
+        maxmemory-policy, a cache pool without socket timeout); refuse to start on a server
+        too old for the queue's Lua."""
+        logger = logging.getLogger("delayqueue_django.worker")
         try:
-            yield
-        finally:
-            package.setLevel(previous_level)
-            if added is not None:
-                package.removeHandler(added)
+            advice = redis_checks.advise(queues)
+        except UnsupportedRedisVersion as error:
+            raise CommandError(str(error)) from None
+        for said in advice:
+            logger.log(said.level, "queue=%s: %s", said.queue, said.text)
 
     @contextmanager
     def _signals(self, worker: Worker) -> Iterator[None]:
@@ -223,3 +316,10 @@ class Command(OwnProcessCommand):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _origin(error: BaseException) -> BaseException | None:
+    """What a handler module raised on import, at the root of a start-up error; None for a
+    problem the package found itself (a setting, a missing module or function)."""
+    found = error.__cause__
+    return found.__cause__ if isinstance(found, HandlerNotFound) else None

@@ -1,0 +1,202 @@
+--[[
+  schedule: the queue's recurring messages (delayqueue_django/schedules). Writes a
+  schedule's next tick, or defines, pauses, resumes or removes a schedule together with the
+  tick it waits on. A tick is an ordinary message of the queue, id "tick:<name>:<ms>", due
+  at its time; this script is the only writer of ticks, and writes each tick time of a
+  schedule at most once, whoever calls it and however often (the cursor below).
+
+  KEYS: the queue's key layout (see _prelude.lua), then
+    KEYS[11] schedules       hash  name -> definition (JSON; read by Python only)
+    KEYS[12] schedule_ticks  hash  name -> "fingerprint:paused:cursor:tick:previous"
+      fingerprint  hex digest of the definition the ticks follow (computed by Python)
+      paused       1 while paused: no tick is written
+      cursor       ms: a tick is written only if it is later than the cursor, which it
+                   then becomes; so each tick time is written once (compare-and-set)
+      tick         ms of the latest tick written since the schedule was defined, changed
+                   or paused, 0 if none
+      previous     ms of the tick written before that one, 0 if none
+  ARGV[1]  op: "tick", "put", "pause", "resume" or "remove"
+  ARGV[2]  wake-up channel
+  ARGV[3]  name
+  ARGV[4]  fingerprint (tick and put; remove: only a schedule with this one, "" any)
+  ARGV[5]  definition JSON (put)
+  ARGV[6]  expect (put): "any"; "new", refused if the schedule exists; "existing", refused
+           if it does not
+  ARGV[7]  start ms (put, pause, resume): the caller's reading of the clock. A schedule
+           changed, paused or resumed owes no tick up to it
+  ARGV[8]  tick ms: the tick to write (tick), or the first tick of the new definition
+           (put) or of the resumed schedule (resume), 0 for none; written only if it is
+           later than the cursor
+  ARGV[9]  retry budget of the tick's message
+  ARGV[10] payload of the tick's message (JSON text)
+
+  Returns {status, cursor, tick, previous, now, warnings}, with the record as it is after
+  the call. status:
+    tick    "written"; "behind" (not later than the cursor: that tick was written, by this
+            caller or another); "stale" (the schedule has another fingerprint: its
+            definition changed); "paused"; "missing" (no such schedule)
+    put     "defined" (new, or changed: the old definition's waiting tick is removed);
+            "unchanged" (the same fingerprint: the definition's text is rewritten, its
+            ticks and pause kept); "exists" or "missing" (refused, see expect)
+    pause   "paused" (its waiting tick removed), or "missing"
+    resume  "resumed", or "missing"
+    remove  "removed" (with its waiting tick), "missing", or "stale" (another fingerprint)
+  A waiting tick is one never handed out (pending or ready, attempt 0). A tick handed out
+  has fired: it stays, and the cursor stays at or past its time.
+  Publishes a written tick's time when it is earlier than every pending message's.
+]]
+
+local op, channel, name = args[1], args[2], args[3]
+local fingerprint, definition, expect = args[4], args[5], args[6]
+local start, first = tonumber(args[7]) or 0, tonumber(args[8]) or 0
+local budget, payload = tonumber(args[9]) or 0, args[10]
+local schedules, schedule_ticks = keys[11], keys[12]
+
+local now = now_ms()
+for _, key in ipairs({schedules, schedule_ticks}) do
+  local actual = redis.call('TYPE', key)['ok']
+  if actual ~= 'none' and actual ~= 'hash' then
+    table.insert(warnings, {key, 'held a ' .. actual .. ' instead of a hash; renamed to ' ..
+      rename_aside(key, now)})
+  end
+end
+
+local known, paused, cursor, tick, previous = nil, false, 0, 0, 0
+local raw = redis.call('HGET', schedule_ticks, name)
+if raw then
+  local f, p, c, t, pr = string.match(raw, '^(%x*):([01]):(%d+):(%d+):(%d+)$')
+  if f then
+    known, paused = f, p == '1'
+    cursor, tick, previous = tonumber(c), tonumber(t), tonumber(pr)
+  else
+    table.insert(warnings, {schedule_ticks, 'field ' .. name .. ' is unreadable; the ' ..
+      'schedule is taken for new'})
+  end
+end
+local exists = known ~= nil or redis.call('HEXISTS', schedules, name) == 1
+
+local function reply(status)
+  return {status, int(cursor), int(tick), int(previous), int(now), warnings}
+end
+
+local function save()
+  redis.call('HSET', schedule_ticks, name, string.format('%s:%d:%d:%d:%d', known,
+    paused and 1 or 0, cursor, tick, previous))
+end
+
+local function tick_id(at)
+  return 'tick:' .. name .. ':' .. int(at)
+end
+
+-- The tick at `at` as a message due then (written as send.lua writes a message), and the
+-- cursor moved to it. An id still held by a message of the queue (a tick of that time
+-- delivered early by hand, under an earlier definition) is not written over.
+local function write_tick(at)
+  local id = tick_id(at)
+  if call('HEXISTS', payloads, id) == 0 and call('HEXISTS', metas, id) == 0 then
+    local head = head_score(pending)
+    call('ZADD', pending, int(at), id)
+    call('HSET', payloads, id, wrap(budget, at, payload))
+    if head == nil or at < head then
+      wake(channel, at)
+    end
+  end
+  if tick > 0 then
+    previous = tick
+  end
+  cursor, tick = at, at
+end
+
+-- Takes out the tick the schedule waits on, if it was never handed out. Returns 0, or the
+-- time of a tick that has fired (handed out, retried, dead or done), which no later tick
+-- may take again: the floor of the cursor.
+local function drop_waiting_tick()
+  if tick == 0 then
+    return 0
+  end
+  local id = tick_id(tick)
+  local _, attempt = read_meta(id)
+  if (attempt or 0) == 0 and (call('ZREM', pending, id) == 1
+      or call('LREM', ready, 1, id) == 1) then
+    call('HDEL', payloads, id)
+    call('HDEL', metas, id)
+    tick = 0
+    return 0
+  end
+  local fired = tick
+  previous, tick = tick, 0
+  return fired
+end
+
+if op == 'tick' then
+  if not known then
+    return reply('missing')
+  elseif paused then
+    return reply('paused')
+  elseif known ~= fingerprint then
+    return reply('stale')
+  elseif first <= cursor then
+    return reply('behind')
+  end
+  write_tick(first)
+  save()
+  return reply('written')
+end
+
+if op == 'put' then
+  if expect == 'new' and exists then
+    return reply('exists')
+  elseif expect == 'existing' and not exists then
+    return reply('missing')
+  end
+  redis.call('HSET', schedules, name, definition)
+  if known == fingerprint then
+    return reply('unchanged')
+  end
+  cursor = math.max(start, drop_waiting_tick())
+  known = fingerprint
+  if first > cursor and not paused then
+    write_tick(first)
+  end
+  save()
+  return reply('defined')
+end
+
+if not known then
+  if op == 'remove' and exists then
+    redis.call('HDEL', schedules, name)
+    return reply('removed')
+  end
+  return reply('missing')
+end
+
+if op == 'pause' then
+  cursor = math.max(start, drop_waiting_tick())
+  paused = true
+  save()
+  return reply('paused')
+end
+
+if op == 'resume' then
+  if paused then
+    paused = false
+    cursor = math.max(start, cursor)
+    if first > cursor then
+      write_tick(first)
+    end
+    save()
+  end
+  return reply('resumed')
+end
+
+if op == 'remove' then
+  if fingerprint ~= '' and known ~= fingerprint then
+    return reply('stale')
+  end
+  drop_waiting_tick()
+  redis.call('HDEL', schedules, name)
+  redis.call('HDEL', schedule_ticks, name)
+  return reply('removed')
+end
+
+return redis.error_reply('unknown schedule op ' .. op)

@@ -1,0 +1,117 @@
+"""EXACTLY_ONCE queues: a handler's database effects happen once per message.
+
+The handler runs inside ``transaction.atomic()`` on the queue's database, whose first
+statement records the message as processed (a row of ``delayqueue_processed``, unique per
+queue and message id). Its effects and that record commit together or not at all:
+
+- the handler returns: both commit, then the worker acks (at least once, as always);
+- it fails (returns False, raises, rejects): both roll back, and the message is retried or
+  buried as on any queue;
+- the worker dies after the commit and before the ack: the message is delivered again, its
+  record is found, and it is acked without running the handler.
+
+Two deliveries of one message running at once (a handler that outlived its delivery's
+deadline) wait for each other on the record's unique key: the second runs only if the first
+rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were written.
+"""
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from delayqueue_django import conf
+from delayqueue_django.handlers import Handler
+from delayqueue_django.message import Message
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+# Records deleted per statement when pruning, and statements per pruning round at most.
+PRUNE_BATCH = 1000
+PRUNE_BATCHES_PER_ROUND = 10
+
+
+class AlreadyProcessed(Exception):
+    """The message's transaction committed before: acked without running the handler."""
+
+
+class _Refused(Exception):
+    """The handler returned False: its transaction rolls back, the message is retried."""
+
+
+def database_for(queue: str) -> str | None:
+    """The database alias of an EXACTLY_ONCE queue, or None (a queue not configured, as in
+    hand-made test setups, counts as at least once)."""
+    config = conf.queue_configs().get(queue)
+    return None if config is None else config.exactly_once
+
+
+def call_once(handler: Handler, message: Message, using: str) -> Any:
+    """Run the handler in a transaction on ``using`` that records the message as processed.
+
+    Returns what the handler returned; raises AlreadyProcessed if the message's transaction
+    committed before (the handler did not run), and whatever the handler raised.
+    """
+    from delayqueue_django.models import ProcessedMessage
+
+    try:
+        with transaction.atomic(using=using):
+            try:
+                # In a savepoint of its own: a duplicate key aborts only it, not the
+                # caller's transaction (in tests, the handler may run inside one).
+                with transaction.atomic(using=using):
+                    ProcessedMessage.objects.using(using).create(
+                        queue=message.queue,
+                        message_id=message.id,
+                        processed_ms=time.time_ns() // 1_000_000,
+                    )
+            except IntegrityError:
+                raise AlreadyProcessed(message.id) from None
+            result = handler(message)
+            if result is False:
+                raise _Refused
+            return result
+    except _Refused:
+        return False
+
+
+def prune(queue: str, using: str, retention_ms: int) -> int:
+    """Delete the processed records of ``queue`` written more than ``retention_ms`` ago, in
+    statements of PRUNE_BATCH, at most PRUNE_BATCHES_PER_ROUND of them; returns how many.
+
+    Each statement reads a range of the index on (queue, processed_ms): only old records,
+    never the whole table, whatever its size.
+    """
+    from delayqueue_django.models import ProcessedMessage
+
+    cutoff = time.time_ns() // 1_000_000 - retention_ms
+    records = ProcessedMessage.objects.using(using)
+    deleted = 0
+    for _ in range(PRUNE_BATCHES_PER_ROUND):
+        old = list(
+            records.filter(queue=queue, processed_ms__lt=cutoff)
+            .order_by("id")
+            .values_list("id", flat=True)[:PRUNE_BATCH]
+        )
+        if old:
+            records.filter(id__in=old).delete()
+            deleted += len(old)
+        if len(old) < PRUNE_BATCH:
+            break
+    return deleted
+
+
+def prune_queues(names: Sequence[str]) -> int:
+    """One pruning round for those of these queues that are EXACTLY_ONCE (each worker runs
+    one for its queues once a minute)."""
+    deleted = 0
+    configs = conf.queue_configs()
+    for name in names:
+        config = configs.get(name)
+        if config is not None and config.exactly_once is not None:
+            deleted += prune(name, config.exactly_once, config.exactly_once_retention_ms)
+    if deleted:
+        logger.info("deleted %d processed-message records past EXACTLY_ONCE_RETENTION", deleted)
+    return deleted

@@ -1,0 +1,151 @@
+"""The transactional outbox: ``send(..., outbox=True)`` writes each message as a row of the
+``delayqueue_outbox`` table in the caller's database transaction, so it exists exactly when
+that transaction commits; a relay (``delayqueue_django.relay``) moves committed rows to
+Redis and deletes them.
+
+A row keeps the message as ``send`` prepared it: its id (returned at once, as by any send),
+the JSON payload, the retry budget and the due time. The due time is fixed when the row is
+written, on the clock of the process that writes it (``time.time()``, which
+``timezone.now()`` reads too): the delay counts from the ``send`` call, and a relay that
+comes late, because Redis or every relay was away, never makes a message due later than
+that; a time already past when it reaches Redis means due at once.
+"""
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Count, Min
+
+from delayqueue_django import conf
+from delayqueue_django.engine import NewMessage
+from delayqueue_django.exceptions import QueueConfigurationError
+
+
+def _system_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+# The clock of the outbox's due times, in µs since the epoch: this process's, except inside
+# delayqueue_django.testing.memory_queues(), whose queues have a clock of their own.
+_clock_us: Callable[[], int] = _system_clock_us
+
+
+def now_ms() -> int:
+    """The clock of the outbox's due times, in ms since the epoch."""
+    return _clock_us() // 1000
+
+
+@contextmanager
+def clock(now_us: Callable[[], int]) -> Iterator[None]:
+    """Within the block, rows are written on this clock (a test's, see memory_queues)."""
+    global _clock_us
+    previous, _clock_us = _clock_us, now_us
+    try:
+        yield
+    finally:
+        _clock_us = previous
+
+
+def due_ms(message: NewMessage, written_us: int) -> int:
+    """A prepared message's absolute due time, for a row written at ``written_us`` (µs):
+    its ``at_ms``, or its delay from then, rounded up to the ms as every due time is."""
+    if message.at_ms is not None:
+        return message.at_ms
+    return -(-(written_us + message.delay_us) // 1000)
+
+
+def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None) -> None:
+    """Write prepared messages as outbox rows in the current transaction on ``using``, in
+    one INSERT, and ring the relays of this process when it commits (at once outside a
+    transaction, where the row is committed as it is written)."""
+    from delayqueue_django.models import OutboxMessage
+
+    alias = using or DEFAULT_DB_ALIAS
+    databases = conf.outbox_databases()
+    if alias not in databases:
+        raise QueueConfigurationError(
+            f"send(outbox=True) on database {alias!r}, which is not in "
+            f"{conf.OUTBOX_DATABASES_SETTING} ({', '.join(map(repr, databases)) or 'empty'}): "
+            "no relay would read its outbox. Add it to that setting."
+        )
+    written_us = _clock_us()
+    written = written_us // 1000
+    OutboxMessage.objects.using(alias).bulk_create(
+        [
+            OutboxMessage(
+                queue=queue_name,
+                message_id=message.id,
+                payload=message.payload,
+                retry_count=message.budget,
+                due_ms=due_ms(message, written_us),
+                written_ms=written,
+            )
+            for message in messages
+        ]
+    )
+    transaction.on_commit(doorbell.ring, using=alias)
+
+
+def waiting(queue_name: str) -> dict[str, int]:
+    """A queue's rows waiting in the outbox tables of DELAYQUEUE_OUTBOX_DATABASES: ``outbox``
+    (how many) and ``outbox_age_ms`` (how long the oldest has waited, on this process's
+    clock; 0 when none waits). One aggregate query per database."""
+    from delayqueue_django.models import OutboxMessage
+
+    count, oldest = 0, None
+    for alias in conf.outbox_databases():
+        found = (
+            OutboxMessage.objects.using(alias)
+            .filter(queue=queue_name)
+            .aggregate(count=Count("id"), oldest=Min("written_ms"))
+        )
+        count += found["count"]
+        if found["oldest"] is not None:
+            oldest = found["oldest"] if oldest is None else min(oldest, found["oldest"])
+    return {"outbox": count, "outbox_age_ms": 0 if oldest is None else max(now_ms() - oldest, 0)}
+
+
+def payload_of(queue_name: str, message_id: str) -> str | None:
+    """The payload of a message still waiting in the outbox, or None."""
+    from delayqueue_django.models import OutboxMessage
+
+    for alias in conf.outbox_databases():
+        found = (
+            OutboxMessage.objects.using(alias)
+            .filter(queue=queue_name, message_id=message_id)
+            .values_list("payload", flat=True)
+            .first()
+        )
+        if found is not None:
+            return found
+    return None
+
+
+class Doorbell:
+    """Wakes the relays of this process when a transaction that wrote outbox rows commits,
+    so that those rows reach Redis within milliseconds; rows written by other processes
+    are found by polling."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+
+    def listen(self) -> threading.Event:
+        """An event set at every ring from now on (clear it before looking at the outbox)."""
+        event = threading.Event()
+        with self._lock:
+            self._listeners.add(event)
+        return event
+
+    def ring(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for event in listeners:
+            event.set()
+
+
+doorbell = Doorbell()

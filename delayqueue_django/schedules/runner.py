@@ -1,0 +1,330 @@
+"""A worker's share of a queue's schedules: no scheduler process, no lock.
+
+Every worker of a queue keeps each of its schedules one tick ahead: when the waiting tick
+falls due (it is being handed out), the worker writes the next one. Any number of workers
+do so at the same moment; ``schedule.lua`` writes a tick only if it is later than the
+schedule's cursor, so the first write of each tick time wins and the others are told where
+the cursor is. A worker killed at any point leaves either the tick written (the others see
+it) or not (the others write it): never none, never two.
+
+Ticks no worker wrote in time (all workers down, say) are "missed"; so is a tick that
+starts more than ``MISSED_AFTER`` after its time. The schedule's ``MISSED`` policy decides
+what happens to them: ``skip`` them all, run ``once`` for all of them, or run ``all``. The
+worker applies it twice: when it catches up (which ticks it writes) and when a tick is
+handed out late (whether the handler runs: see ``guard``).
+"""
+
+import functools
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from delayqueue_django.encoding import encode_payload
+from delayqueue_django.engine.records import ScheduleRecord, Tick, parse_tick_id
+from delayqueue_django.exceptions import InvalidSchedule
+from delayqueue_django.message import Message
+from delayqueue_django.schedules.definition import SETTINGS, Schedule
+
+if TYPE_CHECKING:
+    from delayqueue_django.queue import Queue
+
+logger = logging.getLogger("delayqueue_django.schedules")
+
+# Schedules added, changed or resumed by other processes are seen by the ticks they write
+# (see guard); this re-read is the safety net.
+REFRESH_MS = 30_000
+# After a failed write (Redis away, out of memory), wait this long before the next try.
+RETRY_MS = 1_000
+# Ticks written per schedule in one turn while catching up (MISSED "all"); the next turn
+# goes on at once.
+CATCH_UP_BATCH = 100
+
+
+@dataclass(frozen=True)
+class Known:
+    """A schedule as this worker last saw it in the store."""
+
+    schedule: Schedule
+    fingerprint: str
+    paused: bool
+    cursor_ms: int
+    tick_ms: int
+
+    @property
+    def act_at_ms(self) -> float:
+        """When the next tick is to be written: as the waiting one falls due, or at once if
+        none is waiting; never while paused or while the store's record is not for this
+        definition (the next refresh sorts that out)."""
+        if self.paused or self.fingerprint != self.schedule.fingerprint:
+            return math.inf
+        return self.cursor_ms if self.tick_ms > 0 else -math.inf
+
+
+def tick_payload(schedule: Schedule, queue: str, at_ms: int, now_ms: int) -> str:
+    """What the tick at ``at_ms`` carries: the schedule's payload, or a call of its task
+    due then (on the first DelayQueueBackend whose QUEUES list the queue)."""
+    if schedule.task is None:
+        return schedule.payload
+    from delayqueue_django.tasks.call import TaskCall
+    from delayqueue_django.tasks.claims import DEFAULT_TASK_QUEUES, delayqueue_backends
+
+    aliases = [
+        alias
+        for alias, params in sorted(delayqueue_backends().items())
+        if queue in params.get("QUEUES", DEFAULT_TASK_QUEUES)
+    ]
+    if not aliases:
+        raise InvalidSchedule(
+            f"schedule {schedule.name!r} runs task {schedule.task!r}, but no "
+            f"DelayQueueBackend in TASKS carries queue {queue!r}",
+            "E049",
+        )
+    call = TaskCall(
+        task_path=schedule.task,
+        backend=aliases[0],
+        queue_name=queue,
+        args=schedule.args,
+        kwargs=schedule.kwargs,
+        enqueued_at=_moment(now_ms).isoformat(),
+        run_after=_moment(at_ms).isoformat(),
+    )
+    return encode_payload(call.to_payload(), max_bytes=2**31, queue=queue)
+
+
+def _moment(ms: int) -> datetime:
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment if settings.USE_TZ else timezone.make_naive(moment)
+
+
+class ScheduleRunner:
+    """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
+    loop; ``guard`` wraps its handler. Thread-safe."""
+
+    def __init__(self, queue: "Queue") -> None:
+        self.queue = queue
+        self._lock = threading.RLock()
+        self._known: dict[str, Known] = {}
+        self._synced = False
+        self._refresh_at = -math.inf
+        self._retry_at = -math.inf
+        # The latest store clock a reply showed: the clock is at least there.
+        self._now_ms = 0
+        # Schedules that cannot fire, by name and fingerprint: reported once each, and
+        # tried again once their definition changes.
+        self._broken: set[tuple[str, str]] = set()
+
+    def schedules(self) -> list[Known]:
+        with self._lock:
+            return list(self._known.values())
+
+    # Writing ticks
+
+    def run_due(self, now_estimate_ms: float) -> float:
+        """Do what is due (the settings' sync first, a refresh, the ticks) and return when
+        to be called next, on the store's clock (ms). Raises what the store raises; the
+        next try then waits RETRY_MS."""
+        with self._lock:
+            now = max(now_estimate_ms, self._now_ms)
+            if now < self._retry_at:
+                return self._retry_at
+            self._retry_at = now + RETRY_MS
+            if not self._synced:
+                self._sync_settings()
+                self._synced = True
+            if now >= self._refresh_at:
+                self._refresh()
+                now = max(now, self._now_ms)
+            for name in list(self._known):
+                self._catch_up(name, now)
+            self._retry_at = -math.inf
+            upcoming = [known.act_at_ms for known in self._known.values()]
+            return min([self._refresh_at, *upcoming])
+
+    def _sync_settings(self) -> None:
+        """The queue's SCHEDULES into the store: new and changed ones put (a changed one's
+        waiting tick replaced), ones no longer in settings removed; unchanged ones, and
+        every schedule added at run time, left as they are."""
+        now, records = self.queue.store.read_schedules()
+        self._seen(now)
+        stored = {record.name: record for record in records}
+        declared = {schedule.name: schedule for schedule in self.queue.config.schedules}
+        for schedule in declared.values():
+            record = stored.get(schedule.name)
+            if record is None or record.definition != schedule.to_json():
+                reply = self.queue.store.define_schedule(
+                    schedule.name,
+                    schedule.to_json(),
+                    schedule.fingerprint,
+                    expect="any",
+                    start_ms=now,
+                    first=self._first_tick(schedule, now),
+                )
+                logger.info(
+                    "schedule %s of queue %s from settings: %s (%s)",
+                    schedule.name,
+                    self.queue.name,
+                    reply.status,
+                    schedule.describe(),
+                )
+        for record in records:
+            if record.name in declared or record.fingerprint is None:
+                continue
+            if _source(record) == SETTINGS:
+                self.queue.store.remove_schedule(record.name, record.fingerprint)
+                logger.info(
+                    "schedule %s of queue %s is no longer in settings: removed",
+                    record.name,
+                    self.queue.name,
+                )
+
+    def _first_tick(self, schedule: Schedule, now: int) -> Tick | None:
+        at = schedule.next_after(now)
+        return None if at is None else self._tick(schedule, at)
+
+    def _tick(self, schedule: Schedule, at: int) -> Tick:
+        payload = tick_payload(schedule, self.queue.name, at, self._now_ms)
+        return Tick(at, self.queue.config.retry_count, payload)
+
+    def _refresh(self) -> None:
+        now, records = self.queue.store.read_schedules()
+        self._seen(now)
+        self._refresh_at = now + REFRESH_MS
+        known = {}
+        for record in records:
+            if record.definition is None or record.fingerprint is None:
+                continue  # half a schedule (a foreign write): nothing to follow
+            try:
+                schedule = Schedule.from_json(record.name, record.definition)
+            except InvalidSchedule as error:
+                self._report_broken(record.name, record.fingerprint, str(error))
+                continue
+            known[record.name] = Known(
+                schedule, record.fingerprint, record.paused, record.cursor_ms, record.tick_ms
+            )
+        self._known = known
+
+    def _catch_up(self, name: str, now: float) -> None:
+        for _ in range(CATCH_UP_BATCH):
+            known = self._known.get(name)
+            if known is None or known.act_at_ms > now or (name, known.fingerprint) in self._broken:
+                return
+            schedule = known.schedule
+            at = self._next_tick(schedule, known.cursor_ms, now)
+            if at is None:
+                # A cron that never fires again: nothing to write, ever.
+                self._known[name] = replace(known, paused=True)
+                return
+            try:
+                tick = self._tick(schedule, at)
+            except InvalidSchedule as error:
+                self._report_broken(name, known.fingerprint, str(error))
+                return
+            reply = self.queue.store.write_tick(name, known.fingerprint, tick)
+            self._seen(reply.now_ms)
+            if reply.status in ("written", "behind"):
+                self._known[name] = replace(known, cursor_ms=reply.cursor_ms, tick_ms=reply.tick_ms)
+            elif reply.status == "paused":
+                self._known[name] = replace(known, paused=True)
+            else:  # "stale", "missing": changed or removed meanwhile
+                self._refresh_at = -math.inf
+                self._known.pop(name, None)
+                return
+
+    def _next_tick(self, schedule: Schedule, cursor: int, now: float) -> int | None:
+        """The tick to write after the cursor, at ``now``: the next one, unless ticks were
+        missed (no worker wrote them within MISSED_AFTER of their time)."""
+        at = schedule.next_after(cursor)
+        if at is None or at + schedule.missed_after_ms >= now:
+            return at
+        if schedule.missed == "once":
+            latest = schedule.latest_at_or_before(int(now))
+            return at if latest is None else max(at, latest)
+        if schedule.missed == "skip":
+            return schedule.next_after(int(now) - schedule.missed_after_ms - 1)
+        return at
+
+    def _seen(self, now_ms: int) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
+
+    def _report_broken(self, name: str, fingerprint: str, problem: str) -> None:
+        if (name, fingerprint) not in self._broken:
+            self._broken.add((name, fingerprint))
+            logger.error(
+                "schedule %s of queue %s fires nothing: %s", name, self.queue.name, problem
+            )
+
+    # Running ticks
+
+    def guard(self, handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
+        """The handler, except for a tick that counts as missed and that the schedule's
+        MISSED policy drops: that one is acked without running it.
+
+        A tick is missed when its first delivery starts more than MISSED_AFTER after its
+        time (no worker ran then, or the queue was that far behind). ``skip`` drops every
+        missed tick; ``once`` runs a missed tick only if no later tick of the schedule has
+        come due by then (so of a run of missed ticks, the last one runs); ``all`` runs
+        them all. Retries and redeliveries always run: their first delivery started.
+        """
+
+        @functools.wraps(handler)
+        def guarded(message: Message) -> Any:
+            parsed = parse_tick_id(message.id)
+            if parsed is None or message.attempt != 1:
+                return handler(message)
+            name, at = parsed
+            schedule = self._noticed(name, at)
+            if schedule is None or not self._dropped(schedule, at, message):
+                return handler(message)
+            logger.info(
+                "tick %s of queue %s missed (started %.1f s after its time; MISSED=%s): not run",
+                message.id,
+                message.queue,
+                (self._started_ms(message) - at) / 1000,
+                schedule.missed,
+            )
+            return None
+
+        return guarded
+
+    def _started_ms(self, message: Message) -> int:
+        # Handed out (on the store's clock) one MAX_CONSUME_DURATION before its deadline.
+        return message.deadline_ms - self.queue.config.max_consume_ms
+
+    def _dropped(self, schedule: Schedule, at: int, message: Message) -> bool:
+        started = self._started_ms(message)
+        if started - at <= schedule.missed_after_ms or schedule.missed == "all":
+            return False
+        if schedule.missed == "skip":
+            return True
+        later = schedule.next_after(at)
+        return later is not None and later <= started
+
+    def _noticed(self, name: str, at: int) -> Schedule | None:
+        """A tick of schedule ``name`` was handed out: its definition, read afresh if this
+        worker did not know it or knew an older state of it (the tick of a schedule added,
+        changed or resumed elsewhere), so that this worker writes the next ticks too."""
+        with self._lock:
+            known = self._known.get(name)
+            if known is None or known.paused or known.cursor_ms < at:
+                try:
+                    self._refresh()
+                except Exception:  # a tick is run even when its schedule cannot be read
+                    logger.warning(
+                        "reading the schedules of queue %s failed", self.queue.name, exc_info=True
+                    )
+                known = self._known.get(name)
+            return None if known is None else known.schedule
+
+
+def _source(record: ScheduleRecord) -> str | None:
+    try:
+        return Schedule.from_json(record.name, record.definition or "").source
+    except InvalidSchedule:
+        return None

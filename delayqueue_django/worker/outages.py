@@ -1,0 +1,78 @@
+"""Saying when a worker loses Redis and when it has it back.
+
+Every thread of a worker meets an outage on its own (each consumer's fetches, heartbeats and
+housekeeping, each wake-up listener), each retrying on its own backoff; a line from each
+try would bury the news. So the worker says it once per server: one warning when a server
+stops answering, a reminder every REMIND_SECONDS while it stays away, and one line when it
+answers again. Each try is still logged, at debug level (``-v 2``).
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from delayqueue_django.engine.errors import QueueUnavailable
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+REMIND_SECONDS = 60.0
+
+
+def is_outage(error: BaseException) -> bool:
+    """Redis could not be reached, or did not answer: not a refusal it answered with."""
+    return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)
+
+
+@dataclass
+class _Outage:
+    since: float  # time.monotonic()
+    said_at: float
+
+
+class Outages:
+    """The servers (by address) a worker cannot reach now; shared by all its threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down: dict[str, _Outage] = {}
+
+    def failed(self, address: str, error: BaseException) -> None:
+        """A call to the server at ``address`` failed with ``is_outage(error)``."""
+        if isinstance(error, QueueUnavailable) and error.__cause__ is not None:
+            error = error.__cause__  # redis-py's words: the queue's would repeat the address
+        now = time.monotonic()
+        with self._lock:
+            outage = self._down.get(address)
+            if outage is None:
+                self._down[address] = _Outage(since=now, said_at=now)
+            elif now - outage.said_at >= REMIND_SECONDS:
+                outage.said_at = now
+            else:
+                return
+        if outage is None:
+            logger.warning("cannot reach Redis at %s, retrying: %s", address, error)
+        else:
+            logger.warning(
+                "still cannot reach Redis at %s after %.0f s, retrying: %s",
+                address,
+                now - outage.since,
+                error,
+            )
+
+    def reached(self, address: str) -> None:
+        """A call to the server at ``address`` succeeded."""
+        if address not in self._down:  # the usual case, decided without the lock
+            return
+        with self._lock:
+            outage = self._down.pop(address, None)
+        if outage is not None:
+            # At the outage's own level: whoever saw it begin sees it end.
+            logger.warning(
+                "connected to Redis at %s again, after %.1f s",
+                address,
+                time.monotonic() - outage.since,
+            )

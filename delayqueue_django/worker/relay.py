@@ -1,0 +1,357 @@
+"""The outbox relay: moves committed outbox rows to their queues in Redis and deletes them.
+
+One batch is one database transaction: take up to ``batch_size`` rows, oldest first,
+deleting them (on PostgreSQL and SQLite in one ``DELETE ... RETURNING`` statement; elsewhere
+a ``SELECT ... FOR UPDATE`` and a ``DELETE``); write their messages to Redis (the relay
+script, one call per queue and ``SEND_BATCH_SIZE`` chunk, pipelined in one round trip);
+commit. If Redis refuses or cannot be reached, the transaction rolls back and the rows wait.
+
+Nothing is sent twice, however many relays run and whenever one dies:
+
+- Two relays never hold the same row: PostgreSQL and MySQL/MariaDB lock the rows taken and
+  other relays skip them (``SKIP LOCKED``); SQLite has no row locks, but its ``DELETE`` takes
+  the database's write lock, so relays there take turns (and a relay holds that lock while
+  Redis answers: about a millisecond, up to the Redis client's socket timeout when Redis
+  hangs, during which other writers wait).
+- A relay that dies after Redis accepted its batch and before its commit leaves the rows to
+  be relayed again: the relay script notes every id it writes in the queue's
+  ``…:relayed`` set and writes nothing for an id noted there, even once that message was
+  handled and acked. A relay forgets the ids of a batch whose delete committed with its
+  next call; the ids of a relay that died are forgotten by the relay that takes their rows
+  next, or after ``RELAY_RECORD_MS``.
+"""
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+
+from django.db import DatabaseError, OperationalError, connections, transaction
+from redis.exceptions import RedisError
+
+from delayqueue_django import conf
+from delayqueue_django.engine import NewMessage
+from delayqueue_django.outbox import doorbell
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker.backoff import Backoff
+
+logger = logging.getLogger("delayqueue_django.relay")
+
+# Rows taken in one transaction.
+RELAY_BATCH_SIZE = 1000
+# How often a relay looks for rows that other processes committed (its own process's
+# commits wake it at once).
+RELAY_POLL_SECONDS = 0.5
+# How long an id stays noted as relayed when no relay learns that its row's delete
+# committed (see relay.lua): far longer than any database outage that could hold it back.
+RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
+# MySQL's error code for a transaction chosen as a deadlock's victim, and how often a batch
+# that was is tried again at once.
+MYSQL_DEADLOCK = 1213
+DEADLOCK_RETRIES = 5
+# How often a database without the outbox table (not migrated yet) is looked at again.
+MISSING_TABLE_SECONDS = 60.0
+# How long a drain waits before looking again at rows other relays hold.
+DRAIN_WAIT_SECONDS = 0.01
+# Ids to forget that wait for Redis, per queue, at most (older ones are forgotten by age).
+PENDING_FORGET_LIMIT = 100_000
+
+
+def _delete_by_key_lookups(table: str, key: str, count: int) -> str:
+    """A MySQL/MariaDB DELETE of ``count`` rows by primary key that looks up each row
+    and reads no other. ``DELETE ... WHERE id IN (...)`` may be planned as a full scan
+    when the table's statistics are stale (a young table), FORCE INDEX or not; the scan
+    then waits for rows other relays hold, and they for it: a deadlock. Joining a
+    derived table of the keys, read first, leaves only eq_ref lookups."""
+    keys = " UNION ALL ".join([f"SELECT %s AS {key}"] + ["SELECT %s"] * (count - 1))
+    return (
+        f"DELETE {table} FROM ({keys}) AS taken STRAIGHT_JOIN {table} FORCE INDEX (PRIMARY) "
+        f"ON {table}.{key} = taken.{key}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    pk: int
+    queue: str
+    message_id: str
+    payload: str
+    retry_count: int
+    due_ms: int
+
+
+@dataclass(slots=True)
+class _Scheduled:
+    seconds: float
+    step: Callable[[], object]
+    next_at: float = 0.0
+
+
+class OutboxRelay:
+    """Relays the outbox rows of ``queues`` found on ``databases`` (default:
+    DELAYQUEUE_OUTBOX_DATABASES)."""
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        *,
+        databases: Sequence[str] | None = None,
+        batch_size: int = RELAY_BATCH_SIZE,
+        poll_seconds: float = RELAY_POLL_SECONDS,
+    ) -> None:
+        self.queues = {queue.name: queue for queue in queues}
+        self.databases = list(conf.outbox_databases() if databases is None else databases)
+        self.batch_size = batch_size
+        self.poll_seconds = poll_seconds
+        # Written to Redis / found relayed before (the rows deleted all the same).
+        self.relayed = 0
+        self.repeated = 0
+        self._forget: dict[str, list[str]] = {}
+        self._stopping = threading.Event()
+        self._wake = doorbell.listen()
+        self._missing_tables: set[str] = set()
+
+    # One batch
+
+    def relay_batch(self, alias: str) -> int:
+        """Relay one batch from database ``alias``; returns how many rows it took."""
+        if not self.queues:
+            return 0
+        attempt = 1
+        while True:
+            try:
+                return self._relay_batch(alias)
+            except OperationalError as error:
+                # MySQL/MariaDB: relays racing can deadlock on their DELETEs (a range read
+                # may end on a row another relay holds). The victim InnoDB rolled back had
+                # sent nothing yet (the DELETE comes first): it only has to try again.
+                if error.args[:1] != (MYSQL_DEADLOCK,) or attempt >= DEADLOCK_RETRIES:
+                    raise
+                attempt += 1
+
+    def _relay_batch(self, alias: str) -> int:
+        with transaction.atomic(using=alias):
+            rows = self._take(alias)
+            if rows:
+                self._send(rows)
+        # Committed: these rows are gone for good, their ids may be forgotten.
+        for row in rows:
+            self._forget.setdefault(row.queue, []).append(row.message_id)
+        return len(rows)
+
+    def _take(self, alias: str) -> list[OutboxRow]:
+        """Take (delete, in the transaction) up to batch_size rows of our queues."""
+        from delayqueue_django.models import OutboxMessage
+
+        connection = connections[alias]
+        quote = connection.ops.quote_name
+        table = quote(OutboxMessage._meta.db_table)
+        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms")
+        columns = ", ".join(quote(name) for name in fields)
+        names = list(self.queues)
+        in_queues = f"{quote('queue')} IN ({', '.join(['%s'] * len(names))})"
+        oldest = (
+            f"SELECT {quote('id')} FROM {table} WHERE {in_queues} ORDER BY {quote('id')} LIMIT %s"
+        )
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql" or (
+                connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+            ):
+                # One statement. PostgreSQL skips the rows another relay holds; on SQLite the
+                # DELETE takes the write lock first, and another relay waits for it.
+                lock = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {quote('id')} IN ({oldest}{lock}) "
+                    f"RETURNING {columns}",
+                    [*names, self.batch_size],
+                )
+                found = cursor.fetchall()
+            else:
+                skip = connection.features.has_select_for_update_skip_locked
+                lock = " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
+                if not connection.features.has_select_for_update:
+                    lock = ""
+                # MySQL/MariaDB may scan the whole table when its statistics are stale (a
+                # young table), locking rows other relays hold: then the SELECT would lock
+                # past its LIMIT, and the DELETE wait for, and deadlock with, other relays.
+                # Reading the primary key in order touches only the rows taken.
+                by_key = " FORCE INDEX (PRIMARY)" if connection.vendor == "mysql" else ""
+                cursor.execute(
+                    f"SELECT {columns} FROM {table}{by_key} WHERE {in_queues} "
+                    f"ORDER BY {quote('id')} LIMIT %s{lock}",
+                    [*names, self.batch_size],
+                )
+                found = cursor.fetchall()
+                if found:
+                    keys = [row[0] for row in found]
+                    if connection.vendor == "mysql":
+                        sql = _delete_by_key_lookups(table, quote("id"), len(keys))
+                    else:
+                        sql = (
+                            f"DELETE FROM {table} WHERE {quote('id')} IN "
+                            f"({', '.join(['%s'] * len(keys))})"
+                        )
+                    cursor.execute(sql, keys)
+        rows = [OutboxRow(*row) for row in found]
+        rows.sort(key=lambda row: row.pk)
+        return rows
+
+    def _send(self, rows: list[OutboxRow]) -> None:
+        by_queue: dict[str, list[OutboxRow]] = {}
+        for row in rows:
+            by_queue.setdefault(row.queue, []).append(row)
+        for name, group in by_queue.items():
+            messages = [
+                NewMessage(row.message_id, row.payload, row.retry_count, at_ms=row.due_ms)
+                for row in group
+            ]
+            dues = self._relay(name, messages)
+            written = sum(due is not None for due in dues)
+            self.relayed += written
+            self.repeated += len(dues) - written
+
+    def _relay(self, name: str, messages: list[NewMessage]) -> list[int | None]:
+        """One queue's part of a batch, with the ids to forget that wait for it."""
+        forget = self._forget.pop(name, [])
+        try:
+            return self.queues[name].store.relay(messages, forget=forget, keep_ms=RELAY_RECORD_MS)
+        except BaseException:
+            kept = forget + self._forget.get(name, [])
+            self._forget[name] = kept[-PENDING_FORGET_LIMIT:]
+            raise
+
+    def forget_relayed(self) -> None:
+        """Tell Redis the ids whose rows were deleted since the last batch (done by the next
+        batch otherwise). Raises RedisError if Redis cannot be reached; they wait then."""
+        for name in list(self._forget):
+            self._relay(name, [])
+
+    def has_rows(self, alias: str) -> bool:
+        """Whether our queues have rows on ``alias``: a plain read, no lock taken."""
+        from delayqueue_django.models import OutboxMessage
+
+        return OutboxMessage.objects.using(alias).filter(queue__in=list(self.queues)).exists()
+
+    # Running
+
+    def drain(self) -> int:
+        """Relay until no row of our queues is left (those committed meanwhile included);
+        returns how many rows were taken. Errors propagate.
+
+        A short batch does not prove the outbox empty: rows another relay holds are skipped,
+        and on MySQL/MariaDB so is a row that another transaction's range read merely
+        locked on its way. So it ends when a plain read finds no row, and while rows are
+        held elsewhere it waits for them a little.
+        """
+        total = 0
+        for alias in self.databases:
+            while True:
+                taken = self.relay_batch(alias)
+                total += taken
+                if taken == self.batch_size:
+                    continue
+                if not self.has_rows(alias):
+                    break
+                if not taken:
+                    time.sleep(DRAIN_WAIT_SECONDS)
+        self.forget_relayed()
+        return total
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self, *, every: Sequence[tuple[float, Callable[[], object]]] = ()) -> None:
+        """Relay until ``stop()``: at once after a commit in this process that wrote outbox
+        rows, else every ``poll_seconds``; a database or Redis that fails is retried with
+        backoff while the others go on. ``every``: (seconds, step) pairs run on their own
+        schedule in this thread (the worker prunes processed ids with it)."""
+        backoffs = {alias: Backoff(first=0.2) for alias in self.databases}
+        retry_at = dict.fromkeys(self.databases, 0.0)
+        schedule = [_Scheduled(seconds, step) for seconds, step in every]
+        woken = True
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                busy = False
+                for alias in self.databases:
+                    if time.monotonic() < retry_at[alias]:
+                        continue
+                    try:
+                        # A poll looks first, with a plain read: no lock, no transaction.
+                        if woken or self.has_rows(alias):
+                            busy |= self.relay_batch(alias) >= self.batch_size
+                        backoffs[alias].reset()
+                    except Exception as error:
+                        wait = self._failed(alias, error, backoffs[alias])
+                        retry_at[alias] = time.monotonic() + wait
+                if not busy and self._forget:
+                    with suppress(RedisError):
+                        self.forget_relayed()
+                for entry in schedule:
+                    if time.monotonic() >= entry.next_at:
+                        entry.next_at = time.monotonic() + entry.seconds
+                        self._run_step(entry.step)
+                if busy:
+                    woken = True
+                    continue
+                now = time.monotonic()
+                wait = min(
+                    [self.poll_seconds] * bool(self.databases)
+                    + [at - now for at in retry_at.values() if at > now]
+                    + [entry.next_at - now for entry in schedule],
+                    default=self.poll_seconds,
+                )
+                woken = self._wake.wait(max(wait, 0.0))
+        finally:
+            with suppress(RedisError):
+                self.forget_relayed()
+            connections.close_all()
+
+    def _failed(self, alias: str, error: Exception, backoff: Backoff) -> float:
+        """Log a failed look at ``alias``; returns how long to wait before the next."""
+        if isinstance(error, RedisError):
+            logger.warning(
+                "outbox relay: Redis unavailable, rows on database %s wait: %s", alias, error
+            )
+            return backoff.next()
+        # A broken connection is opened anew on the next try.
+        with suppress(DatabaseError):
+            connections[alias].close()
+        if not isinstance(error, DatabaseError):
+            logger.error("outbox relay: unexpected error on database %s", alias, exc_info=error)
+            return backoff.next()
+        if not self._table_exists(alias):
+            # A site that has not migrated yet (check W030 says so too): no row can wait
+            # there, so look again only now and then, without a warning each time.
+            if alias not in self._missing_tables:
+                self._missing_tables.add(alias)
+                logger.warning(
+                    "outbox relay: database %s has no outbox table (python manage.py migrate "
+                    "delayqueue_django --database %s); looking again every %.0f s",
+                    alias,
+                    alias,
+                    MISSING_TABLE_SECONDS,
+                )
+            return MISSING_TABLE_SECONDS
+        logger.warning("outbox relay: database %s failed: %s", alias, error)
+        return backoff.next()
+
+    def _table_exists(self, alias: str) -> bool:
+        from delayqueue_django.models import OutboxMessage
+
+        try:
+            with connections[alias].cursor() as cursor:
+                tables = connections[alias].introspection.table_names(cursor)
+        except DatabaseError:
+            return True  # the database itself is away: a failure like any other
+        return OutboxMessage._meta.db_table in tables
+
+    def _run_step(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:
+            logger.exception("outbox relay thread: %r failed; trying again later", step)

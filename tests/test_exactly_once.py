@@ -1,0 +1,221 @@
+"""EXACTLY_ONCE queues: a handler's database effects happen once per message, on SQLite,
+PostgreSQL and MariaDB."""
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from delayqueue_django import conf, get_queue
+from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
+from delayqueue_django.exceptions import QueueConfigurationError, Reject
+from delayqueue_django.message import Message
+from delayqueue_django.models import ProcessedMessage
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker import Worker
+from delayqueue_django.worker.handling import Verdict, call_handler
+from tests.databases import database_params
+from tests.helpers import wait_for
+from tests.task_app.models import Effect
+
+
+@pytest.fixture(params=database_params())
+def database(request: pytest.FixtureRequest) -> str:
+    alias: str = request.param
+    return alias
+
+
+@pytest.fixture
+def exactly_once(database: str, settings: Any) -> Callable[..., Queue]:
+    """``exactly_once(**options)``: the default queue, EXACTLY_ONCE on the database under
+    test (by its alias), with these options."""
+    url = settings.DELAYQUEUES["default"]["URL"]
+
+    def configure(**options: Any) -> Queue:
+        settings.DELAYQUEUES = {
+            "default": {
+                "URL": url,
+                "EXACTLY_ONCE": database,
+                "MAX_CONSUME_DURATION": 0.2,
+                "NACK_REDELIVERY_DELAY": 0,
+                **options,
+            }
+        }
+        return get_queue()
+
+    return configure
+
+
+def effects(alias: str) -> list[str]:
+    return list(Effect.objects.using(alias).order_by("id").values_list("message_id", flat=True))
+
+
+def writer(alias: str, *, then: Any = None) -> Callable[[Message], Any]:
+    """A handler that writes one row, then returns or raises ``then``."""
+
+    def handle(message: Message) -> Any:
+        Effect.objects.using(alias).create(message_id=message.id)
+        if isinstance(then, BaseException):
+            raise then
+        return then
+
+    return handle
+
+
+def deliver(queue: Queue) -> Message:
+    fetched: list[Message] = []
+    deadline = time.monotonic() + 5
+    while not fetched and time.monotonic() < deadline:
+        fetched = queue.fetch(1).messages
+        time.sleep(0.01)
+    [message] = fetched
+    return message
+
+
+def test_a_redelivery_after_the_commit_is_acked_without_running_the_handler(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """The worker died after the handler's transaction committed, before its ack."""
+    queue = exactly_once()
+    message_id = queue.send({"order": 1})
+    first = deliver(queue)
+    assert call_handler(writer(database), first).verdict is Verdict.ACK
+    # No ack: the delivery times out and the message comes back, attempt 2.
+    again = deliver(queue)
+    assert (again.id, again.attempt) == (message_id, 2)
+    calls: list[str] = []
+    outcome = call_handler(lambda message: calls.append(message.id), again)
+    assert outcome.verdict is Verdict.ACK
+    assert calls == []  # not run again
+    assert queue.ack([again]) == {message_id}
+    assert effects(database) == [message_id]
+    assert ProcessedMessage.objects.using(database).filter(message_id=message_id).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("then", "verdict"),
+    [(False, Verdict.NACK), (RuntimeError("boom"), Verdict.NACK), (Reject("no"), Verdict.BURY)],
+    ids=["returns-false", "raises", "rejects"],
+)
+def test_a_handler_that_fails_leaves_no_effect_and_runs_again(
+    exactly_once: Callable[..., Queue], database: str, then: Any, verdict: Verdict
+) -> None:
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+    assert call_handler(writer(database, then=then), message).verdict is verdict
+    # Its row and the processed record were rolled back together.
+    assert effects(database) == []
+    assert not ProcessedMessage.objects.using(database).exists()
+    assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+
+
+def test_two_deliveries_running_at_once_run_the_handler_once(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """A handler outlived its delivery's deadline and the message was delivered again: the
+    second delivery waits on the record's unique key, then finds it committed."""
+    queue = exactly_once()
+    queue.send("slow")
+    message = deliver(queue)
+    started = threading.Event()
+    verdicts: list[Verdict] = []
+
+    def slow(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        started.set()
+        time.sleep(0.5)
+
+    def run(handler: Callable[[Message], Any]) -> None:
+        try:
+            verdicts.append(call_handler(handler, message).verdict)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=run, args=(slow,))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=run, args=(writer(database),))
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert verdicts == [Verdict.ACK, Verdict.ACK]
+    assert effects(database) == [message.id]
+
+
+def test_ids_that_differ_only_in_case_are_two_messages(database: str, settings: Any) -> None:
+    """MySQL/MariaDB's default collations ignore case; message ids and queue names must not."""
+    settings.DELAYQUEUES = {
+        "default": {"URL": settings.DELAYQUEUES["default"]["URL"], "EXACTLY_ONCE": database},
+        "Default": {"URL": settings.DELAYQUEUES["default"]["URL"], "EXACTLY_ONCE": database},
+    }
+    messages = [
+        Message(message_id, queue, None, attempt=1, retry_count=0, lease=1, deadline_ms=0, due_ms=0)
+        for message_id, queue in (
+            ("abcDEF", "default"),
+            ("ABCdef", "default"),
+            ("abcDEF", "Default"),
+        )
+    ]
+    for message in messages:
+        assert call_once(writer(database), message, database) is None
+    assert effects(database) == ["abcDEF", "ABCdef", "abcDEF"]
+
+
+def test_processed_records_are_pruned_after_the_retention(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    exactly_once(EXACTLY_ONCE_RETENTION=60)
+    now = time.time_ns() // 1_000_000
+    records = ProcessedMessage.objects.using(database)
+    records.bulk_create(
+        [
+            ProcessedMessage(queue="default", message_id=f"old-{n}", processed_ms=now - 61_000)
+            for n in range(PRUNE_BATCH + 5)
+        ]
+        + [ProcessedMessage(queue="default", message_id="young", processed_ms=now - 30_000)]
+        + [ProcessedMessage(queue="other", message_id="elsewhere", processed_ms=now - 61_000)]
+    )
+    assert prune_queues(["default"]) == PRUNE_BATCH + 5  # in two statements
+    assert sorted(records.values_list("message_id", flat=True)) == ["elsewhere", "young"]
+    assert prune("default", database, 60_000) == 0
+
+
+def test_exactly_once_option_is_checked(settings: Any) -> None:
+    url = settings.DELAYQUEUES["default"]["URL"]
+    settings.DELAYQUEUES = {"default": {"URL": url, "EXACTLY_ONCE": True}}
+    assert conf.queue_configs()["default"].exactly_once == "default"
+    for wrong in ("nowhere", 1, ["default"]):
+        settings.DELAYQUEUES = {"default": {"URL": url, "EXACTLY_ONCE": wrong}}
+        with pytest.raises(QueueConfigurationError, match=r"E032.*EXACTLY_ONCE"):
+            conf.queue_configs()
+    settings.DELAYQUEUES = {"default": {"URL": url, "EXACTLY_ONCE_RETENTION": 0}}
+    with pytest.raises(QueueConfigurationError, match="E033"):
+        conf.queue_configs()
+
+
+def test_the_worker_prunes_processed_records(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    queue = exactly_once(EXACTLY_ONCE_RETENTION=60)
+    old_ms = time.time_ns() // 1_000_000 - 120_000
+    ProcessedMessage.objects.using(database).create(
+        queue="default", message_id="old", processed_ms=old_ms
+    )
+    worker = Worker([(queue, writer(database))], relay=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        # Its database thread prunes at once, then once a minute.
+        wait_for(
+            lambda: not ProcessedMessage.objects.using(database).exists(),
+            timeout=10,
+            what="the old record to be pruned",
+        )
+    finally:
+        worker.request_stop()
+        thread.join(30)

@@ -1,0 +1,295 @@
+"""OpenTelemetry tracing: producer spans on send, consumer spans around handler calls, linked
+through the trace context a traced message carries (see docs/guides/tracing.md)."""
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from django.db import transaction
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+)
+from opentelemetry.util.types import Attributes
+
+from delayqueue_django import get_queue
+from delayqueue_django.exceptions import QueueUnavailable, Reject
+from delayqueue_django.message import Message
+from delayqueue_django.queue import Queue
+from delayqueue_django.worker.handling import Verdict, call_handler
+from delayqueue_django.worker.relay import OutboxRelay
+from tests.helpers import redis_store
+from tests.redis_servers import free_port
+
+
+class _Switch(Sampler):
+    """Samples only while a test of this module runs: the provider is process-wide, and the
+    other tests' messages must stay untraced."""
+
+    on = False
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        parent = trace.get_current_span(parent_context).get_span_context()
+        if not self.on or (parent.is_valid and not parent.trace_flags.sampled):
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+    def get_description(self) -> str:
+        return "on while a tracing test runs"
+
+
+_SWITCH = _Switch()
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider(sampler=_SWITCH)
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    _SWITCH.on = True
+    yield _EXPORTER
+    _SWITCH.on = False
+    _EXPORTER.clear()
+
+
+def _one(spans: InMemorySpanExporter, kind: SpanKind) -> ReadableSpan:
+    found = [span for span in spans.get_finished_spans() if span.kind is kind]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _traceparent(span: ReadableSpan) -> str:
+    """The W3C traceparent header naming the span."""
+    assert span.context is not None
+    context = span.context
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def _stored(queue: Queue, message_id: str) -> bytes:
+    """The message's stored payload, from past its budget and due time."""
+    stored = redis_store(queue).client.hget(redis_store(queue).keys.key("payload"), message_id)
+    assert isinstance(stored, bytes)
+    return b"~" + stored.split(b"~", 3)[3]
+
+
+def _fetch_one(queue: Queue) -> Message:
+    messages = queue.fetch(10).messages
+    assert len(messages) == 1
+    return messages[0]
+
+
+def test_send_and_handle_make_one_trace(queue: Queue, spans: InMemorySpanExporter) -> None:
+    message_id = queue.send({"order": 7})
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    assert sent.name == "send default"
+    assert sent.attributes == {
+        "messaging.system": "delayqueue_django",
+        "messaging.destination.name": "default",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.message.id": message_id,
+    }
+    message = _fetch_one(queue)
+    assert message.payload == {"order": 7}
+    assert sent.context is not None
+    assert message.traceparent == _traceparent(sent)
+
+    outcome = call_handler(lambda message: None, message, manage_connections=False)
+
+    assert outcome.verdict is Verdict.ACK
+    handled = _one(spans, SpanKind.CONSUMER)
+    assert handled.name == "process default"
+    assert handled.context is not None
+    assert handled.parent is not None
+    assert handled.context.trace_id == sent.context.trace_id
+    assert handled.parent.span_id == sent.context.span_id
+    assert [link.context.span_id for link in handled.links] == [sent.context.span_id]
+    assert handled.attributes == {
+        "messaging.system": "delayqueue_django",
+        "messaging.destination.name": "default",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.message.id": message_id,
+        "messaging.message.delivery_attempt": 1,
+        "delayqueue.verdict": "ack",
+    }
+    assert handled.status.status_code is StatusCode.UNSET
+
+
+def test_a_batch_is_one_span_and_its_messages_carry_it(
+    queue: Queue, spans: InMemorySpanExporter
+) -> None:
+    ids = queue.send_many([1, 2, 3])
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    assert sent.attributes is not None
+    assert sent.context is not None
+    assert sent.attributes["messaging.batch.message_count"] == 3
+    assert "messaging.message.id" not in sent.attributes
+    messages = queue.fetch(10).messages
+    assert sorted(message.id for message in messages) == sorted(ids)
+    assert sorted(message.payload for message in messages) == [1, 2, 3]
+    assert {message.traceparent.split("-")[2] for message in messages} == {
+        f"{sent.context.span_id:016x}"
+    }
+
+
+def test_asend_is_traced(queue: Queue, spans: InMemorySpanExporter) -> None:
+    message_id = asyncio.run(queue.asend("hello"))
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    assert sent.attributes is not None
+    assert sent.attributes["messaging.message.id"] == message_id
+    message = _fetch_one(queue)
+    assert message.payload == "hello"
+    assert message.traceparent == _traceparent(sent)
+
+
+def test_the_trace_context_is_never_shown_as_payload(
+    queue: Queue, spans: InMemorySpanExporter
+) -> None:
+    message_id = queue.send({"a": 1}, delay=60)
+
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert stored.payload == '{"a":1}'
+    assert [entry.payload for entry in queue.list_messages("pending")] == ['{"a":1}']
+
+
+def test_a_failing_handler_marks_its_span(queue: Queue, spans: InMemorySpanExporter) -> None:
+    ids = dict(
+        zip(
+            queue.send_many(["refused", "raised", "rejected"]),
+            ["refused", "raised", "rejected"],
+            strict=True,
+        )
+    )
+    handlers = {
+        "refused": lambda message: False,
+        "raised": lambda message: 1 / 0,
+        "rejected": _reject,
+    }
+    for message in queue.fetch(10).messages:
+        call_handler(handlers[message.payload], message, manage_connections=False)
+
+    handled = {
+        ids[str(span.attributes["messaging.message.id"])]: span  # type: ignore[index]
+        for span in spans.get_finished_spans()
+        if span.kind is SpanKind.CONSUMER
+    }
+    assert {name: span.status.status_code for name, span in handled.items()} == {
+        "refused": StatusCode.ERROR,
+        "raised": StatusCode.ERROR,
+        "rejected": StatusCode.ERROR,
+    }
+    assert {name: (span.attributes or {}).get("error.type") for name, span in handled.items()} == {
+        "refused": "refused",
+        "raised": "ZeroDivisionError",
+        "rejected": "Reject",
+    }
+    assert {
+        name: (span.attributes or {}).get("delayqueue.verdict") for name, span in handled.items()
+    } == {"refused": "nack", "raised": "nack", "rejected": "bury"}
+    assert [event.name for event in handled["raised"].events] == ["exception"]
+
+
+def _reject(message: Message) -> None:
+    raise Reject("no such order")
+
+
+def test_a_failed_send_marks_its_span(settings: Any, spans: InMemorySpanExporter) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": f"redis://127.0.0.1:{free_port()}/0"}}
+
+    with pytest.raises(QueueUnavailable):
+        get_queue("default").send("lost")
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    assert sent.status.status_code is StatusCode.ERROR
+    assert (sent.attributes or {}).get("error.type") == "QueueUnavailable"
+
+
+def test_an_unsampled_send_stores_the_message_as_before(
+    redis_queue: Queue, spans: InMemorySpanExporter
+) -> None:
+    unsampled = NonRecordingSpan(
+        SpanContext(trace_id=1, span_id=1, is_remote=False, trace_flags=TraceFlags(0))
+    )
+    with trace.use_span(unsampled):
+        message_id = redis_queue.send({"a": 1}, delay=60)
+
+    assert spans.get_finished_spans() == ()
+    assert _stored(redis_queue, message_id) == b'~{"a":1}'
+
+
+def test_a_traced_message_is_stored_with_its_traceparent_first(
+    redis_queue: Queue, spans: InMemorySpanExporter
+) -> None:
+    message_id = redis_queue.send({"a": 1}, delay=60)
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    assert _stored(redis_queue, message_id) == f'~^{_traceparent(sent)}^{{"a":1}}'.encode()
+
+
+def test_without_the_api_nothing_is_traced_and_traced_messages_still_decode() -> None:
+    """A worker without the otel extra still handles what a traced producer sent."""
+    script = """
+import sys
+sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+import django
+from django.conf import settings
+settings.configure()
+from delayqueue_django import tracing
+from delayqueue_django.engine.records import split_trace
+import delayqueue_django.queue, delayqueue_django.worker.handling
+assert not tracing.ENABLED
+assert not [name for name in sys.modules if name.startswith("opentelemetry") and sys.modules[name]]
+print(split_trace("^00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01^[1]"))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == (
+        "('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', '[1]')"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_sent_through_the_outbox_keeps_its_trace(
+    settings: Any, spans: InMemorySpanExporter
+) -> None:
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    queue = get_queue("default")
+    with transaction.atomic():
+        queue.send({"order": 1}, outbox=True)
+    assert OutboxRelay([queue], databases=["default"]).drain() == 1
+
+    sent = _one(spans, SpanKind.PRODUCER)
+    message = _fetch_one(queue)
+    assert message.payload == {"order": 1}
+    assert message.traceparent == _traceparent(sent)
