@@ -22,6 +22,7 @@ from django.db import DEFAULT_DB_ALIAS
 from delayqueue_django import client_options
 from delayqueue_django.client_options import CLUSTER_URL_SCHEMES
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.shards import MAX_SHARDS
 from delayqueue_django.exceptions import InvalidSchedule, QueueConfigurationError
 from delayqueue_django.schedules.definition import SETTINGS, Schedule, Subject, build
 
@@ -51,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     # True or a database alias: handlers' database effects happen once per message.
     "EXACTLY_ONCE": False,
     "EXACTLY_ONCE_RETENTION": timedelta(days=7),
+    # One queue over this many shards, each under its own hash tag (see engine.shards).
+    "SHARDS": 1,
 }
 
 # The databases whose outbox tables relays read, and where send(outbox=True) may write.
@@ -102,6 +105,8 @@ class QueueConfig:
     # The database alias processed message ids are recorded in, or None: at least once.
     exactly_once: str | None = None
     exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
+    # The layout new messages are spread over (1: the queue's one set of keys).
+    shards: int = 1
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -327,6 +332,16 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
             )
         )
     _check_outbox_options(where, options, problems)
+    if not _is_int_in(options["SHARDS"], 1, MAX_SHARDS):
+        problems.append(
+            Problem(
+                "delayqueue_django.E018",
+                f"{where}['SHARDS'] must be an int from 1 to {MAX_SHARDS}, "
+                f"not {options['SHARDS']!r}.",
+                hint="1 keeps the queue in one hash tag (one Redis Cluster slot); N spreads "
+                "it over N, for a queue that outgrows one Redis server.",
+            )
+        )
     if _nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) is None:
         problems.append(
             Problem(
@@ -532,6 +547,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),
         exactly_once_retention_ms=_seconds_to_ms(options["EXACTLY_ONCE_RETENTION"]) or 1,
+        shards=options["SHARDS"],
         raw=dict(raw),
     )
 

@@ -405,9 +405,10 @@ class Queue:
 
     def async_store(self) -> AsyncRedisStore | None:
         """The redis.asyncio store for the running event loop, or None for a django-redis
-        alias or a memory queue (no asyncio client there)."""
+        alias or a memory queue (no asyncio client there), or a sharded queue."""
         client = connections.async_client_for(self.config)
-        if client is None:
+        if client is None or self.config.shards > 1:
+            # (A sharded queue's sends go shard by shard: through its sync store.)
             return None
         store = self._async_stores.get(client)
         if store is None:
@@ -446,7 +447,8 @@ class Queue:
         max_bytes, name = self.config.max_payload_bytes, self.name
         shared: tuple[int | None, int, int] | None = None  # the call's own timing, checked once
         prepared = []
-        for message_id, item in zip(new_message_ids(len(items)), items, strict=True):
+        ids = self.store.place(new_message_ids(len(items)))
+        for message_id, item in zip(ids, items, strict=True):
             if isinstance(item, Outgoing):
                 at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)
                 payload = item.payload

@@ -1,10 +1,12 @@
 """Building a queue's store from its settings: Redis (a django-redis alias or a URL), or the
-in-process memory store for ``memory://`` URLs."""
+in-process memory store for ``memory://`` URLs; spread over shards with ``SHARDS``."""
 
 from delayqueue_django import connections
 from delayqueue_django.conf import QueueConfig
 from delayqueue_django.engine import QueueKeys, RedisStore, Store, StoreLimits
 from delayqueue_django.engine.memory import MemoryStore, get_server
+from delayqueue_django.engine.protocol import ShardStore
+from delayqueue_django.engine.sharded_store import ShardedStore
 
 
 def store_for(config: QueueConfig) -> Store:
@@ -15,5 +17,18 @@ def store_for(config: QueueConfig) -> Store:
         send_batch_size=config.send_batch_size,
     )
     if config.memory_name is not None:
-        return MemoryStore(get_server(config.memory_name), keys, limits)
-    return RedisStore(connections.client_for(config), keys, limits)
+        server = get_server(config.memory_name)
+
+        def make(shard: QueueKeys) -> ShardStore:
+            return MemoryStore(server, shard, limits)
+
+    else:
+        client = connections.client_for(config)
+
+        def make(shard: QueueKeys) -> ShardStore:
+            return RedisStore(client, shard, limits)
+
+    base = make(keys)
+    if config.shards == 1:
+        return base
+    return ShardedStore(base, config.shards, make)

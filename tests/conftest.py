@@ -7,6 +7,12 @@ import redis
 from delayqueue_django import get_queue
 from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.queue import Queue
+from tests.backends import (
+    BACKEND_OPTIONS,
+    REDIS_BACKENDS,
+    SHARDED_BACKENDS,
+    servers_are_valkey,
+)
 from tests.chaos.figures import (  # noqa: F401  (pytest hooks: options and the figures table)
     pytest_addoption,
     pytest_configure,
@@ -21,25 +27,6 @@ from tests.redis_servers import (
     valkey_binaries,
 )
 
-
-def _servers_are_valkey() -> bool:
-    try:
-        return default_binaries().name == "valkey"
-    except RuntimeError:  # no server at all: the first test that needs one says so
-        return False
-
-
-# "valkey": the same tests on a private valkey-server, so the engine is proven on Valkey as
-# well as Redis. Where the suite's servers are Valkey already (no redis-server, or
-# DQ_TEST_SERVER=valkey), "standalone" is that run. "scripts": the standalone server, as a
-# user it refuses Functions (FCALL and FUNCTION), as some managed services do: the queue's
-# Lua then runs as EVALSHA scripts.
-REDIS_BACKENDS = [
-    "standalone",
-    pytest.param("cluster", marks=pytest.mark.cluster),
-    *([] if _servers_are_valkey() else ["valkey"]),
-    "scripts",
-]
 MEMORY_URL = "memory://"
 SCRIPTS_USER = ("scripts-only", "no-functions")
 NO_VALKEY = (
@@ -55,7 +42,7 @@ def pytest_report_header() -> list[str]:
     except RuntimeError:
         servers = NO_SERVER
     lines = [f"private servers: {servers}"]
-    if not _servers_are_valkey():
+    if not servers_are_valkey():
         valkey = valkey_binaries()
         lines.append(f"[valkey] runs: {valkey.describe() if valkey else 'none: ' + NO_VALKEY}")
     return lines
@@ -111,9 +98,9 @@ def _empty_memory() -> None:
 
 
 def _url_of(backend: str, request: pytest.FixtureRequest, settings: Any) -> str:
-    if backend == "memory":
+    if backend in ("memory", "sharded-memory"):
         url = MEMORY_URL
-    elif backend == "cluster":
+    elif backend in ("cluster", "sharded-cluster"):
         cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
         cluster.flush()
         url = cluster.url
@@ -128,7 +115,7 @@ def _url_of(backend: str, request: pytest.FixtureRequest, settings: Any) -> str:
         url = server.url
         if backend == "scripts":
             url = scripts_only_url(server)
-    settings.DELAYQUEUES = queue_settings(url)
+    settings.DELAYQUEUES = queue_settings(url, **BACKEND_OPTIONS.get(backend, {}))
     return url
 
 
@@ -146,12 +133,20 @@ def scripts_only_url(server: RedisServer) -> str:
     return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
 
 
-@pytest.fixture(params=[*REDIS_BACKENDS, "memory"])
+@pytest.fixture(params=[*REDIS_BACKENDS, "memory", *SHARDED_BACKENDS])
 def backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
     """Runs a test on a single Redis (calling the queue's Functions library, and as scripts),
-    on a 3-master Redis Cluster, on a single Valkey and on the in-memory store: the engine's
-    contract, expressed through the store and Queue API, holds on all of them."""
+    on a 3-master Redis Cluster, on a single Valkey, on the in-memory store, and on a queue
+    sharded over the Cluster and in memory: the engine's contract, expressed through the
+    store and Queue API, holds on all of them."""
     return _url_of(request.param, request, settings)
+
+
+def _backend_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The default queue's options that come with the test's backend (its SHARDS)."""
+    callspec = getattr(request.node, "callspec", None)
+    backend = callspec.params.get("backend_url") if callspec is not None else None
+    return BACKEND_OPTIONS.get(str(backend), {})
 
 
 @pytest.fixture(params=REDIS_BACKENDS)
@@ -161,18 +156,22 @@ def redis_backend_url(request: pytest.FixtureRequest, settings: Any) -> str:
     return _url_of(request.param, request, settings)
 
 
-def _configurer(url: str, settings: Any) -> Callable[..., Queue]:
+def _configurer(
+    url: str, settings: Any, backend_options: dict[str, Any] | None = None
+) -> Callable[..., Queue]:
     def configure(**options: Any) -> Queue:
-        settings.DELAYQUEUES = queue_settings(url, **options)
+        settings.DELAYQUEUES = queue_settings(url, **{**(backend_options or {}), **options})
         return get_queue("default")
 
     return configure
 
 
 @pytest.fixture
-def configure(backend_url: str, settings: Any) -> Callable[..., Queue]:
+def configure(
+    backend_url: str, settings: Any, request: pytest.FixtureRequest
+) -> Callable[..., Queue]:
     """``configure(**options)``: set the default queue's options, return the queue."""
-    return _configurer(backend_url, settings)
+    return _configurer(backend_url, settings, _backend_options(request))
 
 
 @pytest.fixture

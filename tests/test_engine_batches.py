@@ -9,6 +9,7 @@ from delayqueue_django import Outgoing
 from delayqueue_django.conf import MAX_BATCH_SIZE
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.queue import Queue
+from tests.backends import one_shard
 from tests.helpers import wait_for
 
 BATCH = 10
@@ -39,6 +40,7 @@ def test_every_message_is_delivered_once_across_batch_edges(
     assert set(seen.values()) <= {1}
 
 
+@one_shard
 @pytest.mark.parametrize("size", [BATCH - 1, BATCH, BATCH + 1])
 def test_one_fetch_stages_at_most_the_stage_limit(
     configure: Callable[..., Queue], size: int
@@ -53,6 +55,7 @@ def test_one_fetch_stages_at_most_the_stage_limit(
     assert queue.stats()["ready"] == min(size, BATCH)
 
 
+@one_shard
 def test_one_fetch_requeues_at_most_the_stage_limit_of_expired_deliveries(
     configure: Callable[..., Queue],
 ) -> None:
@@ -69,6 +72,7 @@ def test_one_fetch_requeues_at_most_the_stage_limit_of_expired_deliveries(
     assert queue.stats()["unack"] == 1
 
 
+@one_shard
 def test_fetch_hands_out_retries_before_first_deliveries(queue: Queue) -> None:
     first = queue.send("first")
     [message] = queue.fetch(1).messages

@@ -5,6 +5,7 @@ from typing import Any
 
 from delayqueue_django.engine import WakeupSubscription
 from delayqueue_django.queue import Queue
+from tests.backends import one_shard
 
 
 class Listener:
@@ -22,6 +23,7 @@ class Listener:
         self.subscription.close()
 
 
+@one_shard
 def test_a_message_due_earlier_than_all_others_wakes_idle_workers(queue: Queue) -> None:
     listener = Listener(queue)
     try:
@@ -36,6 +38,7 @@ def test_a_message_due_earlier_than_all_others_wakes_idle_workers(queue: Queue) 
         listener.close()
 
 
+@one_shard
 def test_a_full_batch_with_more_waiting_passes_the_baton(queue: Queue) -> None:
     queue.send_many(range(5))
     listener = Listener(queue)

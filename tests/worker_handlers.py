@@ -30,11 +30,19 @@ UNBLOCK = threading.Event()
 
 def record(queue: str, event: str, **fields: Any) -> None:
     entry = json.dumps({"event": event, "pid": os.getpid(), **fields})
-    store = get_queue(queue).store
-    if isinstance(store, RedisStore):
-        store.client.rpush(LOG_KEY, entry)
+    client = _redis_client(queue)
+    if client is not None:
+        client.rpush(LOG_KEY, entry)
     else:
         MEMORY_LOG.append(entry)
+
+
+def _redis_client(queue: str) -> Any:
+    """The queue's Redis client (a sharded queue's too), or None for a memory queue."""
+    store = get_queue(queue).store
+    if isinstance(store, RedisStore):
+        return store.client
+    return getattr(store, "client", None)
 
 
 def handle(message: Message) -> Any:
@@ -91,9 +99,9 @@ def on_exhausted(*, queue: str, message: Any, **kwargs: Any) -> None:
 
 
 def read_log(queue: str = "default") -> list[dict[str, Any]]:
-    store = get_queue(queue).store
-    if isinstance(store, RedisStore):
-        entries: list[Any] = store.client.lrange(LOG_KEY, 0, -1)
+    client = _redis_client(queue)
+    if client is not None:
+        entries: list[Any] = client.lrange(LOG_KEY, 0, -1)
     else:
         entries = list(MEMORY_LOG)
     return [json.loads(entry) for entry in entries]

@@ -13,5 +13,6 @@ DELAYQUEUES = {
         "RETRY_COUNT": int(os.environ.get("DQ_TEST_RETRY_COUNT", "3")),
         "NACK_REDELIVERY_DELAY": 0,
         "SCHEDULES": json.loads(os.environ.get("DQ_TEST_SCHEDULES", "{}")),
+        "SHARDS": int(os.environ.get("DQ_TEST_SHARDS", "1")),
     }
 }

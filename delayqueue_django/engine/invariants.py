@@ -27,8 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.protocol import Store
+from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import STATES, meta_numbers
+from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.shards import shard_name, shard_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +233,49 @@ def _orphans(
 
 
 def check_queue(store: Store) -> InvariantReport:
-    """Snapshot the queue atomically (one round trip), read which payloads are not text, and
-    check it."""
+    """Snapshot the queue atomically (one round trip; a sharded queue, shard by shard, each
+    atomically), read which payloads are not text, and check it."""
+    shards = parts(store)
+    if len(shards) == 1:
+        return check(_snapshot(shards["0"]), store.keys)
+    reports = []
+    for name, shard in shards.items():
+        snapshot = _snapshot(shard)
+        report = check(snapshot, shard.keys)
+        reports.append(replace(report, problems=report.problems + _misplaced(snapshot, name)))
+    return _combined(reports)
+
+
+def _snapshot(store: ShardStore) -> Snapshot:
     snapshot = parse_snapshot(store.snapshot(), store.keys)
     if snapshot.payload_ids is not None:  # (a payload key of the wrong type is reported)
         unreadable = [_text(message_id) for message_id in store.unreadable_payloads()]
         snapshot = replace(snapshot, unreadable_payloads=unreadable)
-    return check(snapshot, store.keys)
+    return snapshot
+
+
+def _misplaced(snapshot: Snapshot, name: str) -> list[Problem]:
+    """A message in a shard other than the one its id names: no one would find it there."""
+    problems = []
+    for ids in snapshot.states.values():
+        for message_id in sorted(set(ids or ())):
+            named = shard_name(*shard_of(message_id))
+            if named != name:
+                problems.append(
+                    Problem("wrong-shard", message_id, f"in shard {name}; its id names {named}")
+                )
+    return problems
+
+
+def _combined(reports: Sequence[InvariantReport]) -> InvariantReport:
+    counts: Counter[str] = Counter()
+    for report in reports:
+        counts.update(report.counts)
+    return InvariantReport(
+        queue=reports[0].queue,
+        counts={state: counts[state] for state in STATES},
+        messages=sum(report.messages for report in reports),
+        damaged=sum(report.damaged for report in reports),
+        quarantined=[name for report in reports for name in report.quarantined],
+        problems=[problem for report in reports for problem in report.problems],
+    )

@@ -1,7 +1,10 @@
-"""Names of the Redis keys of one queue.
+"""Names of the Redis keys of one queue, or of one shard of a sharded queue.
 
 Every key of a queue carries the same hash tag, ``{prefix:queue}``, so Redis Cluster keeps
-them in one slot and each Lua script touches a single slot.
+them in one slot and each Lua script touches a single slot. A queue spread over shards
+(the SHARDS option, see engine.shards) keeps that tag for its first shard and gives each
+other shard a tag of its own, ``{prefix:queue~<layout>.<index>.<spread>}``: each shard is
+a whole queue to the scripts, in a slot of its own.
 """
 
 from dataclasses import dataclass
@@ -11,10 +14,15 @@ from dataclasses import dataclass
 class QueueKeys:
     prefix: str
     queue: str
+    # Empty for a queue's first shard (every unsharded queue); else the rest of its tag,
+    # "<layout>.<index>.<spread>" (see engine.shards.shard_keys).
+    shard: str = ""
 
     @property
     def tag(self) -> str:
-        return "{" + f"{self.prefix}:{self.queue}" + "}"
+        if not self.shard:
+            return "{" + f"{self.prefix}:{self.queue}" + "}"
+        return "{" + f"{self.prefix}:{self.queue}~{self.shard}" + "}"
 
     def key(self, part: str) -> str:
         return f"{self.tag}:{part}"

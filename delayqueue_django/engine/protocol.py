@@ -33,8 +33,19 @@ class WakeupSubscription(Protocol):
     def close(self) -> None: ...
 
 
+class ChannelSubscription(WakeupSubscription, Protocol):
+    """A listener on several wake-up channels (a sharded queue's, one per shard)."""
+
+    def wait_on(self, timeout: float) -> tuple[str, int] | None:
+        """``wait``, telling on which channel the wake-up came: ``(channel, due_ms)``."""
+
+
 class Store(Protocol):
-    """One queue's state. Every method is one atomic step."""
+    """One queue's state. Every method is one atomic step (on a sharded queue, one atomic
+    step per shard it touches: see engine.sharded_store)."""
+
+    def place(self, message_ids: list[str]) -> list[str]:
+        """New ids as this store files them: a sharded store appends each one's shard."""
 
     @property
     def keys(self) -> QueueKeys: ...
@@ -126,15 +137,6 @@ class Store(Protocol):
 
     def stats(self) -> dict[str, int]: ...
 
-    def snapshot(self) -> list[Any]:
-        """Every id the queue holds, read atomically, for the invariant checker."""
-        ...
-
-    def unreadable_payloads(self) -> list[Any]:
-        """The ids, as read, of the payloads that are not UTF-8 text (only a foreign write
-        stores such), for the invariant checker."""
-        ...
-
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
 
@@ -211,3 +213,21 @@ class Store(Protocol):
 
     def heartbeats(self) -> dict[str, str]:
         """The details of every worker whose heartbeat has not expired, by id."""
+
+
+class ShardStore(Store, Protocol):
+    """A store that holds one set of keys (a queue, or one shard of a sharded queue): what
+    the invariant checker reads, and what a sharded store is made of."""
+
+    def snapshot(self) -> list[Any]:
+        """Every id the queue holds, read atomically, for the invariant checker."""
+        ...
+
+    def unreadable_payloads(self) -> list[Any]:
+        """The ids, as read, of the payloads that are not UTF-8 text (only a foreign write
+        stores such), for the invariant checker."""
+        ...
+
+    def subscribe_channels(self, channels: Sequence[str]) -> ChannelSubscription:
+        """Listen on several wake-up channels of this store's server, in one subscription."""
+        ...

@@ -10,6 +10,7 @@ reply does not come within PROBE_REPLY_SECONDS.
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -28,15 +29,17 @@ PROBE_REPLY_SECONDS = 3.0
 
 
 class RedisWakeups:
-    """A subscription to one wake-up channel, confirmed by Redis before it is returned, so
-    a publication right after subscribing is never missed."""
+    """A subscription to wake-up channels (one per shard of a queue), confirmed by Redis
+    before it is returned, so a publication right after subscribing is never missed. On
+    Redis Cluster the channels are classic pub/sub, which every node forwards, so one
+    connection hears the shards of every master."""
 
-    def __init__(self, client: Any, channel: str) -> None:
+    def __init__(self, client: Any, channels: Sequence[str]) -> None:
         self._client = client
-        self._channel = channel
+        self._channels = list(channels)
         self._pubsub = client.pubsub()
         try:
-            self._pubsub.subscribe(channel)
+            self._pubsub.subscribe(*self._channels)
             self._confirm()
         except BaseException:
             self._pubsub.close()
@@ -46,23 +49,31 @@ class RedisWakeups:
 
     def _confirm(self) -> None:
         deadline = time.monotonic() + CONFIRM_SECONDS
+        unconfirmed = len(self._channels)
         while (remaining := deadline - time.monotonic()) > 0:
             message = self._pubsub.get_message(timeout=remaining)
             if message is not None and message["type"] == "subscribe":
-                return
+                unconfirmed -= 1
+                if not unconfirmed:
+                    return
         raise RedisConnectionError("Redis did not confirm the wake-up subscription")
 
     def wait(self, timeout: float) -> int | None:
         """The due time of the next wake-up within ``timeout`` seconds, or None. Raises
         ConnectionError when the connection is found dead (after closing the client's idle
         connections, which went the same way)."""
+        heard = self.wait_on(timeout)
+        return None if heard is None else heard[1]
+
+    def wait_on(self, timeout: float) -> tuple[str, int] | None:
+        """``wait``, telling on which channel the wake-up came: ``(channel, due_ms)``."""
         try:
             return self._wait(timeout)
         except (RedisConnectionError, RedisTimeoutError):
             drop_idle_connections(self._client)
             raise
 
-    def _wait(self, timeout: float) -> int | None:
+    def _wait(self, timeout: float) -> tuple[str, int] | None:
         deadline = time.monotonic() + timeout
         while (now := time.monotonic()) < deadline:
             until = min(deadline, self._probe(now))
@@ -73,9 +84,11 @@ class RedisWakeups:
             self._heard_at = time.monotonic()
             self._probe_sent_at = None
             if message["type"] == "message":
-                due = self._due_time(message["data"])
+                channel = message["channel"]
+                channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+                due = self._due_time(channel, message["data"])
                 if due is not None:
-                    return due
+                    return channel, due
         return None
 
     def _probe(self, now: float) -> float:
@@ -94,7 +107,7 @@ class RedisWakeups:
             )
         return reply_by
 
-    def _due_time(self, data: Any) -> int | None:
+    def _due_time(self, channel: str, data: Any) -> int | None:
         """The due time a script published, or None (logged) for anything else that was
         published on the channel: it must not stop the subscription."""
         try:
@@ -102,7 +115,7 @@ class RedisWakeups:
         except (TypeError, ValueError):
             logger.warning(
                 "ignored a message on wake-up channel %s that is not a due time: %.100r",
-                self._channel,
+                channel,
                 data,
             )
             return None

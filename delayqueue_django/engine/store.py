@@ -240,6 +240,10 @@ class RedisStore:
         log_warnings(self.keys.queue, reply[-1])
         return reply
 
+    def place(self, message_ids: list[str]) -> list[str]:
+        """New ids as this store files them: as they are (one queue, one set of keys)."""
+        return message_ids
+
     # Producers
 
     def send(self, messages: Sequence[NewMessage]) -> list[int]:
@@ -413,7 +417,12 @@ class RedisStore:
 
     def subscribe_wakeups(self) -> RedisWakeups:
         """Listen on the wake-up channel the scripts publish to."""
-        return RedisWakeups(self.client, self._channel)
+        return RedisWakeups(self.client, [self._channel])
+
+    def subscribe_channels(self, channels: Sequence[str]) -> RedisWakeups:
+        """Listen on several queues' wake-up channels (a sharded queue's), on this store's
+        server: one subscription, one connection."""
+        return RedisWakeups(self.client, channels)
 
     # Operators
 

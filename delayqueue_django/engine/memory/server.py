@@ -9,6 +9,7 @@ live as long as the process, like a Redis server outlives the settings that poin
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,26 +83,33 @@ class SentRecord:
 
 
 class MemoryWakeups:
-    """A subscription to one queue's wake-ups: every publication is queued for each
-    subscriber, as Redis pub/sub delivers it to each."""
+    """A subscription to wake-up channels (one per shard of a queue): every publication is
+    queued for each subscriber, as Redis pub/sub delivers it to each."""
 
-    def __init__(self, server: "MemoryServer", channel: str) -> None:
+    def __init__(self, server: "MemoryServer", channels: Sequence[str]) -> None:
         self._server = server
-        self._channel = channel
-        self._announced: deque[int] = deque()
-        server.subscribe(channel, self)
+        self._channels = list(channels)
+        self._announced: deque[tuple[str, int]] = deque()
+        for channel in self._channels:
+            server.subscribe(channel, self)
 
-    def deliver(self, due_ms: int) -> None:
-        self._announced.append(due_ms)
+    def deliver(self, channel: str, due_ms: int) -> None:
+        self._announced.append((channel, due_ms))
 
     def wait(self, timeout: float) -> int | None:
+        heard = self.wait_on(timeout)
+        return None if heard is None else heard[1]
+
+    def wait_on(self, timeout: float) -> tuple[str, int] | None:
+        """``wait``, telling on which channel the wake-up came: ``(channel, due_ms)``."""
         with self._server.lock:
             if self._server.lock.wait_for(lambda: self._announced, timeout=timeout):
                 return self._announced.popleft()
             return None
 
     def close(self) -> None:
-        self._server.unsubscribe(self._channel, self)
+        for channel in self._channels:
+            self._server.unsubscribe(channel, self)
 
 
 class MemoryServer:
@@ -146,7 +154,7 @@ class MemoryServer:
     def publish(self, channel: str, due_ms: int) -> None:
         with self.lock:
             for subscriber in self._subscribers.get(channel, []):
-                subscriber.deliver(due_ms)
+                subscriber.deliver(channel, due_ms)
             self.lock.notify_all()
 
     def _wake_everyone(self, now_ms: int) -> None:

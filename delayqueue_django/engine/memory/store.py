@@ -77,6 +77,10 @@ class MemoryStore:
     def _wake(self, due_ms: int) -> None:
         self.server.publish(self._channel, due_ms)
 
+    def place(self, message_ids: list[str]) -> list[str]:
+        """New ids as this store files them: as they are (one queue, one set of keys)."""
+        return message_ids
+
     # Producers
 
     def send(self, messages: Sequence[NewMessage]) -> list[int]:
@@ -438,7 +442,11 @@ class MemoryStore:
             return confirmed
 
     def subscribe_wakeups(self) -> MemoryWakeups:
-        return MemoryWakeups(self.server, self._channel)
+        return MemoryWakeups(self.server, [self._channel])
+
+    def subscribe_channels(self, channels: Sequence[str]) -> MemoryWakeups:
+        """Listen on several queues' wake-up channels (a sharded queue's) of this server."""
+        return MemoryWakeups(self.server, channels)
 
     # Operators
 

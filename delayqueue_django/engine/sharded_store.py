@@ -1,0 +1,676 @@
+"""``ShardedStore``: one queue over many shards, each a whole queue to the scripts.
+
+It implements the ``Store`` protocol over one store per shard (Redis or memory), so
+``Queue``, the worker and the admin work on a sharded queue as on any other. What names a
+message (send, cancel, ack, peek, requeue...) goes to the shard its id names, in one call
+per shard it touches: atomic per shard, not across shards. Readers add the shards up.
+
+Fetching keeps a plan: when each shard next has work, learned from that shard's fetches
+and, while a wake-up subscription of this store listens (a worker's), its wake-ups. A
+fetch takes from the shards that are due by the plan, in turn from where the last one
+stopped (each process starts at a random shard), until it has ``count``; with none due,
+or with no one listening (the plan would miss what other processes send), it looks at
+every shard in turn. A shard whose Redis cannot be reached is left out and tried again
+every SHARD_RETRY_SECONDS while the others keep flowing; a fetch raises only when every
+shard it tried failed.
+
+Clocks: each shard's scripts judge what is due by its own server's clock, so nothing is
+ever handed out early. The plan takes the shards' clocks for one (on one server they are;
+a Redis Cluster's masters agree to within what NTP keeps them): a master whose clock runs
+ahead of the others by some milliseconds has its shards' messages fetched up to that much
+late, one behind by as much early, which its script answers with the due time again.
+"""
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
+
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.protocol import ChannelSubscription, ShardStore, Store
+from delayqueue_django.engine.records import (
+    BURY,
+    ExhaustedClaim,
+    FetchResult,
+    NackOutcome,
+    NewMessage,
+    ScheduleListing,
+    ScheduleReply,
+    StoredMessage,
+    StoreLimits,
+    Tick,
+)
+from delayqueue_django.engine.shards import (
+    layout_names,
+    parse_name,
+    shard_keys,
+    shard_name,
+    shard_of,
+    shard_suffix,
+)
+
+logger = logging.getLogger("delayqueue_django.engine")
+
+# A shard whose Redis failed a fetch is tried again after this long.
+SHARD_RETRY_SECONDS = 1.0
+# A shard the plan has due within this long of a fetch is fetched from: the consumer times
+# its sleep by the same clock readings, to well under this.
+DUE_SLACK_SECONDS = 0.001
+# Counts that add up across shards; the other stats are times (see _combined_stats).
+_TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Plan:
+    """What this process knows of one shard."""
+
+    # When the shard next has work, on its own clock (ms): -inf to look at once (unknown,
+    # or work waiting), inf when it holds nothing that will come due (empty).
+    due_ms: float = -math.inf
+    # The earliest wake-up heard since the shard's last fetch began: a fetch's reply may
+    # predate it, and must not erase it.
+    heard_ms: float = math.inf
+    # Its last fetch (False before any)
+    fetched: bool = False
+    # Its last fetch said an exhaustion is owed.
+    owed: bool = False
+    # While its fetches fail: since when, and not to be tried again before (monotonic s).
+    failing_since: float | None = None
+    retry_at: float = -math.inf
+
+
+class ShardedStore:
+    """A queue spread over the shards of ``layout`` (see engine.shards)."""
+
+    def __init__(
+        self,
+        base: ShardStore,
+        layout: int,
+        make: Callable[[QueueKeys], ShardStore],
+    ) -> None:
+        self.layout = layout
+        self._make = make
+        self.shards: dict[str, ShardStore] = {"0": base}
+        for index in range(1, layout):
+            self.shards[shard_name(layout, index)] = make(shard_keys(base.keys, layout, index))
+        self._order = list(self.shards)
+        # Shards of other layouts, built when an id names one (a message of another layout).
+        self._others: dict[str, ShardStore] = {}
+        self._lock = threading.Lock()
+        self._plans = {name: _Plan() for name in self._order}
+        # Where the next fetch starts; processes start at different shards.
+        self._cursor = random.randrange(layout)
+        # The queue's clock minus this process's monotonic clock (ms), from the last fetch.
+        self._reference_ms: float | None = None
+        # (fetcher, shard) -> the request a failed fetch of that shard must repeat.
+        self._repeats: dict[tuple[str, str], str] = {}
+        # fetcher -> (request, the shards that request's fetch asked): a repeat asks them.
+        self._last_fetch: dict[str, tuple[str, list[str]]] = {}
+        # How many wake-up subscriptions of this store listen: the plan is trusted only then.
+        self._listening = 0
+
+    @property
+    def base(self) -> ShardStore:
+        return self.shards["0"]
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.base.keys
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self.base.limits
+
+    @property
+    def client(self) -> Any:
+        """The Redis client (every shard's), or None in memory."""
+        return getattr(self.base, "client", None)
+
+    # Where messages go
+
+    def place(self, message_ids: list[str]) -> list[str]:
+        """Each new id with a shard of this layout, chosen at random: even spread, and no
+        coordination between senders."""
+        layout = self.layout
+        return [
+            message_id + shard_suffix(layout, random.randrange(layout))
+            for message_id in message_ids
+        ]
+
+    def shard_for(self, message_id: str) -> ShardStore:
+        """The store of the shard an id names (of any layout)."""
+        return self._store(shard_name(*shard_of(message_id)))
+
+    def _store(self, name: str) -> ShardStore:
+        store = self.shards.get(name) or self._others.get(name)
+        if store is None:
+            layout, index = parse_name(name)
+            with self._lock:
+                store = self._others.get(name)
+                if store is None:
+                    store = self._make(shard_keys(self.keys, layout, index))
+                    self._others[name] = store
+        return store
+
+    @staticmethod
+    def _group(ids: Iterable[str]) -> dict[str, list[int]]:
+        """Positions of the ids by the shard each names, in order of first appearance."""
+        groups: dict[str, list[int]] = {}
+        for position, message_id in enumerate(ids):
+            groups.setdefault(shard_name(*shard_of(message_id)), []).append(position)
+        return groups
+
+    def _per_shard(
+        self,
+        items: Sequence[T],
+        id_of: Callable[[T], str],
+        call: Callable[[ShardStore, list[T]], Sequence[Any]],
+    ) -> list[Any]:
+        """``call`` once per shard with its items; the replies back in the items' order
+        (each reply has one entry per item)."""
+        groups = self._group(id_of(item) for item in items)
+        if len(groups) == 1:
+            ((name, _),) = groups.items()
+            return list(call(self._store(name), list(items)))
+        replies: list[Any] = [None] * len(items)
+        for name, positions in groups.items():
+            for position, reply in zip(
+                positions, call(self._store(name), [items[i] for i in positions]), strict=True
+            ):
+                replies[position] = reply
+        return replies
+
+    # Producers
+
+    def send(self, messages: Sequence[NewMessage]) -> list[int]:
+        return self._per_shard(messages, _message_id, lambda store, part: store.send(part))
+
+    def relay(
+        self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
+    ) -> list[int | None]:
+        groups = self._group(message.id for message in messages)
+        forgotten = self._group(forget)
+        replies: list[int | None] = [None] * len(messages)
+        names = [*groups, *(name for name in forgotten if name not in groups)]
+        # A call with nothing to write or forget is for what every call does on the way
+        # (dropping notes older than keep_ms): every shard's.
+        for name in names or self._order:
+            positions = groups.get(name, [])
+            dues = self._store(name).relay(
+                [messages[i] for i in positions],
+                forget=[forget[i] for i in forgotten.get(name, [])],
+                keep_ms=keep_ms,
+            )
+            for position, due in zip(positions, dues, strict=True):
+                replies[position] = due
+        return replies
+
+    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+        return self.shard_for(message_id).remove(
+            message_id, include_in_flight_and_dead=include_in_flight_and_dead
+        )
+
+    # Consumers
+
+    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+        visits, repeating = self._visits(time.monotonic(), fetcher, request)
+        taken: list[tuple[str, FetchResult]] = []
+        asked: list[str] = []
+        failures: list[Exception] = []
+        remaining = count
+        for name in visits:
+            if remaining <= 0 < count and not repeating:
+                break
+            asked.append(name)
+            # (A fetch of none still has each shard it asks retry what expired.)
+            result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
+            if result is not None:
+                taken.append((name, result))
+                remaining -= len(result.deliveries)
+        if request:
+            self._last_fetch[fetcher] = (request, asked)
+        if not taken:
+            raise failures[0]
+        self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
+        return self._merged(taken, more=len(asked) < len(visits))
+
+    def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
+        """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
+        of them when none is or no one listens; and whether it repeats a lost fetch, which
+        asks exactly the shards that one asked (they hand out again what they took)."""
+        repeated, names = self._last_fetch.get(fetcher, ("", []))
+        if request and request == repeated:
+            return names, True
+        order = self._order[self._cursor :] + self._order[: self._cursor]
+        with self._lock:
+            if not self._listening:
+                return order, False
+            due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
+        return due or order, False
+
+    def _fetch_shard(
+        self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
+    ) -> FetchResult | None:
+        """One shard's fetch, the plan updated from it; None (and the error kept) if its
+        Redis failed, which repeats the same request next time."""
+        repeat_key = (fetcher, name)
+        sent = self._repeats.get(repeat_key, request) if request else ""
+        plan = self._plans[name]
+        with self._lock:
+            plan.heard_ms = math.inf
+        try:
+            result = self.shards[name].fetch(count, fetcher=fetcher, request=sent)
+        except (RedisError, OSError) as error:
+            if sent:
+                self._repeats[repeat_key] = sent
+            self._failed(name, plan, error)
+            failures.append(error)
+            return None
+        self._repeats.pop(repeat_key, None)
+        self._learn(name, plan, result)
+        return result
+
+    def _failed(self, name: str, plan: _Plan, error: Exception) -> None:
+        now = time.monotonic()
+        with self._lock:
+            plan.retry_at = now + SHARD_RETRY_SECONDS
+            first = plan.failing_since is None
+            if first:
+                plan.failing_since = now
+        if first:
+            logger.warning(
+                "queue %s: shard %s cannot be reached (%s); its messages wait, the other "
+                "shards go on; trying it every %g s",
+                self.keys.queue,
+                name,
+                error,
+                SHARD_RETRY_SECONDS,
+            )
+
+    def _learn(self, name: str, plan: _Plan, result: FetchResult) -> None:
+        if result.next_ms is None:
+            due_ms = math.inf
+        elif result.next_ms <= result.now_ms:
+            due_ms = -math.inf
+        else:
+            due_ms = result.next_ms
+        with self._lock:
+            plan.fetched = True
+            plan.due_ms = min(due_ms, plan.heard_ms)
+            plan.owed = result.exhaustions_owed
+            plan.retry_at = -math.inf
+            failing_since, plan.failing_since = plan.failing_since, None
+        if failing_since is not None:
+            logger.warning(
+                "queue %s: shard %s reached again after %.1f s",
+                self.keys.queue,
+                name,
+                time.monotonic() - failing_since,
+            )
+
+    def _local_due(self, name: str) -> float:
+        """When shard ``name`` next has work, on the monotonic clock (s); lock held."""
+        plan = self._plans[name]
+        if plan.due_ms in (-math.inf, math.inf):
+            local = plan.due_ms
+        elif self._reference_ms is None:
+            local = -math.inf
+        else:
+            local = (plan.due_ms - self._reference_ms) / 1000
+        return max(local, plan.retry_at)
+
+    def _merged(self, taken: list[tuple[str, FetchResult]], *, more: bool) -> FetchResult:
+        """One FetchResult: the clock as the first shard taken from read it. ``more``: the
+        fetch stopped, its count reached, before asking every shard it meant to."""
+        reference = taken[0][1]
+        with self._lock:
+            self._reference_ms = _clock_offset(reference)
+            earliest = min(self._order, key=self._local_due)
+            local = self._local_due(earliest)
+            plan = self._plans[earliest]
+            owed = any(plan.owed for plan in self._plans.values())
+        if local == math.inf:
+            next_ms: int | None = None
+        elif local == -math.inf or more:
+            next_ms = reference.now_ms
+        elif plan.retry_at < local:
+            next_ms = max(reference.now_ms, int(plan.due_ms))
+        else:  # a shard that failed, tried again then
+            next_ms = max(reference.now_ms, math.ceil(self._reference_ms + local * 1000))
+        return replace(
+            reference,
+            next_ms=next_ms,
+            expired=sum(result.expired for _, result in taken),
+            deliveries=[delivery for _, result in taken for delivery in result.deliveries],
+            exhaustions_owed=owed,
+        )
+
+    def listening(self, change: int) -> None:
+        """A wake-up subscription of this store began (+1) or ended (-1) listening."""
+        with self._lock:
+            self._listening += change
+
+    def heard(self, name: str, due_ms: int) -> None:
+        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it."""
+        with self._lock:
+            plan = self._plans.get(name)
+            if plan is not None:
+                plan.heard_ms = min(plan.heard_ms, due_ms)
+                plan.due_ms = min(plan.due_ms, due_ms)
+
+    def _look_again(self, names: Iterable[str]) -> None:
+        """Work may have come due on these shards (a retry, a hand-back, a requeue)."""
+        with self._lock:
+            for name in names:
+                plan = self._plans.get(name)
+                if plan is not None:
+                    plan.due_ms = -math.inf
+
+    def ack(
+        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+    ) -> set[str]:
+        acked: set[str] = set()
+        for name, positions in self._group(message_id for message_id, _ in leases).items():
+            part = [leases[i] for i in positions]
+            acked |= self._store(name).ack(part, fetcher=fetcher, request=request)
+        return acked
+
+    def nack(
+        self,
+        refusals: Sequence[tuple[str, int, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+    ) -> list[NackOutcome]:
+        outcomes: list[NackOutcome] = self._per_shard(
+            refusals,
+            _refusal_id,
+            lambda store, part: store.nack(part, fetcher=fetcher, request=request),
+        )
+        self._look_again(
+            shard_name(*shard_of(refusal[0])) for refusal in refusals if refusal[2] != BURY
+        )
+        return outcomes
+
+    def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
+        released: list[str] = []
+        groups = self._group(message_id for message_id, _ in leases)
+        for name, positions in groups.items():
+            released += self._store(name).release([leases[i] for i in positions])
+        self._look_again(groups)
+        return released
+
+    def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:
+        if not leases:
+            return self.base.extend(leases)
+        deadlines, extended = [], []
+        for name, positions in self._group(message_id for message_id, _ in leases).items():
+            deadline, ids = self._store(name).extend([leases[i] for i in positions])
+            deadlines.append(deadline)
+            extended += ids
+        # The earliest: no delivery is told it holds longer than its shard keeps it.
+        return min(deadlines), extended
+
+    def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
+        """From the shards whose last fetch said one is owed, or never fetched (every
+        shard, when none is), in turn, until ``count``."""
+        with self._lock:
+            owed = [
+                name
+                for name in self._order
+                if self._plans[name].owed or not self._plans[name].fetched
+            ]
+        claims: list[ExhaustedClaim] = []
+        for name in owed or self._order:
+            if len(claims) >= count:
+                break
+            asked = count - len(claims)
+            found = self.shards[name].claim_exhausted(asked, claim_ms)
+            claims += found
+            if len(found) < asked:
+                with self._lock:
+                    self._plans[name].owed = False
+        return claims
+
+    def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
+        confirmed = 0
+        for name, positions in self._group(message_id for message_id, _ in claims).items():
+            confirmed += self._store(name).confirm_exhausted([claims[i] for i in positions])
+        return confirmed
+
+    def subscribe_wakeups(self) -> "ShardedWakeups":
+        channels = {store.keys.wakeup_channel: name for name, store in self.shards.items()}
+        return ShardedWakeups(self, self.base.subscribe_channels(list(channels)), channels)
+
+    # Operators
+
+    def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:
+        requeued: list[str] = []
+        groups = self._group(message_ids)
+        for name, positions in groups.items():
+            store = self._store(name)
+            requeued += store.requeue([message_ids[i] for i in positions], default_budget)
+        self._look_again(groups)
+        return requeued
+
+    def promote(self, message_ids: Sequence[str]) -> list[str]:
+        promoted: list[str] = []
+        groups = self._group(message_ids)
+        for name, positions in groups.items():
+            promoted += self._store(name).promote([message_ids[i] for i in positions])
+        self._look_again(groups)
+        return promoted
+
+    def drop_garbage(
+        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+    ) -> tuple[int, int]:
+        """Every shard to its end, each in calls of ``limit`` that pass over what the
+        shard's earlier calls kept. The caller's ``offset`` counts over all shards, which
+        names no place in any one, so one call does the whole work: it reports nothing kept,
+        and a caller that goes on because ``limit`` were dropped finds nothing more."""
+        dropped = 0
+        for store in self.shards.values():
+            kept = 0
+            while True:
+                dropped_now, kept_now = store.drop_garbage(
+                    older_than_ms=older_than_ms,
+                    limit=limit,
+                    keep_unannounced=keep_unannounced,
+                    offset=kept,
+                )
+                dropped += dropped_now
+                kept += kept_now
+                if dropped_now + kept_now < limit:
+                    break
+        return dropped, 0
+
+    def stats(self) -> dict[str, int]:
+        return combined_stats([store.stats() for store in self.shards.values()])
+
+    def shard_stats(self) -> dict[str, dict[str, int]]:
+        """Each shard's stats, by shard name."""
+        return {name: store.stats() for name, store in self.shards.items()}
+
+    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+        by_minute: dict[int, tuple[int, int]] = {}
+        for store in self.shards.values():
+            for minute, acked, failed in store.throughput(minutes):
+                before = by_minute.get(minute, (0, 0))
+                by_minute[minute] = (before[0] + acked, before[1] + failed)
+        # Shards on one server share its clock; on a cluster, masters' clocks may put the
+        # current minute a minute apart: keep the latest ``minutes``.
+        rows = [(minute, acked, failed) for minute, (acked, failed) in sorted(by_minute.items())]
+        return rows[-minutes:]
+
+    def prune_throughput(self, keep_minutes: int) -> int:
+        return sum(store.prune_throughput(keep_minutes) for store in self.shards.values())
+
+    def add_totals(self, increments: Mapping[str, int]) -> None:
+        """Worker-measured counts belong to no shard: kept on shard 0."""
+        self.base.add_totals(increments)
+
+    def totals(self) -> dict[str, int]:
+        summed: dict[str, int] = {}
+        for store in self.shards.values():
+            for name, count in store.totals().items():
+                summed[name] = summed.get(name, 0) + count
+        return summed
+
+    def list(
+        self, state: str, *, offset: int, limit: int, preview_bytes: int
+    ) -> list[StoredMessage]:
+        """A page over every shard: sorted sets merged by score (due time, deadline, burial
+        time), lists one shard after the other. Each shard is read up to the page's end,
+        so a deep page costs every shard that many entries."""
+        pages = [
+            store.list(state, offset=0, limit=offset + limit, preview_bytes=preview_bytes)
+            for store in self.shards.values()
+        ]
+        merged = [message for page in pages for message in page]
+        if state not in ("ready", "retry"):
+            merged.sort(key=lambda message: message.score_ms or 0)
+        return merged[offset : offset + limit]
+
+    def peek(self, message_id: str) -> StoredMessage | None:
+        return self.shard_for(message_id).peek(message_id)
+
+    # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,
+    # written with its schedule's record); a task's result with its message.
+
+    def read_schedules(self) -> ScheduleListing:
+        return self.base.read_schedules()
+
+    def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
+        return self.base.write_tick(name, fingerprint, tick)
+
+    def define_schedule(
+        self,
+        name: str,
+        definition: str,
+        fingerprint: str,
+        *,
+        expect: str,
+        start_ms: int,
+        first: Tick | None,
+    ) -> ScheduleReply:
+        return self.base.define_schedule(
+            name, definition, fingerprint, expect=expect, start_ms=start_ms, first=first
+        )
+
+    def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
+        return self.base.pause_schedule(name, start_ms)
+
+    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
+        return self.base.resume_schedule(name, start_ms, first)
+
+    def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
+        return self.base.remove_schedule(name, fingerprint)
+
+    def write_result(
+        self,
+        result_id: str,
+        fields: Mapping[str, str],
+        *,
+        unless_set: Mapping[str, str],
+        ttl_seconds: int | None,
+    ) -> dict[str, str]:
+        return self.shard_for(result_id).write_result(
+            result_id, fields, unless_set=unless_set, ttl_seconds=ttl_seconds
+        )
+
+    def read_result(self, result_id: str) -> dict[str, str]:
+        return self.shard_for(result_id).read_result(result_id)
+
+    def put_heartbeat(self, worker_id: str, details: str, ttl_ms: int) -> None:
+        self.base.put_heartbeat(worker_id, details, ttl_ms)
+
+    def drop_heartbeat(self, worker_id: str) -> None:
+        self.base.drop_heartbeat(worker_id)
+
+    def heartbeats(self) -> dict[str, str]:
+        return self.base.heartbeats()
+
+
+class ShardedWakeups:
+    """Every shard's wake-ups in one subscription, each told to the plan on its way."""
+
+    def __init__(
+        self, store: ShardedStore, inner: ChannelSubscription, names: Mapping[str, str]
+    ) -> None:
+        self._store = store
+        self._inner = inner
+        self._names = dict(names)
+        self._listening = True
+        store.listening(+1)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            heard = self._inner.wait_on(timeout)
+        except BaseException:
+            # Wake-ups go unheard until the next subscription: the plan is not to be trusted.
+            self._stop_listening()
+            raise
+        if heard is None:
+            return None
+        channel, due_ms = heard
+        name = self._names.get(channel)
+        if name is not None:
+            self._store.heard(name, due_ms)
+        return due_ms
+
+    def close(self) -> None:
+        self._stop_listening()
+        self._inner.close()
+
+    def _stop_listening(self) -> None:
+        if self._listening:
+            self._listening = False
+            self._store.listening(-1)
+
+
+def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    """Stats over shards: counts and totals add up; the latest server time, the earliest
+    next due time (-1: none pending anywhere), the largest lag."""
+    combined: dict[str, int] = {}
+    for stats in per_shard:
+        for name, value in stats.items():
+            if name not in _TIMES:
+                combined[name] = combined.get(name, 0) + value
+    if per_shard:
+        combined["server_time_ms"] = max(stats["server_time_ms"] for stats in per_shard)
+        next_due = [stats["next_due_ms"] for stats in per_shard if stats["next_due_ms"] >= 0]
+        combined["next_due_ms"] = min(next_due) if next_due else -1
+        combined["lag_ms"] = max(stats["lag_ms"] for stats in per_shard)
+    return combined
+
+
+def parts(store: Store) -> dict[str, ShardStore]:
+    """A queue's stores that each hold one set of keys, by shard name: every shard of a
+    sharded queue, else the store itself as shard "0"."""
+    if isinstance(store, ShardedStore):
+        return dict(store.shards)
+    return {"0": store}  # type: ignore[dict-item]  # every unsharded store is a ShardStore
+
+
+def _clock_offset(result: FetchResult) -> float:
+    """The store's clock minus this process's monotonic clock (ms), as a fetch read them."""
+    return result.now_ms + result.now_us / 1000 - result.read_at * 1000
+
+
+def _message_id(message: NewMessage) -> str:
+    return message.id
+
+
+def _refusal_id(refusal: tuple[str, int, int]) -> str:
+    return refusal[0]
+
+
+__all__ = ["ShardedStore", "ShardedWakeups", "combined_stats", "layout_names", "parts"]

@@ -1,0 +1,96 @@
+"""Where each message of a sharded queue lives: its id names its shard.
+
+A queue with ``SHARDS: N`` spreads its messages over N shards, each a whole queue to the
+scripts under a hash tag of its own (engine.keys), so that on Redis Cluster they spread
+over the masters. Shard 0 is the queue's own tag: an unsharded queue is shard 0 of
+layout 1, and every layout shares it. Shard k (1 <= k < N) of layout N has the tag
+``{prefix:queue~N.k.c}``, where ``c`` is the first counter that puts the tag's slot a
+k/N-th of the way round the slot ring from shard 0's, so N shards fall evenly over
+masters that own even ranges of slots. Ids carry their shard: ``<id>~N.k`` (none for
+shard 0), so anyone finds a message in one round trip, whatever layout its sender used.
+"""
+
+import functools
+import re
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from delayqueue_django.engine.keys import QueueKeys
+
+# The mark between an id and the shard it names; ids themselves are URL-safe base64, and
+# tick ids ("tick:<schedule>:<ms>", always on shard 0) cannot end in "~<digits>.<digits>".
+SHARD_MARK = "~"
+MAX_SHARDS = 128
+
+_SUFFIX = re.compile(r"~([1-9][0-9]{0,2})\.([1-9][0-9]{0,2})\Z")
+
+
+def shard_of(message_id: str) -> tuple[int, int]:
+    """``(layout, index)`` of the shard an id names; ``(1, 0)``, shard 0, for an id that
+    names none (every unsharded queue's ids, schedule ticks)."""
+    found = _SUFFIX.search(message_id)
+    if found is None:
+        return 1, 0
+    layout, index = int(found[1]), int(found[2])
+    if layout > MAX_SHARDS or index >= layout:
+        return 1, 0
+    return layout, index
+
+
+def shard_name(layout: int, index: int) -> str:
+    """How a shard is named in listings, metrics and ids: "0" for shard 0 (every layout's),
+    else "<layout>.<index>"."""
+    return "0" if index == 0 else f"{layout}.{index}"
+
+
+def shard_suffix(layout: int, index: int) -> str:
+    """What an id sent to this shard ends with ("" for shard 0)."""
+    return "" if index == 0 else f"{SHARD_MARK}{layout}.{index}"
+
+
+def layout_names(layout: int) -> list[str]:
+    """The names of layout N's shards, shard 0 first."""
+    return [shard_name(layout, index) for index in range(layout)]
+
+
+def parse_name(name: str) -> tuple[int, int]:
+    """``(layout, index)`` of a shard's name (see shard_name); ValueError if it is none."""
+    if name == "0":
+        return 1, 0
+    layout, _, index = name.partition(".")
+    if not (layout.isascii() and layout.isdigit() and index.isascii() and index.isdigit()):
+        raise ValueError(f"{name!r} is not a shard's name (0, or <layout>.<index>)")
+    parsed = int(layout), int(index)
+    if not 1 <= parsed[1] < parsed[0] <= MAX_SHARDS:
+        raise ValueError(f"{name!r} is not a shard's name (0, or <layout>.<index>)")
+    return parsed
+
+
+def shard_keys(keys: QueueKeys, layout: int, index: int) -> QueueKeys:
+    """The keys of shard ``index`` of ``layout`` of the queue whose shard 0 has ``keys``."""
+    if index == 0:
+        return keys
+    return QueueKeys(keys.prefix, keys.queue, _spread_shard(keys.prefix, keys.queue, layout, index))
+
+
+def slot_of(keys: QueueKeys) -> int:
+    """The Redis Cluster slot of a shard's keys."""
+    return int(key_slot(keys.tag.encode()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spread_shard(prefix: str, queue: str, layout: int, index: int) -> str:
+    """ "<layout>.<index>.<c>" with the first counter c that puts the shard's slot within a
+    small window after its even share of the ring: fixed forever by these inputs (a shard's
+    keys must not move), a few hundred CRC16 sums at most, once per process."""
+    ring = REDIS_CLUSTER_HASH_SLOTS
+    first = int(key_slot(QueueKeys(prefix, queue).tag.encode()))
+    target = (first + index * ring // layout) % ring
+    window = max(1, min(64, ring // (4 * layout)))
+    counter = 0
+    while True:
+        shard = f"{layout}.{index}.{counter}"
+        slot = int(key_slot(QueueKeys(prefix, queue, shard).tag.encode()))
+        if (slot - target) % ring < window:
+            return shard
+        counter += 1
