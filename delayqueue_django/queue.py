@@ -43,6 +43,8 @@ from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
 from delayqueue_django.engine.records import TRACE_MARK, split_trace
+from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.exceptions import ConflictingOptions
 from delayqueue_django.message import Message
 from delayqueue_django.outgoing import Outgoing
@@ -390,7 +392,8 @@ class Queue:
         """``cancel`` for async code."""
         _check_id(message_id)
         store = self.async_store()
-        if store is None:
+        if store is None or SHARD_MARK in message_id:
+            # (An id of another shard: the sync store finds it.)
             return await sync_to_async(self.cancel, thread_sensitive=False)(message_id)
         return await store.remove(message_id) is not None
 
@@ -398,14 +401,21 @@ class Queue:
     async def astats(self) -> dict[str, int]:
         """``stats`` for async code."""
         store = self.async_store()
-        if store is None or self.config.outbox:
+        if store is None or self.config.outbox or self._drains():
             # The outbox is read through the ORM, which belongs to the sync world.
             return await sync_to_async(self.stats, thread_sensitive=True)()
         return await store.stats()
 
+    def _drains(self) -> bool:
+        """Whether the store may read shards other than shard 0: it drains an earlier
+        layout, or has not read the register of layouts lately (a sync call does)."""
+        store = self.store
+        return isinstance(store, ShardedStore) and store.draining() != ()
+
     def async_store(self) -> AsyncRedisStore | None:
-        """The redis.asyncio store for the running event loop, or None for a django-redis
-        alias or a memory queue (no asyncio client there), or a sharded queue."""
+        """The redis.asyncio store of shard 0 for the running event loop, or None for a
+        django-redis alias or a memory queue (no asyncio client there), or a sharded
+        queue."""
         client = connections.async_client_for(self.config)
         if client is None or self.config.shards > 1:
             # (A sharded queue's sends go shard by shard: through its sync store.)

@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django import client_options
 from delayqueue_django.engine import RedisStore
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 
 # The queue's keys that carry a TTL: all a volatile-* policy may evict.
@@ -50,7 +51,7 @@ def advise(queues: list[Queue]) -> list[Advice]:
     policies: dict[tuple[int, str], Any] = {}
     unreachable: set[int] = set()
     for queue in queues:
-        store = queue.store
+        store = parts(queue.store)["0"]
         if not isinstance(store, RedisStore):
             continue
         if queue.config.redis_alias is not None:

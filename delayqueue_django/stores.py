@@ -28,7 +28,6 @@ def store_for(config: QueueConfig) -> Store:
         def make(shard: QueueKeys) -> ShardStore:
             return RedisStore(client, shard, limits)
 
-    base = make(keys)
-    if config.shards == 1:
-        return base
-    return ShardedStore(base, config.shards, make)
+    # Even a queue of one shard: it still drains, finds and counts what a layout of more
+    # shards left, if it had one (see engine.sharded_store).
+    return ShardedStore(make(keys), config.shards, make)

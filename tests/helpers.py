@@ -5,6 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayqueue_django.engine import STATES, RedisStore
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 
 
@@ -43,6 +44,8 @@ def store_time_ms(queue: Queue) -> int:
 
 
 def redis_store(queue: Queue) -> RedisStore:
-    """The queue's store, for tests about Redis itself (keys, scripts, pub/sub)."""
-    assert isinstance(queue.store, RedisStore), f"{queue!r} is not on Redis"
-    return queue.store
+    """The queue's store (of shard 0), for tests about Redis itself (keys, scripts,
+    pub/sub)."""
+    store = parts(queue.store)["0"]
+    assert isinstance(store, RedisStore), f"{queue!r} is not on Redis"
+    return store

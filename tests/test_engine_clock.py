@@ -13,6 +13,7 @@ import time_machine
 
 from delayqueue_django import get_queue
 from delayqueue_django.engine import RedisStore
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, store_time_ms, wait_for
 from tests.redis_servers import RedisServer
@@ -118,8 +119,9 @@ def trickle_queue(
 
 def _store_clock_us(queue: Queue) -> Callable[[], int]:
     """The queue's clock in µs: Redis's TIME, or this machine's for the memory store."""
-    if isinstance(queue.store, RedisStore):
-        client = queue.store.client
+    store = parts(queue.store)["0"]
+    if isinstance(store, RedisStore):
+        client = store.client
 
         def redis_time_us() -> int:
             seconds, micros = client.time()

@@ -19,6 +19,7 @@ from django.dispatch import receiver
 
 from delayqueue_django import get_queue, handler, signals
 from delayqueue_django.engine import RedisStore
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.exceptions import Reject
 from delayqueue_django.message import Message
 
@@ -38,11 +39,9 @@ def record(queue: str, event: str, **fields: Any) -> None:
 
 
 def _redis_client(queue: str) -> Any:
-    """The queue's Redis client (a sharded queue's too), or None for a memory queue."""
-    store = get_queue(queue).store
-    if isinstance(store, RedisStore):
-        return store.client
-    return getattr(store, "client", None)
+    """The queue's Redis client, or None for a memory queue."""
+    store = parts(get_queue(queue).store)["0"]
+    return store.client if isinstance(store, RedisStore) else None
 
 
 def handle(message: Message) -> Any:

@@ -231,3 +231,16 @@ class ShardStore(Store, Protocol):
     def subscribe_channels(self, channels: Sequence[str]) -> ChannelSubscription:
         """Listen on several wake-up channels of this store's server, in one subscription."""
         ...
+
+    def layouts(self) -> set[int]:
+        """The layouts (SHARDS of 2 or more) registered as possibly holding messages: on
+        shard 0 only (see engine.sharded_store, "Resharding")."""
+        ...
+
+    def add_layout(self, layout: int) -> None:
+        """Register a layout before writing to its shards (shard 0 only)."""
+        ...
+
+    def retire_layout(self, layout: int) -> bool:
+        """Take a drained layout off the register (shard 0 only); False if it was not on it."""
+        ...

@@ -14,6 +14,16 @@ every shard in turn. A shard whose Redis cannot be reached is left out and tried
 every SHARD_RETRY_SECONDS while the others keep flowing; a fetch raises only when every
 shard it tried failed.
 
+Resharding: changing SHARDS moves no message. Shard 0 keeps a register of the layouts
+that may hold messages (``layouts``, a set): a store adds a layout before its first
+write to one of that layout's shards, and again every LAYOUT_REGISTER_SECONDS (so a
+layout retired while some process still sends to it comes back), and readers and
+fetches read it every LAYOUTS_RECHECK_SECONDS. The shards of registered layouts other
+than this store's own are *draining*: fetched, counted, listed and listened to like the
+live ones, only never sent to. Once a draining layout's shards are empty, ``retire``
+takes it off the register (the ``delayqueue_shards --retire`` command); nothing retires a
+layout on its own, since only the operator knows that no process still sends to it.
+
 Clocks: each shard's scripts judge what is due by its own server's clock, so nothing is
 ever handed out early. The plan takes the shards' clocks for one (on one server they are;
 a Redis Cluster's masters agree to within what NTP keeps them): a master whose clock runs
@@ -47,6 +57,8 @@ from delayqueue_django.engine.records import (
     Tick,
 )
 from delayqueue_django.engine.shards import (
+    MAX_SHARDS,
+    SHARD_MARK,
     layout_names,
     parse_name,
     shard_keys,
@@ -59,6 +71,12 @@ logger = logging.getLogger("delayqueue_django.engine")
 
 # A shard whose Redis failed a fetch is tried again after this long.
 SHARD_RETRY_SECONDS = 1.0
+# The register of layouts is read again this often (by fetches and readers)...
+LAYOUTS_RECHECK_SECONDS = 10.0
+# ...and a sending store writes its own layout to it again this often.
+LAYOUT_REGISTER_SECONDS = 60.0
+# Message counts: a layout is drained when every one is 0 on each of its shards.
+HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
 # A shard the plan has due within this long of a fetch is fetched from: the consumer times
 # its sleep by the same clock readings, to well under this.
 DUE_SLACK_SECONDS = 0.001
@@ -88,7 +106,9 @@ class _Plan:
 
 
 class ShardedStore:
-    """A queue spread over the shards of ``layout`` (see engine.shards)."""
+    """A queue spread over the shards of ``layout`` (see engine.shards), which also reads
+    and drains the shards of the other layouts registered on shard 0. A store of layout 1
+    is an unsharded queue that still finds, drains and lists what an earlier layout left."""
 
     def __init__(
         self,
@@ -101,9 +121,17 @@ class ShardedStore:
         self.shards: dict[str, ShardStore] = {"0": base}
         for index in range(1, layout):
             self.shards[shard_name(layout, index)] = make(shard_keys(base.keys, layout, index))
+        # The shards fetched from, in turn: the live ones, then the draining ones.
         self._order = list(self.shards)
         # Shards of other layouts, built when an id names one (a message of another layout).
         self._others: dict[str, ShardStore] = {}
+        # The other layouts registered on shard 0, and when the register was last read.
+        self._draining: tuple[int, ...] = ()
+        self._layouts_read_at = -math.inf
+        # layout -> when this store last put it on the register (monotonic s).
+        self._registered_at: dict[int, float] = {}
+        # Bumped whenever the shards fetched from change: subscriptions follow.
+        self.generation = 0
         self._lock = threading.Lock()
         self._plans = {name: _Plan() for name in self._order}
         # Where the next fetch starts; processes start at different shards.
@@ -133,6 +161,111 @@ class ShardedStore:
     def client(self) -> Any:
         """The Redis client (every shard's), or None in memory."""
         return getattr(self.base, "client", None)
+
+    # Layouts
+
+    def consumed(self) -> dict[str, ShardStore]:
+        """Every shard this store reads, by name: the live ones, then the draining ones
+        (the register read again when it is due)."""
+        self.refresh_layouts()
+        return {name: self._store(name) for name in self._order}
+
+    def draining(self) -> tuple[int, ...] | None:
+        """The other layouts this store drains, or None when the register is due to be
+        read again (or never was)."""
+        if time.monotonic() >= self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
+            return None
+        return self._draining
+
+    def refresh_layouts(self, *, force: bool = False) -> None:
+        """Read the register of layouts if it is due (or ``force``d); the shards fetched
+        from follow it. A register that cannot be read is tried again after
+        SHARD_RETRY_SECONDS, the shards as they were meanwhile."""
+        now = time.monotonic()
+        if not force and now < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
+            return
+        try:
+            registered = self.base.layouts()
+        except (RedisError, OSError) as error:
+            self._layouts_read_at = now - LAYOUTS_RECHECK_SECONDS + SHARD_RETRY_SECONDS
+            logger.debug("queue %s: reading its layouts failed: %s", self.keys.queue, error)
+            if force:
+                raise
+            return
+        self._layouts_read_at = now
+        draining = tuple(
+            sorted(
+                layout
+                for layout in registered
+                if layout != self.layout and 1 < layout <= MAX_SHARDS
+            )
+        )
+        if draining != self._draining:
+            self._follow(draining)
+
+    def _follow(self, draining: tuple[int, ...]) -> None:
+        """Fetch from the live shards and those of ``draining``."""
+        names = list(self.shards)
+        for layout in draining:
+            names += [name for name in layout_names(layout) if name not in self.shards]
+        for name in names:
+            self._store(name)  # built outside the lock
+        with self._lock:
+            before = self._draining
+            self._draining = draining
+            self._order = names
+            self._plans = {name: self._plans.get(name) or _Plan() for name in names}
+            self._cursor %= len(names)
+            self.generation += 1
+        added = sorted(set(draining) - set(before))
+        gone = sorted(set(before) - set(draining))
+        if added:
+            logger.info(
+                "queue %s: draining the shards of layout %s (SHARDS is %d here)",
+                self.keys.queue,
+                ", ".join(map(str, added)),
+                self.layout,
+            )
+        if gone:
+            logger.info("queue %s: layout %s retired", self.keys.queue, ", ".join(map(str, gone)))
+
+    def _register(self, groups: Iterable[str]) -> None:
+        """Put the layouts of the shards about to be written (``groups``: their names) on
+        the register first, and again now and then. The first time must succeed: a message
+        on a shard of a layout no one knows of would wait for a worker of that layout.
+        (The layout an id names, not this store's: a relay writes what other processes
+        placed, perhaps with another SHARDS.)"""
+        now = time.monotonic()
+        for layout in {parse_name(name)[0] for name in groups if name != "0"}:
+            registered_at = self._registered_at.get(layout)
+            if registered_at is not None and now < registered_at + LAYOUT_REGISTER_SECONDS:
+                continue
+            try:
+                self.base.add_layout(layout)
+            except (RedisError, OSError):
+                if registered_at is None:
+                    raise
+                logger.debug("queue %s: registering layout %d failed", self.keys.queue, layout)
+                continue
+            self._registered_at[layout] = now
+
+    def retire(self, layout: int) -> dict[str, dict[str, int]]:
+        """Take ``layout`` off the register if its shards hold nothing (its shard 0 is
+        every layout's, and is not asked). Returns the shards that still hold messages,
+        by name, with their counts: empty when the layout was retired."""
+        if layout == self.layout:
+            raise ValueError(f"layout {layout} is this queue's SHARDS: it cannot be retired")
+        if not 1 < layout <= MAX_SHARDS:
+            raise ValueError(f"{layout!r} is not a layout (2 to {MAX_SHARDS})")
+        holding = {}
+        for name in layout_names(layout)[1:]:
+            stats = self._store(name).stats()
+            if any(stats[count] for count in HELD):
+                holding[name] = {count: stats[count] for count in HELD}
+        if not holding:
+            self.base.retire_layout(layout)
+            self.refresh_layouts(force=True)
+        return holding
 
     # Where messages go
 
@@ -165,7 +298,9 @@ class ShardedStore:
         """Positions of the ids by the shard each names, in order of first appearance."""
         groups: dict[str, list[int]] = {}
         for position, message_id in enumerate(ids):
-            groups.setdefault(shard_name(*shard_of(message_id)), []).append(position)
+            # (Most ids of a queue of one shard name none: no need to parse them.)
+            name = shard_name(*shard_of(message_id)) if SHARD_MARK in message_id else "0"
+            groups.setdefault(name, []).append(position)
         return groups
 
     def _per_shard(
@@ -173,10 +308,15 @@ class ShardedStore:
         items: Sequence[T],
         id_of: Callable[[T], str],
         call: Callable[[ShardStore, list[T]], Sequence[Any]],
+        *,
+        register: bool = False,
     ) -> list[Any]:
         """``call`` once per shard with its items; the replies back in the items' order
-        (each reply has one entry per item)."""
+        (each reply has one entry per item). ``register``: writes that make messages, whose
+        layouts go on the register first."""
         groups = self._group(id_of(item) for item in items)
+        if register:
+            self._register(groups)
         if len(groups) == 1:
             ((name, _),) = groups.items()
             return list(call(self._store(name), list(items)))
@@ -191,12 +331,15 @@ class ShardedStore:
     # Producers
 
     def send(self, messages: Sequence[NewMessage]) -> list[int]:
-        return self._per_shard(messages, _message_id, lambda store, part: store.send(part))
+        return self._per_shard(
+            messages, _message_id, lambda store, part: store.send(part), register=True
+        )
 
     def relay(
         self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
     ) -> list[int | None]:
         groups = self._group(message.id for message in messages)
+        self._register(groups)
         forgotten = self._group(forget)
         replies: list[int | None] = [None] * len(messages)
         names = [*groups, *(name for name in forgotten if name not in groups)]
@@ -221,6 +364,10 @@ class ShardedStore:
     # Consumers
 
     def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+        self.refresh_layouts()
+        if len(self._order) == 1:
+            # One shard (SHARDS 1, nothing to drain): the plan would only echo its reply.
+            return self.base.fetch(count, fetcher=fetcher, request=request)
         visits, repeating = self._visits(time.monotonic(), fetcher, request)
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
@@ -239,7 +386,8 @@ class ShardedStore:
             self._last_fetch[fetcher] = (request, asked)
         if not taken:
             raise failures[0]
-        self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
+        if asked[-1] in self._order:
+            self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
         return self._merged(taken, more=len(asked) < len(visits))
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
@@ -263,11 +411,12 @@ class ShardedStore:
         Redis failed, which repeats the same request next time."""
         repeat_key = (fetcher, name)
         sent = self._repeats.get(repeat_key, request) if request else ""
-        plan = self._plans[name]
+        # (A repeat may ask a shard of a layout retired since: it holds nothing.)
+        plan = self._plans.get(name) or _Plan()
         with self._lock:
             plan.heard_ms = math.inf
         try:
-            result = self.shards[name].fetch(count, fetcher=fetcher, request=sent)
+            result = self._store(name).fetch(count, fetcher=fetcher, request=sent)
         except (RedisError, OSError) as error:
             if sent:
                 self._repeats[repeat_key] = sent
@@ -433,7 +582,7 @@ class ShardedStore:
             if len(claims) >= count:
                 break
             asked = count - len(claims)
-            found = self.shards[name].claim_exhausted(asked, claim_ms)
+            found = self._store(name).claim_exhausted(asked, claim_ms)
             claims += found
             if len(found) < asked:
                 with self._lock:
@@ -447,8 +596,16 @@ class ShardedStore:
         return confirmed
 
     def subscribe_wakeups(self) -> "ShardedWakeups":
-        channels = {store.keys.wakeup_channel: name for name, store in self.shards.items()}
-        return ShardedWakeups(self, self.base.subscribe_channels(list(channels)), channels)
+        return ShardedWakeups(self)
+
+    def _subscribe(self) -> tuple[int, ChannelSubscription, dict[str, str]]:
+        """A subscription to the wake-ups of every shard fetched from, and the generation
+        of that list of shards."""
+        self.refresh_layouts()
+        with self._lock:
+            generation, names = self.generation, list(self._order)
+        channels = {self._store(name).keys.wakeup_channel: name for name in names}
+        return generation, self.base.subscribe_channels(list(channels)), channels
 
     # Operators
 
@@ -477,7 +634,7 @@ class ShardedStore:
         names no place in any one, so one call does the whole work: it reports nothing kept,
         and a caller that goes on because ``limit`` were dropped finds nothing more."""
         dropped = 0
-        for store in self.shards.values():
+        for store in self.consumed().values():
             kept = 0
             while True:
                 dropped_now, kept_now = store.drop_garbage(
@@ -493,15 +650,15 @@ class ShardedStore:
         return dropped, 0
 
     def stats(self) -> dict[str, int]:
-        return combined_stats([store.stats() for store in self.shards.values()])
+        return combined_stats([store.stats() for store in self.consumed().values()])
 
     def shard_stats(self) -> dict[str, dict[str, int]]:
         """Each shard's stats, by shard name."""
-        return {name: store.stats() for name, store in self.shards.items()}
+        return {name: store.stats() for name, store in self.consumed().items()}
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         by_minute: dict[int, tuple[int, int]] = {}
-        for store in self.shards.values():
+        for store in self.consumed().values():
             for minute, acked, failed in store.throughput(minutes):
                 before = by_minute.get(minute, (0, 0))
                 by_minute[minute] = (before[0] + acked, before[1] + failed)
@@ -511,7 +668,7 @@ class ShardedStore:
         return rows[-minutes:]
 
     def prune_throughput(self, keep_minutes: int) -> int:
-        return sum(store.prune_throughput(keep_minutes) for store in self.shards.values())
+        return sum(store.prune_throughput(keep_minutes) for store in self.consumed().values())
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Worker-measured counts belong to no shard: kept on shard 0."""
@@ -519,7 +676,7 @@ class ShardedStore:
 
     def totals(self) -> dict[str, int]:
         summed: dict[str, int] = {}
-        for store in self.shards.values():
+        for store in self.consumed().values():
             for name, count in store.totals().items():
                 summed[name] = summed.get(name, 0) + count
         return summed
@@ -530,9 +687,12 @@ class ShardedStore:
         """A page over every shard: sorted sets merged by score (due time, deadline, burial
         time), lists one shard after the other. Each shard is read up to the page's end,
         so a deep page costs every shard that many entries."""
+        stores = list(self.consumed().values())
+        if len(stores) == 1:
+            return stores[0].list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
         pages = [
             store.list(state, offset=0, limit=offset + limit, preview_bytes=preview_bytes)
-            for store in self.shards.values()
+            for store in stores
         ]
         merged = [message for page in pages for message in page]
         if state not in ("ready", "retry"):
@@ -600,19 +760,21 @@ class ShardedStore:
 
 
 class ShardedWakeups:
-    """Every shard's wake-ups in one subscription, each told to the plan on its way."""
+    """Every shard's wake-ups in one subscription, each told to the plan on its way. When
+    the shards fetched from change (a layout to drain, or one retired), it subscribes
+    again to the new list, and has the consumer look at every shard at once: what was
+    published in between went unheard."""
 
-    def __init__(
-        self, store: ShardedStore, inner: ChannelSubscription, names: Mapping[str, str]
-    ) -> None:
+    def __init__(self, store: ShardedStore) -> None:
         self._store = store
-        self._inner = inner
-        self._names = dict(names)
+        self._generation, self._inner, self._names = store._subscribe()
         self._listening = True
         store.listening(+1)
 
     def wait(self, timeout: float) -> int | None:
         try:
+            if self._generation != self._store.generation:
+                return self._follow()
             heard = self._inner.wait_on(timeout)
         except BaseException:
             # Wake-ups go unheard until the next subscription: the plan is not to be trusted.
@@ -625,6 +787,13 @@ class ShardedWakeups:
         if name is not None:
             self._store.heard(name, due_ms)
         return due_ms
+
+    def _follow(self) -> int:
+        """Subscribe anew to the shards now fetched from; a wake-up due at once."""
+        self._inner.close()
+        self._generation, self._inner, self._names = self._store._subscribe()
+        self._store._look_again(self._names.values())
+        return 0
 
     def close(self) -> None:
         self._stop_listening()
@@ -656,7 +825,7 @@ def parts(store: Store) -> dict[str, ShardStore]:
     """A queue's stores that each hold one set of keys, by shard name: every shard of a
     sharded queue, else the store itself as shard "0"."""
     if isinstance(store, ShardedStore):
-        return dict(store.shards)
+        return store.consumed()
     return {"0": store}  # type: ignore[dict-item]  # every unsharded store is a ShardStore
 
 

@@ -424,6 +424,15 @@ class RedisStore:
         server: one subscription, one connection."""
         return RedisWakeups(self.client, channels)
 
+    def layouts(self) -> set[int]:
+        return {int(layout) for layout in self.client.smembers(self.keys.key("layouts"))}
+
+    def add_layout(self, layout: int) -> None:
+        self.client.sadd(self.keys.key("layouts"), layout)
+
+    def retire_layout(self, layout: int) -> bool:
+        return bool(self.client.srem(self.keys.key("layouts"), layout))
+
     # Operators
 
     def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:

@@ -68,6 +68,8 @@ class QueueState:
     schedule_ticks: dict[str, TickRecord] = field(default_factory=dict)
     # Ids written by relay from a database outbox -> when (see relay.lua).
     relayed: ScoredSet = field(default_factory=ScoredSet)
+    # The layouts registered as possibly holding messages (see engine.sharded_store).
+    layouts: set[int] = field(default_factory=set)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
 

@@ -448,6 +448,21 @@ class MemoryStore:
         """Listen on several queues' wake-up channels (a sharded queue's) of this server."""
         return MemoryWakeups(self.server, channels)
 
+    def layouts(self) -> set[int]:
+        with self.server.lock:
+            return set(self._state().layouts)
+
+    def add_layout(self, layout: int) -> None:
+        with self.server.lock:
+            self._state().layouts.add(layout)
+
+    def retire_layout(self, layout: int) -> bool:
+        with self.server.lock:
+            layouts = self._state().layouts
+            registered = layout in layouts
+            layouts.discard(layout)
+            return registered
+
     # Operators
 
     def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:

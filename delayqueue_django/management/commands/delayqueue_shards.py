@@ -1,0 +1,89 @@
+"""``manage.py delayqueue_shards QUEUE [--retire LAYOUT]``: a queue's layouts and shards, and
+taking a drained layout off the register once a reshard is over."""
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from redis.exceptions import RedisError
+
+from delayqueue_django import registry
+from delayqueue_django.engine.sharded_store import HELD, ShardedStore, parts
+from delayqueue_django.engine.shards import MAX_SHARDS, parse_name, slot_of
+from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
+from delayqueue_django.management.own_process import OwnProcessCommand
+
+
+def layout_number(text: str) -> int:
+    layout = int(text)
+    if not 1 < layout <= MAX_SHARDS:
+        raise ValueError(text)
+    return layout
+
+
+class Command(OwnProcessCommand):
+    help = (
+        "Shows a queue's shards: the layout its SHARDS setting makes (live) and the earlier "
+        "layouts still registered (draining), each shard with its counts. --retire takes a "
+        "drained layout off the register, so that workers stop looking at its shards."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queue", metavar="QUEUE", help="The queue.")
+        parser.add_argument(
+            "--retire",
+            type=layout_number,
+            metavar="LAYOUT",
+            help="Retire this earlier layout (an int, 2 to 128) if its shards hold nothing; "
+            "only once no process runs with it as its SHARDS setting.",
+        )
+
+    def handle(self, *args: Any, queue: str, retire: int | None, **options: Any) -> None:
+        try:
+            chosen = registry.get_queue(queue)
+        except (QueueConfigurationError, UnknownQueue) as error:
+            raise CommandError(str(error)) from None
+        self.refuse_memory_queues(
+            [chosen], instead="Call call_command('delayqueue_shards') in that process."
+        )
+        store = chosen.store
+        if not isinstance(store, ShardedStore):
+            raise CommandError(f"queue {queue!r} has no shards")
+        try:
+            if retire is not None:
+                self._retire(store, retire)
+            self._show(store)
+        except RedisError as error:
+            raise CommandError(f"queue {queue!r}: Redis cannot be reached: {error}") from None
+
+    def _retire(self, store: ShardedStore, layout: int) -> None:
+        try:
+            holding = store.retire(layout)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        if holding:
+            shards = "; ".join(
+                f"{name}: " + ", ".join(f"{n} {state}" for state, n in held.items() if n)
+                for name, held in holding.items()
+            )
+            raise CommandError(
+                f"layout {layout} still holds messages ({shards}): a worker drains them; "
+                "retire it once they are handled, or requeue or purge its dead letters."
+            )
+        self.stdout.write(f"layout {layout} retired")
+
+    def _show(self, store: ShardedStore) -> None:
+        store.refresh_layouts(force=True)
+        draining = store.draining() or ()
+        self.stdout.write(
+            f"queue {store.keys.queue}: SHARDS {store.layout} (live)"
+            + (f"; draining: {', '.join(map(str, draining))}" if draining else "")
+        )
+        header = f"{'shard':<8}{'role':<10}{'slot':>6}  " + "".join(f"{s:>12}" for s in HELD)
+        self.stdout.write(f"{header}  tag")
+        for name, shard in parts(store).items():
+            role = "live" if name == "0" or parse_name(name)[0] == store.layout else "draining"
+            stats = shard.stats()
+            counts = "".join(f"{stats[state]:>12}" for state in HELD)
+            self.stdout.write(
+                f"{name:<8}{role:<10}{slot_of(shard.keys):>6}  {counts}  {shard.keys.tag}"
+            )

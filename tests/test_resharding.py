@@ -1,0 +1,252 @@
+"""Changing a queue's SHARDS on a live queue: the register of layouts on shard 0, the
+draining of earlier layouts by fetches and readers, and retiring a drained layout."""
+
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from delayqueue_django import get_queue
+from delayqueue_django.engine import sharded_store
+from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.sharded_store import ShardedStore, parts
+from delayqueue_django.engine.shards import layout_names, shard_of
+from delayqueue_django.queue import Queue
+from tests.conftest import MEMORY_URL
+from tests.helpers import wait_for
+from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.test_worker_processes import WorkerProcess, events
+
+
+@pytest.fixture(params=["memory", "redis"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return MEMORY_URL
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.client().flushall()
+    return server.url
+
+
+@pytest.fixture
+def fresh_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each store reads the register at every look: these tests change it between calls
+    (a worker reads it every LAYOUTS_RECHECK_SECONDS)."""
+    monkeypatch.setattr(sharded_store, "LAYOUTS_RECHECK_SECONDS", 0.0)
+
+
+def with_shards(settings: Any, url: str, shards: int) -> Queue:
+    settings.DELAYQUEUES = {
+        "default": {"URL": url, "SHARDS": shards, "RETRY_COUNT": 0, "NACK_REDELIVERY_DELAY": 0}
+    }
+    queue = get_queue()
+    assert isinstance(queue.store, ShardedStore)
+    assert queue.store.layout == shards
+    return queue
+
+
+def drain(queue: Queue, expected: int, timeout: float = 10) -> Counter[str]:
+    """Fetch and ack until ``expected`` deliveries came (or the time is up)."""
+    handled: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout
+    while sum(handled.values()) < expected and time.monotonic() < deadline:
+        fetched = queue.fetch(50)
+        queue.ack(fetched.messages)
+        handled.update(message.id for message in fetched.messages)
+        if not fetched.messages:
+            time.sleep(0.01)
+    return handled
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_four_to_eight_to_two_delivers_every_message_once(settings: Any, url: str) -> None:
+    sent = []
+    for shards in (4, 8, 2):
+        queue = with_shards(settings, url, shards)
+        sent += queue.send_many([{"n": n} for n in range(40)])
+    # Every layout's shards got messages, and registered itself first.
+    assert {shard_of(message_id)[0] for message_id in sent} == {1, 2, 4, 8}
+    assert queue.store.base.layouts() == {2, 4, 8}  # type: ignore[attr-defined]
+
+    handled = drain(queue, len(sent))
+
+    assert handled == Counter(sent)
+    assert queue.stats()["pending"] == 0
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_readers_count_find_and_cancel_what_an_earlier_layout_holds(
+    settings: Any, url: str
+) -> None:
+    old = with_shards(settings, url, 4)
+    ids = old.send_many([{"n": n} for n in range(20)], delay=60)
+    on_other_shards = [message_id for message_id in ids if shard_of(message_id) != (1, 0)]
+
+    queue = with_shards(settings, url, 1)
+
+    assert sorted(parts(queue.store)) == sorted(layout_names(4))
+    assert queue.stats()["pending"] == 20
+    listed = queue.list_messages("pending", limit=50)
+    assert sorted(message.id for message in listed) == sorted(ids)
+    assert queue.peek(on_other_shards[0]) is not None
+    assert queue.cancel(on_other_shards[0])
+    assert queue.stats()["pending"] == 19
+    assert queue.check_invariants().ok
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_a_message_of_a_draining_layout_is_fetched_when_due(settings: Any, url: str) -> None:
+    old = with_shards(settings, url, 4)
+    ids = old.send_many([{"n": n} for n in range(8)], delay=0.3)
+    queue = with_shards(settings, url, 2)
+
+    first = queue.fetch(50)
+    assert first.messages == []
+    # The earliest due time of every shard it drains, not "nothing pending".
+    assert first.next_ms is not None
+    assert first.next_ms > first.now_ms
+
+    handled = drain(queue, len(ids))
+
+    assert handled == Counter(ids)
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_retire_takes_a_drained_layout_off_the_register_and_refuses_one_that_holds_any(
+    settings: Any, url: str
+) -> None:
+    old = with_shards(settings, url, 4)
+    old.send_many([{"n": n} for n in range(12)])
+    queue = with_shards(settings, url, 2)
+    fetched = queue.fetch(50)
+    assert len(fetched.messages) == 12
+    # One of layout 4's is refused: with no retry left, a dead letter on its shard.
+    dead = next(message for message in fetched.messages if shard_of(message.id)[0] == 4)
+    queue.nack([dead])
+    queue.ack([message for message in fetched.messages if message is not dead])
+
+    with pytest.raises(CommandError, match=r"layout 4 still holds messages \(4\.\d: 1 garbage"):
+        call_command("delayqueue_shards", "default", "--retire", "4")
+    with pytest.raises(CommandError, match="is this queue's SHARDS"):
+        call_command("delayqueue_shards", "default", "--retire", "2")
+    # (Layout 2 sent nothing: a layout is registered by its first write.)
+    assert queue.store.base.layouts() == {4}  # type: ignore[attr-defined]
+
+    assert queue.purge_garbage() == 1
+    call_command("delayqueue_shards", "default", "--retire", "4")
+
+    assert queue.store.base.layouts() == set()  # type: ignore[attr-defined]
+    assert sorted(parts(queue.store)) == sorted(layout_names(2))
+
+
+def test_a_retired_layout_still_in_use_is_registered_again_by_its_sender(
+    settings: Any, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sharded_store, "LAYOUT_REGISTER_SECONDS", 0.0)
+    old = with_shards(settings, url, 4)
+    # (Twenty: some land on shards other than shard 0, which every layout shares.)
+    old.send_many([{"n": n} for n in range(20)])
+    old.store.base.retire_layout(4)  # type: ignore[attr-defined]  # as a hasty operator would
+
+    old.send_many([{"n": n} for n in range(20)])
+
+    assert old.store.base.layouts() == {4}  # type: ignore[attr-defined]
+
+
+def test_the_shards_command_shows_live_and_draining_shards(
+    settings: Any, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_shards(settings, url, 3).send_many([{"n": n} for n in range(30)])
+    with_shards(settings, url, 2)
+
+    call_command("delayqueue_shards", "default")
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "queue default: SHARDS 2 (live); draining: 3"
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert sorted(rows) == ["0", "2.1", "3.1", "3.2"]
+    assert rows["2.1"][1] == "live"
+    assert rows["3.1"][1] == "draining"
+    # The pending column adds up to what was sent (layout 2's shard holds none yet).
+    assert sum(int(row[3]) for row in rows.values()) == 30
+    assert rows["2.1"][3] == "0"
+
+
+def test_a_wakeup_subscription_follows_the_shards_fetched_from(settings: Any, url: str) -> None:
+    """A worker's wake-ups: once its store drains another layout, the subscription covers
+    that layout's shards too, and has the consumer look at once (what was published
+    before it did went unheard)."""
+    queue = with_shards(settings, url, 2)
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    subscription = store.subscribe_wakeups()
+    try:
+        # Registers layout 4 (some of the twenty land on its shards other than shard 0).
+        with_shards(settings, url, 4).send_many([{"n": n} for n in range(20)], delay=30)
+        store.refresh_layouts(force=True)
+
+        assert subscription.wait(timeout=1.0) == 0
+
+        heard = set(subscription._names.values())
+        assert heard == set(layout_names(2)) | set(layout_names(4))
+    finally:
+        subscription.close()
+
+
+@pytest.mark.timeout(120)
+def test_workers_reshard_a_cluster_queue_from_4_to_8_to_2_under_load(
+    settings: Any, redis_cluster: RedisClusterServers
+) -> None:
+    """Rolling deploys of each new SHARDS on the 3-master cluster: a worker of the new
+    layout starts, the sender moves to it, the old worker stops (SIGTERM), while messages
+    keep coming due. Every message is handled once, and the earlier layouts retire."""
+    redis_cluster.flush()
+    started: list[WorkerProcess] = []
+    sent: list[str] = []
+    try:
+        previous = None
+        for shards in (4, 8, 2):
+            worker = WorkerProcess(redis_cluster.url, DQ_TEST_SHARDS=str(shards))
+            started.append(worker)
+            worker.wait_for_line("queue 'default'")
+            queue = with_shards(settings, redis_cluster.url, shards)
+            for batch in range(10):
+                sent += queue.send_many([{"n": n} for n in range(20)], delay=0.1 * batch)
+            if previous is not None:
+                previous.signal(signal.SIGTERM)
+                assert previous.wait(timeout=30) == 0
+            previous = worker
+
+        wait_for(
+            lambda: len(events("done")) >= len(sent),
+            timeout=60,
+            what=f"{len(sent)} messages handled",
+        )
+        handled = Counter(entry["id"] for entry in events("done"))
+        assert handled == Counter(sent)
+        assert {shard_of(message_id)[0] for message_id in sent} == {1, 2, 4, 8}
+
+        for layout in ("4", "8"):
+            call_command("delayqueue_shards", "default", "--retire", layout)
+        assert parts(queue.store).keys() == set(layout_names(2))
+        assert queue.check_invariants().ok
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_a_relay_registers_the_layout_its_rows_name_not_its_own(settings: Any, url: str) -> None:
+    """An outbox row placed by a process of 8 shards, relayed by a worker still on 4: the
+    message goes to its shard of layout 8, which the relay puts on the register, so the
+    workers of 4 drain it rather than leave it to a worker of 8 that may not exist yet."""
+    placed = with_shards(settings, url, 8).store.place(["relayed-row"] * 20)
+    row = next(message_id for message_id in placed if shard_of(message_id)[1] != 0)
+    relay = with_shards(settings, url, 4)
+
+    relay.store.relay([NewMessage(row, '"x"', 0, at_ms=0)], forget=[], keep_ms=60_000)
+
+    assert relay.store.base.layouts() == {8}  # type: ignore[attr-defined]
+    assert [message.id for message in relay.fetch(10).messages] == [row]
