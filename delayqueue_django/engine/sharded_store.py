@@ -170,6 +170,11 @@ class ShardedStore:
         self.refresh_layouts()
         return {name: self._store(name) for name in self._order}
 
+    @property
+    def shard_count(self) -> int:
+        """How many shards this store fetches from, as last read."""
+        return len(self._order)
+
     def draining(self) -> tuple[int, ...] | None:
         """The other layouts this store drains, or None when the register is due to be
         read again (or never was)."""
@@ -382,6 +387,20 @@ class ShardedStore:
             if result is not None:
                 taken.append((name, result))
                 remaining -= len(result.deliveries)
+        if not taken and not repeating:
+            # Every shard asked failed: ask the others that are not failing, so that one
+            # master down never holds up the rest (nor leaves this fetch without a clock).
+            now = time.monotonic()
+            for name in self._order:
+                if remaining <= 0 < count:
+                    break
+                if name in asked or self._plans[name].retry_at > now:
+                    continue
+                asked.append(name)
+                result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
+                if result is not None:
+                    taken.append((name, result))
+                    remaining -= len(result.deliveries)
         if request:
             self._last_fetch[fetcher] = (request, asked)
         if not taken:
@@ -392,17 +411,19 @@ class ShardedStore:
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
         """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
-        of them when none is or no one listens; and whether it repeats a lost fetch, which
-        asks exactly the shards that one asked (they hand out again what they took)."""
+        of them when none is or no one listens (but those failing, until their retry); and
+        whether it repeats a lost fetch, which asks exactly the shards that one asked (they
+        hand out again what they took)."""
         repeated, names = self._last_fetch.get(fetcher, ("", []))
         if request and request == repeated:
             return names, True
         order = self._order[self._cursor :] + self._order[: self._cursor]
         with self._lock:
+            reachable = [name for name in order if self._plans[name].retry_at <= now]
             if not self._listening:
-                return order, False
+                return reachable or order, False
             due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
-        return due or order, False
+        return due or reachable or order, False
 
     def _fetch_shard(
         self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
@@ -70,6 +71,8 @@ class QueueConsumer(threading.Thread):
         # stays first in line (see _send_commits). Only this consumer's thread touches it.
         self._commits: deque[verdicts.Commit] = deque()
         self._commit_requests = itertools.count(1)
+        # shard -> when its commits may be tried again, after one failed (sharded queues).
+        self._shard_retry_at: dict[str, float] = {}
         # Fetched and not yet committed (handed back, acked, refused): running, buffered,
         # or with its verdict waiting in _outcomes or _commits.
         self._in_flight = 0
@@ -401,7 +404,8 @@ class QueueConsumer(threading.Thread):
         if not messages:
             return
         outcomes = [Outcome(message, Verdict.RELEASE) for message in messages]
-        self._commits.appendleft(verdicts.Commit(Verdict.RELEASE, outcomes))
+        for shard, part in reversed(verdicts.by_shard(outcomes).items()):
+            self._commits.appendleft(verdicts.Commit(Verdict.RELEASE, part, shard=shard))
         self._send_commits()
 
     def _housekeeping(self) -> None:
@@ -561,32 +565,65 @@ class QueueConsumer(threading.Thread):
         if by_verdict[Verdict.RELEASE]:
             self._shrink_batch()
         for verdict in verdicts.COMMIT_ORDER:
-            if by_verdict[verdict]:
+            for shard, part in verdicts.by_shard(by_verdict[verdict]).items():
                 request = str(next(self._commit_requests))
-                self._commits.append(verdicts.Commit(verdict, by_verdict[verdict], request))
+                self._commits.append(verdicts.Commit(verdict, part, request, shard))
 
     def _send_commits(self) -> None:
         """Send the queued commits in order. One that raises stays first in line, to be sent
         again as it was by the next flush (after the loop's backoff): the same request, so
         that if Redis ran it and only the reply was lost, the repeat is told what it did.
-        Those committed before it are counted and signalled all the same, once."""
+        Those committed before it are counted and signalled all the same, once.
+
+        On a queue of many shards, a commit to a shard that cannot be reached stays in line
+        with the rest of its shard's, tried again after SHARD_RETRY_SECONDS, while the other
+        shards' go on: a master down holds up only its own messages (its fetches are left
+        out the same way, see engine.sharded_store)."""
         committed: list[Outcome] = []
         exhausted = False
+        now = time.monotonic()
+        held = {shard for shard, at in self._shard_retry_at.items() if at > now}
+        waiting: list[verdicts.Commit] = []
         try:
             while self._commits:
                 commit = self._commits[0]
-                exhausted |= verdicts.commit(
-                    self.queue,
-                    commit.verdict,
-                    commit.outcomes,
-                    fetcher=self._fetcher,
-                    request=commit.request,
-                )
+                if commit.shard in held:
+                    waiting.append(self._commits.popleft())
+                    continue
+                try:
+                    exhausted |= verdicts.commit(
+                        self.queue,
+                        commit.verdict,
+                        commit.outcomes,
+                        fetcher=self._fetcher,
+                        request=commit.request,
+                    )
+                except Exception as error:
+                    if not (is_outage(error) and self._spread()):
+                        raise
+                    self._shard_retry_at[commit.shard] = now + SHARD_RETRY_SECONDS
+                    held.add(commit.shard)
+                    waiting.append(self._commits.popleft())
+                    logger.debug(
+                        "commit to shard %s failed queue=%s: %s",
+                        commit.shard,
+                        self.queue.name,
+                        error,
+                    )
+                    continue
                 self._commits.popleft()
+                self._shard_retry_at.pop(commit.shard, None)
                 committed += commit.outcomes
         finally:
+            # In their order, ahead of any that raised: each shard's stay in order.
+            self._commits.extendleft(reversed(waiting))
             if committed:
                 self._settle(committed, exhausted=exhausted)
+
+    def _spread(self) -> bool:
+        """Whether this queue reads more than one shard."""
+        store = self.queue.store
+        return isinstance(store, ShardedStore) and store.shard_count > 1
 
     def _settle(self, committed: list[Outcome], *, exhausted: bool) -> None:
         """Account for committed outcomes: no longer in flight, counted, exhaustions owed."""

@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
 from delayqueue_django import signals
+from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.handling import Outcome, Verdict
@@ -71,12 +72,23 @@ class Commit:
     """One round trip of verdicts: outcomes sharing a verdict, and the request id they are
     sent under. After a failure it is sent again as it was, same outcomes, same request:
     if Redis ran it and only the reply was lost, the repeat is told what it did (see
-    ``Queue.ack``). Hand-backs (RELEASE) need no id: a repeated release changes nothing,
-    and its reply says nothing anyone waits for."""
+    ``Queue.ack``). One shard's outcomes only. Hand-backs (RELEASE) need no id: a
+    repeated release changes nothing, and its reply says nothing anyone waits for."""
 
     verdict: Verdict
     outcomes: list[Outcome]
     request: str = ""
+    # The shard every outcome's message is on ("0" on a queue of one shard): a shard whose
+    # master is down holds up only its own commits (see QueueConsumer._send_commits).
+    shard: str = "0"
+
+
+def by_shard(outcomes: list[Outcome]) -> dict[str, list[Outcome]]:
+    """Outcomes by the shard their message is on, each in its order."""
+    shards: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        shards.setdefault(shard_name(*shard_of(outcome.message.id)), []).append(outcome)
+    return shards
 
 
 def commit(

@@ -26,13 +26,21 @@ EXPECTED_DURING_FAULTS = (
 
 class Producer(threading.Thread):
     def __init__(
-        self, queue: Queue, *, rate: float, batch: int = 10, max_delay: float = 0.3
+        self,
+        queue: Queue,
+        *,
+        rate: float,
+        batch: int = 10,
+        max_delay: float = 0.3,
+        work_ms: int = 0,
     ) -> None:
         super().__init__(name="chaos-producer", daemon=True)
         self.queue = queue
         self.rate = rate
         self.batch = batch
         self.max_delay = max_delay
+        # How long the handler works on each message (see tests.chaos.handlers).
+        self.extra = {"work_ms": work_ms} if work_ms else {}
         self.stopping = threading.Event()
         # id -> time.time() when send returned it: the message is acknowledged.
         self.sent: dict[str, float] = {}
@@ -47,7 +55,8 @@ class Producer(threading.Thread):
             items = [
                 # Half due at once, half after a short delay, to go through pending too.
                 Outgoing(
-                    {"n": n + i}, delay=self._rng.choice((0, self._rng.uniform(0, self.max_delay)))
+                    {"n": n + i, **self.extra},
+                    delay=self._rng.choice((0, self._rng.uniform(0, self.max_delay))),
                 )
                 for i in range(self.batch)
             ]
