@@ -1,0 +1,83 @@
+"""A worker of a sharded queue with one master down: that master's shards wait, the others
+keep flowing, commits included."""
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from delayqueue_django import get_queue
+from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
+from delayqueue_django.queue import Queue
+from tests.helpers import wait_for
+from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.test_worker_processes import WorkerProcess, events
+from tests.worker_handlers import LOG_KEY
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisClusterServers]:
+    # The other masters serve their slots while one is down.
+    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
+    yield servers
+    servers.close()
+
+
+def on_shard(queue: Queue, name: str, payload: dict[str, Any]) -> str:
+    """Send ``payload`` to shard ``name`` (the id it gets there names that shard)."""
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    message_id = next(
+        placed
+        for placed in store.place([f"{uuid.uuid4().hex}" for _ in range(1000)])
+        if shard_name(*shard_of(placed)) == name
+    )
+    store.send([NewMessage(message_id, json.dumps(payload), 3, at_ms=0)])
+    return message_id
+
+
+def test_a_worker_commits_on_the_other_shards_while_one_master_is_down(
+    settings: Any, cluster: RedisClusterServers
+) -> None:
+    """One worker, one handler thread: a message of the doomed master's shard is being
+    handled when that master dies, so its ack cannot be committed. The messages of the
+    other shards that follow are handled and acked all the same (the acked signal fires
+    after the commit), rather than wait in line behind the ack that fails."""
+    settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
+    queue = get_queue()
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    # A master that holds neither the test's log nor shard 0 (nor is the entry node).
+    spared = {cluster.master_for(LOG_KEY), cluster.master_for(store.keys.tag), cluster.nodes[0]}
+    doomed: RedisServer = next(node for node in cluster.nodes if node not in spared)
+    names = [shard_name(6, index) for index in range(6)]
+    tags = {name: shard_keys(store.keys, 6, int(name.split(".")[-1])).tag for name in names[1:]}
+    down = [name for name, tag in tags.items() if cluster.master_for(tag) is doomed]
+    up = [name for name in names if name not in down]
+    assert down
+
+    worker = WorkerProcess(
+        cluster.url, "--concurrency", "1", DQ_TEST_SHARDS="6", DQ_TEST_MAX_CONSUME="60"
+    )
+    try:
+        worker.wait_for_line("queue 'default'")
+        slow = on_shard(queue, down[0], {"do": "sleep", "seconds": 1.0})
+        wait_for(lambda: any(e["id"] == slow for e in events("start")), timeout=10, what="start")
+        doomed.crash()
+        others = [on_shard(queue, up[n % len(up)], {"n": n}) for n in range(10)]
+
+        wait_for(
+            lambda: {e["id"] for e in events("acked")} >= set(others),
+            timeout=15,
+            what=f"the other shards' messages acked\n{worker.output}",
+        )
+        assert slow not in {e["id"] for e in events("acked")}
+        assert "shard " + down[0] in worker.output
+    finally:
+        worker.stop()
