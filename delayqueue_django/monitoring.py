@@ -6,13 +6,15 @@ from typing import Any
 
 from django.db import DatabaseError
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisError
 
+from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.sharded_store import combined_stats, parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
+from delayqueue_django.redis_checks import server_of
 from delayqueue_django.worker import heartbeat
 
 # What a shard's report holds besides its stats (see shard_reports).
@@ -76,26 +78,13 @@ def shard_stats(shard: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _shard_report(store: ShardStore) -> dict[str, Any]:
-    client = getattr(store, "client", None)
-    on_cluster = isinstance(client, RedisCluster)
-    where = {
-        "tag": store.keys.tag,
-        "slot": slot_of(store.keys) if on_cluster else None,
-        "server": server_of(client, store.keys.key("pending")) if on_cluster else None,
-    }
+    where: dict[str, Any] = {"tag": store.keys.tag, "slot": None, "server": None}
+    if isinstance(store, RedisStore) and isinstance(store.client, RedisCluster):
+        where.update(slot=slot_of(store.keys), server=server_of(store) or None)
     try:
         return {"ok": True, **where, **store.stats()}
     except RedisError as error:
         return {"ok": False, **where, "error": str(error)}
-
-
-def server_of(client: Any, key: str) -> str | None:
-    """``host:port`` of the Redis Cluster master that holds ``key``, as the client last
-    learned the cluster's slots (no round trip); None if no master holds it."""
-    try:
-        return str(client.get_node_from_key(key).name)
-    except RedisClusterException:
-        return None
 
 
 def outbox_report(queue: Queue) -> dict[str, Any]:
