@@ -23,7 +23,9 @@ from delayqueue_django.monitoring import (
     describe_running,
     outbox_report,
     queue_report,
+    queue_totals,
     running_handlers,
+    shard_reports,
 )
 from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.api import ScheduleInfo
@@ -81,10 +83,16 @@ class QueueViews:
             raise PermissionDenied
 
     def _unavailable(
-        self, request: HttpRequest, template: str, title: str, queue: Queue, error: RedisError
+        self,
+        request: HttpRequest,
+        template: str,
+        title: str,
+        queue: Queue,
+        error: RedisError,
+        **extra: Any,
     ) -> TemplateResponse:
         """The page, saying Redis cannot be reached (503), instead of a server error."""
-        context = self._context(request, title, queue=queue, redis_error=str(error))
+        context = self._context(request, title, queue=queue, redis_error=str(error), **extra)
         return TemplateResponse(request, f"admin/delayqueue_django/{template}", context, status=503)
 
     def _queue(self, name: str) -> Queue:
@@ -114,9 +122,12 @@ class QueueViews:
         rows = []
         for name in registry.queue_names():
             row: dict[str, Any] = {"name": name, "url": self._url("detail", name)}
-            row.update(outbox_report(registry.get_queue(name)))
+            queue = registry.get_queue(name)
+            row.update(outbox_report(queue))
+            shards = shard_reports(queue)
+            row["shards"] = None if shards is None else len(shards)
             try:
-                stats = registry.get_queue(name).stats()
+                stats = queue_totals(queue, shards)
                 row["counts"] = [stats[key] for key in COUNT_NAMES]
                 row["lag_seconds"] = stats["lag_ms"] / 1000
                 row["next_due"] = as_datetime(stats["next_due_ms"])
@@ -134,8 +145,10 @@ class QueueViews:
         state = request.GET.get("state", "pending")
         if state not in STATES:
             state = "pending"
+        shards = shard_reports(queue)
+        shard_context = _shard_context(shards)
         try:
-            stats = queue.stats()
+            stats = queue_totals(queue, shards)
             count = stats[state]
             pages = max(math.ceil(count / PAGE_SIZE), 1)
             page = _page_number(request.GET.get("page"), pages)
@@ -146,7 +159,9 @@ class QueueViews:
             workers = heartbeat.live_workers(queue)
             schedules = queue.schedules.all()
         except RedisError as error:
-            return self._unavailable(request, "queue.html", f"Queue {queue_name}", queue, error)
+            return self._unavailable(
+                request, "queue.html", f"Queue {queue_name}", queue, error, **shard_context
+            )
         actions = [
             (key, label)
             for key, (label, permission, states) in ACTIONS.items()
@@ -169,6 +184,7 @@ class QueueViews:
             actions=actions,
             next_due=as_datetime(stats["next_due_ms"]),
             lag_seconds=stats["lag_ms"] / 1000,
+            **shard_context,
             throughput=[
                 {
                     "minute": as_datetime(start),
@@ -378,6 +394,32 @@ class QueueViews:
                 }
             }
         )
+
+
+def _shard_context(shards: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """The queue page's table of shards (none for an unsharded queue): each shard's name,
+    hash tag, slot and server on Redis Cluster, and its counts, next due time and lag, or
+    the error of a shard whose Redis cannot be reached."""
+    if shards is None:
+        return {"shards": []}
+    rows = []
+    for name, shard in shards.items():
+        row = {key: shard[key] for key in ("tag", "slot", "server")}
+        row.update(name=name, ok=shard["ok"])
+        if shard["ok"]:
+            row.update(
+                counts=[(count, shard[count]) for count in COUNT_NAMES],
+                next_due=as_datetime(shard["next_due_ms"]),
+                lag_ms=shard["lag_ms"],
+            )
+        else:
+            row["error"] = shard["error"]
+        rows.append(row)
+    return {
+        "shards": rows,
+        "shards_on_cluster": any(row["slot"] is not None for row in rows),
+        "count_names": COUNT_NAMES,
+    }
 
 
 def _queue_summary(queue: Queue) -> dict[str, Any]:

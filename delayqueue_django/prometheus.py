@@ -10,6 +10,9 @@ counts, lag and live workers from the queue itself; handled, failed, retried, ti
 exhausted totals counted by the queue's scripts; handler duration and delivery lateness
 histograms added up by the workers (each worker adds its observations with every heartbeat).
 
+A queue spread over shards (its ``SHARDS`` option) also has each shard's state counts,
+lag and reachability, labelled with the shard's name; its other metrics are the queue's.
+
 The view answers a request carrying ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>``,
 or from a logged-in staff user allowed to view queues in the admin.
 """
@@ -26,7 +29,7 @@ from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
-from delayqueue_django.monitoring import outbox_report
+from delayqueue_django.monitoring import outbox_report, queue_totals, shard_reports
 from delayqueue_django.timings import HISTOGRAMS, histogram_from_totals
 from delayqueue_django.worker import heartbeat
 
@@ -116,14 +119,39 @@ class QueueCollector(Collector):
             "How long the oldest message waiting in the outbox has waited (0 when none).",
             labels=["queue"],
         )
+        shard_up = GaugeMetricFamily(
+            "delayqueue_shard_up",
+            "1 if the Redis of this shard of a sharded queue answered this scrape.",
+            labels=["queue", "shard"],
+        )
+        shard_messages = GaugeMetricFamily(
+            "delayqueue_shard_messages",
+            "Messages in each state on each shard of a sharded queue.",
+            labels=["queue", "shard", "state"],
+        )
+        shard_lag = GaugeMetricFamily(
+            "delayqueue_shard_lag_seconds",
+            "How long the oldest due message of each shard of a sharded queue has waited.",
+            labels=["queue", "shard"],
+        )
+        sharded = False
         for name in self.queue_names or registry.queue_names():
             queue = registry.get_queue(name)
             waiting = outbox_report(queue)
             if waiting["outbox"] is not None:
                 outbox.add_metric([name], waiting["outbox"])
                 outbox_age.add_metric([name], waiting["outbox_age_ms"] / 1000)
+            shards = shard_reports(queue)
+            for shard_name, shard in (shards or {}).items():
+                sharded = True
+                shard_up.add_metric([name, shard_name], int(shard["ok"]))
+                if shard["ok"]:
+                    for state in STATES:
+                        shard_messages.add_metric([name, shard_name, state], shard[state])
+                    shard_lag.add_metric([name, shard_name], shard["lag_ms"] / 1000)
             try:
-                stats = queue.stats()
+                # A shard that cannot be reached leaves the queue's sums short: up 0.
+                stats = queue_totals(queue, shards)
                 running = queue.store.totals()
                 live = len(heartbeat.live_workers(queue))
             except RedisError:
@@ -146,6 +174,8 @@ class QueueCollector(Collector):
                 )
         yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
         yield from (outbox, outbox_age)
+        if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
+            yield from (shard_up, shard_messages, shard_lag)
 
 
 def _bound(le: float) -> str:

@@ -3,16 +3,18 @@ for the queue's Lua, an eviction policy that may delete the queue's keys, and a 
 pool without a socket timeout.
 
 The system checks never contact Redis; these run where Redis is used anyway: at worker start
-(logged), and in ``delayqueue_check`` and ``delayqueue_stats`` (printed).
+(logged), and in ``delayqueue_check`` and ``delayqueue_stats`` (printed). A queue spread
+over shards is asked on every server that holds one (each Redis Cluster master), and
+advice about one server names the shards on it.
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django import client_options
@@ -33,50 +35,80 @@ class Advice:
     queue: str
     level: int  # logging.WARNING or logging.INFO
     text: str
+    # About one server of a queue whose shards are on several (Redis Cluster's masters):
+    # the shards it holds, and where it is. Empty when the advice is about the whole queue.
+    shards: tuple[str, ...] = ()
+    server: str = ""
 
     @property
     def label(self) -> str:
         return "warning" if self.level >= logging.WARNING else "note"
 
+    @property
+    def message(self) -> str:
+        """The text, after the shards it is about (when not all of the queue's)."""
+        if not self.shards:
+            return self.text
+        shards = "shard " if len(self.shards) == 1 else "shards "
+        return f"{shards}{', '.join(self.shards)} (on {self.server}): {self.text}"
+
     def __str__(self) -> str:
-        return f"{self.label}: queue {self.queue!r}: {self.text}"
+        return f"{self.label}: queue {self.queue!r}: {self.message}"
 
 
 def advise(queues: list[Queue]) -> list[Advice]:
-    """Advice for each queue on Redis. A Redis that cannot be reached is asked nothing more
-    (the caller reports it anyway); each server is asked once. Raises
-    UnsupportedRedisVersion for a server older than the queue's Lua needs: nothing else
-    matters then."""
+    """Advice for each queue on Redis: for each of its parts (every shard of a sharded
+    queue, see ``engine.sharded_store.parts``), on the server that holds it. A Redis that
+    cannot be reached is asked nothing more (the caller reports it anyway); each server is
+    asked once. Raises UnsupportedRedisVersion for a server older than the queue's Lua
+    needs: nothing else matters then."""
     advice: list[Advice] = []
     policies: dict[tuple[int, str], Any] = {}
-    unreachable: set[int] = set()
+    unreachable: set[tuple[int, str]] = set()
     for queue in queues:
-        store = parts(queue.store)["0"]
-        if not isinstance(store, RedisStore):
-            continue
+        stores = {
+            name: store
+            for name, store in parts(queue.store).items()
+            if isinstance(store, RedisStore)
+        }
         if queue.config.redis_alias is not None:
-            advice += _pool_advice(queue, store.client)
-        if id(store.client) in unreachable:
-            continue
-        try:
-            store.check_server()
-            server = _server_for(store)
-            key = (id(store.client), server)
-            if key not in policies:
-                policies[key] = _memory_config(store)
-            config = policies[key]
-        except (RedisConnectionError, RedisTimeoutError):
-            unreachable.add(id(store.client))
-            continue
-        advice += _eviction_advice(queue.name, config)
+            clients = {id(store.client): store.client for store in stores.values()}
+            for client in clients.values():
+                advice += _pool_advice(queue, client)
+        # The queue's shards by the server holding them (one, "", off Redis Cluster).
+        servers: dict[tuple[int, str], list[str]] = {}
+        for name, store in stores.items():
+            servers.setdefault((id(store.client), server_of(store)), []).append(name)
+        for key, names in servers.items():
+            store = stores[names[0]]
+            if key in unreachable or (isinstance(store.client, RedisCluster) and not key[1]):
+                continue  # (a cluster slot no master covers: no one to ask)
+            try:
+                for name in names:
+                    stores[name].check_server()
+                if key not in policies:
+                    policies[key] = _memory_config(store)
+            except (RedisConnectionError, RedisTimeoutError):
+                unreachable.add(key)
+                continue
+            said = _eviction_advice(queue.name, policies[key])
+            if len(servers) > 1:
+                said = [replace(one, shards=tuple(names), server=key[1]) for one in said]
+            advice += said
     return advice
 
 
-def _server_for(store: RedisStore) -> str:
+def server_of(store: RedisStore) -> str:
+    """``host:port`` of the Redis Cluster master holding the store's keys, as the client
+    last learned the cluster's slots (no round trip); "" off Redis Cluster, or when no
+    master holds them."""
     if not isinstance(store.client, RedisCluster):
         return ""
     cluster: Any = store.client  # redis-py leaves the node lookups untyped
-    return str(cluster.get_node_from_key(store.keys.key("pending")).name)
+    try:
+        return str(cluster.get_node_from_key(store.keys.key("pending")).name)
+    except RedisClusterException:  # its slot is covered by no master
+        return ""
 
 
 def _memory_config(store: RedisStore) -> dict[str, str] | RedisError:

@@ -6,6 +6,7 @@ import redis
 
 from delayqueue_django import get_queue
 from delayqueue_django.engine.memory import flush_servers
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 from tests.backends import (
     BACKEND_OPTIONS,
@@ -71,6 +72,41 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
     cluster = RedisClusterServers(masters=3)
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_missing_a_master() -> Iterator[RedisClusterServers]:
+    """A 3-master Redis Cluster of its own that goes on serving the slots of its live
+    masters while one is down (cluster-require-full-coverage no): ``shards_down`` stops one
+    for good, so that a sharded queue on it has shards that answer and shards that do not."""
+    cluster = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def shards_down(cluster_missing_a_master: RedisClusterServers, settings: Any) -> list[str]:
+    """The default queue, alone in DELAYQUEUES, spread over 6 shards of
+    ``cluster_missing_a_master``, two of which (never shard 0, where the workers' heartbeats
+    and the schedules live) are on a master that is down: their names. The live masters
+    start empty."""
+    cluster = cluster_missing_a_master
+    settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
+    stores = parts(get_queue().store)
+    ports = {
+        name: cluster.master_for(store.keys.key("pending")).port for name, store in stores.items()
+    }
+    # Not shard 0's master, nor the node the client first asks for the cluster's slots.
+    spared = {ports["0"], cluster.nodes[0].port}
+    down = next(port for port in ports.values() if port not in spared)
+    for node in cluster.nodes:
+        if node.port == down:
+            node.stop()
+        elif node.process is not None:
+            client = node.client()
+            client.flushall()
+            client.close()
+    return [name for name, port in ports.items() if port == down]
 
 
 def queue_settings(url: str, **options: Any) -> dict[str, dict[str, Any]]:

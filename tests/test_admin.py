@@ -12,8 +12,12 @@ from django.urls import reverse
 
 from delayqueue_django import get_queue
 from delayqueue_django.engine import sharded_store
+from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.shards import slot_of
+from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
+from tests.backends import SHARDED_BACKENDS
 from tests.helpers import fetch_when_due, redis_store, states_of
 
 pytestmark = pytest.mark.django_db
@@ -546,3 +550,135 @@ def test_a_queue_without_schedules_says_how_to_add_them(
 ) -> None:
     page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
     assert "No schedule. Declare them in <code>SCHEDULES</code>" in page
+
+
+# A sharded queue (SHARDS): each shard under the totals
+
+
+def shard_rows(page: str) -> dict[str, str]:
+    """The queue page's table of shards: each row's HTML, by shard name."""
+    return dict(re.findall(r'<tr data-dq-shard="([^"]+)"[^>]*>(.*?)</tr>', page, re.DOTALL))
+
+
+def send_what_reaches_redis(queue: Queue, count: int) -> int:
+    """Sends ``count`` messages to a queue some of whose shards cannot be reached (each
+    goes to a shard at random): how many were sent."""
+    sent = 0
+    for n in range(count):
+        try:
+            queue.send({"n": n}, delay=60)
+        except QueueUnavailable:
+            continue
+        sent += 1
+    return sent
+
+
+@pytest.mark.parametrize("backend_url", SHARDED_BACKENDS, indirect=True)
+def test_a_sharded_queue_page_shows_each_shard_under_the_unchanged_totals(
+    users: dict[str, User | None], configure: Callable[..., Queue], backend_url: str
+) -> None:
+    queue = configure()
+    for n in range(30):
+        queue.send({"n": n}, delay=60)
+    bury(queue)
+    stores = parts(queue.store)
+    totals = queue.stats()
+    client = client_for(users["viewer"])
+
+    page = client.get(url("detail", "default")).content.decode()
+    rows = shard_rows(page)
+    assert list(rows) == list(stores)
+    assert f'data-dq-stat="pending">{totals["pending"]}<' in page
+    assert 'data-dq-stat="garbage">1<' in page
+    on_cluster = "cluster" in backend_url
+    for name, store in stores.items():
+        stats = store.stats()
+        row = rows[name]
+        assert f"<th>{name}</th><td><code>{store.keys.tag}</code></td>" in row
+        for count in ("pending", "ready", "unack", "retry", "garbage"):
+            assert f'<td data-dq-shard-stat="{count}">{stats[count]}</td>' in row
+        assert f'data-dq-shard-stat="lag_ms">{stats["lag_ms"]}<' in row
+        assert (f"<td>{slot_of(store.keys)}</td>" in row) is on_cluster
+    assert ("<th>Slot</th><th>Server</th>" in page) is on_cluster
+    assert sum(store.stats()["pending"] for store in stores.values()) == totals["pending"] == 30
+
+    overview = client.get(url("changelist")).content.decode()
+    assert f"({len(stores)} shards)" in overview
+    assert f'data-dq-stat="pending">{totals["pending"]}<' in overview
+
+
+@pytest.mark.parametrize("backend_url", SHARDED_BACKENDS, indirect=True)
+def test_the_json_views_give_each_shard_of_a_sharded_queue(
+    users: dict[str, User | None], configure: Callable[..., Queue], backend_url: str
+) -> None:
+    queue = configure()
+    for n in range(20):
+        queue.send({"n": n}, delay=60)
+    stores = parts(queue.store)
+    client = client_for(users["viewer"])
+
+    data = client.get(url("queue_json", "default")).json()
+    shards = data.pop("shards")
+    assert data.pop("workers") == 0
+    assert data.pop("ok") is True
+    for key in ("outbox", "outbox_age_ms", "server_time_ms", "lag_ms"):
+        data.pop(key)
+    expected = queue.stats()
+    for key in ("server_time_ms", "lag_ms"):
+        expected.pop(key)
+    assert data == expected  # the totals, as before
+    assert list(shards) == list(stores)
+    for name, store in stores.items():
+        shard = shards[name]
+        assert (shard["ok"], shard["tag"]) == (True, store.keys.tag)
+        assert shard["pending"] == store.stats()["pending"]
+        if "cluster" in backend_url:
+            assert shard["slot"] == slot_of(store.keys)
+            assert re.fullmatch(r"127\.0\.0\.1:\d+", shard["server"])
+        else:
+            assert shard["slot"] is shard["server"] is None
+    assert sum(shard["pending"] for shard in shards.values()) == 20
+
+    every = client.get(url("json")).json()["queues"]
+    assert set(every["default"]["shards"]) == set(stores)
+    assert "shards" not in every["other"]  # an unsharded queue's report is as it was
+
+
+@pytest.mark.cluster
+def test_a_shard_that_cannot_be_reached_is_shown_in_its_row_not_a_500(
+    users: dict[str, User | None], shards_down: list[str]
+) -> None:
+    queue = get_queue()
+    sent = send_what_reaches_redis(queue, 12)
+    client = client_for(users["viewer"])
+
+    response = client.get(url("detail", "default"))
+    assert response.status_code == 503
+    page = response.content.decode()
+    names = ", ".join(shards_down)
+    assert (
+        "Redis is unavailable for queue “default”: queue &#x27;default&#x27; cannot reach "
+        f"Redis for shard(s) {names}: Error "
+    ) in page
+    rows = shard_rows(page)
+    assert list(rows) == list(parts(queue.store))
+    pending = 0
+    for name, row in rows.items():
+        if name in shards_down:
+            assert "unreachable: Error" in row
+            assert "data-dq-shard-stat" not in row
+        else:
+            pending += int(re.findall(r'data-dq-shard-stat="pending">(\d+)<', row)[0])
+    assert pending == sent
+
+    data = client.get(url("queue_json", "default")).json()
+    assert data["ok"] is False
+    assert f"shard(s) {names}" in data["error"]
+    assert {name for name, shard in data["shards"].items() if not shard["ok"]} == set(shards_down)
+    assert sum(shard.get("pending", 0) for shard in data["shards"].values()) == sent
+
+    overview = client.get(url("changelist"))
+    assert overview.status_code == 200
+    assert (
+        f"Redis is unavailable: queue &#x27;default&#x27; cannot reach Redis for shard(s) {names}"
+    ) in overview.content.decode()

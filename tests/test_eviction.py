@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from delayqueue_django import get_queue
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
@@ -127,6 +129,48 @@ def test_the_policy_is_read_where_the_queue_lives_on_redis_cluster(
     finally:
         node.config_set("maxmemory-policy", "noeviction")
     assert stats_stderr() == ""
+
+
+@pytest.mark.cluster
+def test_a_sharded_queue_is_advised_per_master_naming_its_shards_there(
+    settings: Any, redis_cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_cluster.flush()
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": redis_cluster.url,
+            "SHARDS": 6,
+            "HANDLER": "tests.worker_handlers.handle",
+        }
+    }
+    stores = parts(get_queue().store)
+    master = redis_cluster.master_for(stores["0"].keys.key("pending"))
+    there = [
+        name
+        for name, store in stores.items()
+        if redis_cluster.master_for(store.keys.key("pending")) is master
+    ]
+    assert len(there) == 2  # two shards a master, shard 0 first
+    node = master.client()
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    said = f"shards {', '.join(there)} (on 127.0.0.1:{master.port}): {ALLKEYS}".replace(
+        "at its maxmemory (104857600 bytes)", "once a maxmemory is set"
+    )
+    try:
+        assert stats_stderr() == f"warning: queue 'default': {said}\n"
+        assert check().splitlines()[-1] == f"  warning: {said}"
+        assert f"queue=default: {said}" in run_worker(caplog)
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+    assert stats_stderr() == ""
+
+
+def test_a_sharded_queue_on_one_server_is_advised_once(
+    server_with: Callable[..., RedisServer], settings: Any
+) -> None:
+    server_with("--maxmemory-policy", "allkeys-lru", "--maxmemory", "100mb")
+    settings.DELAYQUEUES["default"]["SHARDS"] = 4
+    assert stats_stderr() == f"warning: queue 'default': {ALLKEYS}\n"
 
 
 # What the checker can tell after keys were evicted

@@ -11,9 +11,11 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayqueue_django import get_queue
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
 from delayqueue_django.timings import HISTOGRAMS, Timings, histogram_from_totals
 from delayqueue_django.worker import heartbeat
+from tests.backends import SHARDED_BACKENDS
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 from tests.test_worker_processes import WorkerProcess, events, spawn, workers  # noqa: F401
@@ -162,3 +164,58 @@ def test_timings_fall_into_their_buckets_and_survive_a_failed_flush() -> None:
     assert cumulative[300.0] == 3
     assert cumulative[float("inf")] == histogram.count == 4
     assert histogram.sum_seconds == pytest.approx(7200.0045)
+
+
+@pytest.mark.parametrize("backend_url", SHARDED_BACKENDS, indirect=True)
+def test_a_sharded_queue_has_each_shards_counts_beside_its_unchanged_totals(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure()
+    for n in range(20):
+        queue.send({"n": n}, delay=60)
+    queue.send("due now")
+    stores = parts(queue.store)
+    samples = scrape()
+    assert of(samples, "delayqueue_up") == 1
+    assert of(samples, "delayqueue_messages", state="pending") == 21
+    assert of(samples, "delayqueue_due_messages") == 1
+    for name, store in stores.items():
+        stats = store.stats()
+        assert of(samples, "delayqueue_shard_up", shard=name) == 1
+        for state in ("pending", "ready", "unack", "retry", "garbage"):
+            assert of(samples, "delayqueue_shard_messages", shard=name, state=state) == stats[state]
+        assert of(samples, "delayqueue_shard_lag_seconds", shard=name) >= 0
+    assert (
+        sum(
+            of(samples, "delayqueue_shard_messages", shard=name, state="pending") for name in stores
+        )
+        == 21
+    )
+    # The unsharded queue beside it has no shard metrics.
+    assert not [
+        key
+        for key in samples
+        if key[0].startswith("delayqueue_shard") and ("queue", "other") in key[1]
+    ]
+
+
+def test_without_a_sharded_queue_there_are_no_shard_metrics() -> None:
+    get_queue().send("x")
+    assert not [name for name, _ in scrape() if name.startswith("delayqueue_shard")]
+    response = Client().get("/metrics/", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert "delayqueue_shard" not in response.content.decode()
+
+
+@pytest.mark.cluster
+def test_a_shard_that_cannot_be_reached_is_down_and_the_queue_too(shards_down: list[str]) -> None:
+    samples = scrape()
+    assert of(samples, "delayqueue_up") == 0
+    assert ("delayqueue_messages", (("queue", "default"), ("state", "pending"))) not in samples
+    for name in parts(get_queue().store):
+        up = of(samples, "delayqueue_shard_up", shard=name)
+        assert up == (0 if name in shards_down else 1)
+        counted = (
+            "delayqueue_shard_messages",
+            (("queue", "default"), ("shard", name), ("state", "pending")),
+        )
+        assert (counted in samples) is not (name in shards_down)

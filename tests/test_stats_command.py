@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
+from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.shards import slot_of
+from delayqueue_django.management.commands.delayqueue_stats import COUNTS
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker, heartbeat
+from tests.backends import SHARDED_BACKENDS
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 from tests.worker_handlers import UNBLOCK, handle
@@ -38,7 +43,10 @@ def test_the_table_shows_counts_lag_and_workers(queue: Queue) -> None:
         queue, "w1", {"host": "box", "pid": 7, "handled": 3, "failed": 1}, ttl_seconds=30
     )
     text = stats("default")
-    header, row = text.splitlines()
+    header, row, *shard_rows = text.splitlines()
+    # (A sharded queue's shards, a row each, follow: see below.)
+    shards = parts(queue.store)
+    assert len(shard_rows) == (0 if len(shards) == 1 else len(shards))
     assert header.split()[:8] == [
         "queue",
         "pending",
@@ -170,3 +178,68 @@ def test_a_process_of_its_own_refuses_a_memory_queue(
         "that process (the admin, or call_command('delayqueue_stats')), or give the queue a "
         "Redis URL.\n"
     )
+
+
+@pytest.mark.parametrize("backend_url", SHARDED_BACKENDS, indirect=True)
+def test_a_sharded_queue_has_a_row_per_shard_under_its_unchanged_totals(
+    configure: Callable[..., Queue], backend_url: str
+) -> None:
+    queue = configure()
+    for n in range(20):
+        queue.send({"n": n}, delay=3600)
+    queue.send("due now")
+    stores = parts(queue.store)
+    totals = queue.stats()
+
+    lines = stats("default").splitlines()
+    assert lines[1].split()[:8] == ["default", "21", "0", "0", "0", "0", "1", "0.0"]
+    assert len(lines) == 2 + len(stores)
+    on_cluster = "cluster" in backend_url
+    for line, (name, store) in zip(lines[2:], stores.items(), strict=True):
+        figures = store.stats()
+        words = line.split()
+        assert words[:2] == ["shard", name]
+        assert words[2:8] == [str(figures[count]) for count in COUNTS]
+        where = re.escape(f" {store.keys.tag}")
+        if on_cluster:
+            where += rf" slot {slot_of(store.keys)} on 127\.0\.0\.1:\d+"
+        assert re.search(where + "$", line), line
+    assert sum(int(line.split()[2]) for line in lines[2:]) == totals["pending"] == 21
+
+    data = json.loads(stats("default", json=True))["queues"]["default"]
+    assert {key: data[key] for key in COUNTS} == {key: totals[key] for key in COUNTS}
+    assert list(data["shards"]) == list(stores)
+    assert sum(shard["pending"] for shard in data["shards"].values()) == 21
+
+    assert len(stats("default", "--no-shards").splitlines()) == 2
+    assert (
+        "shards" not in json.loads(stats("default", "--no-shards", json=True))["queues"]["default"]
+    )
+
+
+def test_an_unsharded_queue_has_no_shard_rows() -> None:
+    assert len(stats("default").splitlines()) == 2
+    assert "shards" not in json.loads(stats("default", json=True))["queues"]["default"]
+
+
+@pytest.mark.cluster
+def test_a_shard_that_cannot_be_reached_exits_1_and_is_named_in_its_row(
+    shards_down: list[str],
+) -> None:
+    out = StringIO()
+    with pytest.raises(CommandError, match="Redis unavailable for default") as caught:
+        call_command("delayqueue_stats", stdout=out)
+    assert caught.value.returncode == 1
+    names = ", ".join(shards_down)
+    _, queue_row, *shard_rows = out.getvalue().splitlines()
+    assert queue_row.startswith(
+        f"default              Redis unavailable: queue 'default' cannot reach Redis for "
+        f"shard(s) {names}: Error "
+    )
+    assert len(shard_rows) == 6
+    for row in shard_rows:
+        name = row.split()[1]
+        if name in shards_down:
+            assert row.split()[2:4] == ["unreachable:", "Error"]
+        else:
+            assert row.split()[2:8] == ["0"] * 6

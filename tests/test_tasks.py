@@ -10,6 +10,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from delayqueue_django import get_queue
+from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.compat import (
@@ -582,3 +585,41 @@ def test_the_installed_frameworks_invalid_task_error_is_the_one_caught() -> None
     exceptions = importlib.import_module(f"{framework}.exceptions")
     assert InvalidTask is invalid_task_error(exceptions)
     assert InvalidTask.__name__ in INVALID_TASK_NAMES
+
+
+@pytest.fixture(params=[pytest.param("cluster", marks=pytest.mark.cluster), "memory"])
+def sharded_tasks_queue(request: pytest.FixtureRequest, settings: Any) -> Callable[..., Queue]:
+    """``tasks_queue`` on a sharded queue: 6 shards on the Redis Cluster, 4 in memory."""
+    if request.param == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        return partial(_tasks_configurer(cluster.url, settings), SHARDS=6)
+    return partial(_tasks_configurer("memory://", settings), SHARDS=4)
+
+
+def test_on_a_sharded_queue_each_result_lives_on_its_messages_shard(
+    sharded_tasks_queue: Callable[..., Queue],
+) -> None:
+    queue = sharded_tasks_queue(RETRY_COUNT=1)
+    results = [tasks.add.enqueue(n, b=1) for n in range(12)]
+    failing = tasks.always_fails.enqueue("boom")
+    stores = parts(queue.store)
+    # Spread at random: 12 messages all on one shard of 4 would take a 1-in-4-million draw.
+    assert len({shard_name(*shard_of(result.id)) for result in results}) > 1
+    assert all(
+        tasks.add.get_result(result.id).status == TaskResultStatus.READY for result in results
+    )
+
+    work()
+
+    fresh = DelayQueueBackend("default", {"QUEUES": ["default"]})  # as in another process
+    for n, result in enumerate(results):
+        done = fresh.get_result(result.id)
+        assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, n + 1)
+    failed = fresh.get_result(failing.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [error.exception_class for error in failed.errors] == [ValueError] * 2
+    for result_id in [*(result.id for result in results), failing.id]:
+        holding = [name for name, store in stores.items() if store.read_result(result_id)]
+        assert holding == [shard_name(*shard_of(result_id))]
+    assert queue.stats()["garbage"] == 1

@@ -238,12 +238,15 @@ def check_queue(store: Store) -> InvariantReport:
     shards = parts(store)
     if len(shards) == 1:
         return check(_snapshot(shards["0"]), store.keys)
-    reports = []
-    for name, shard in shards.items():
-        snapshot = _snapshot(shard)
-        report = check(snapshot, shard.keys)
-        reports.append(replace(report, problems=report.problems + _misplaced(snapshot, name)))
-    return _combined(reports)
+    return combined([check_shard(name, shard) for name, shard in shards.items()])
+
+
+def check_shard(name: str, store: ShardStore) -> InvariantReport:
+    """One shard of a sharded queue, snapshot atomically: the rules within it, and no
+    message in it whose id names another shard."""
+    snapshot = _snapshot(store)
+    report = check(snapshot, store.keys)
+    return replace(report, problems=report.problems + _misplaced(snapshot, name))
 
 
 def _snapshot(store: ShardStore) -> Snapshot:
@@ -267,7 +270,8 @@ def _misplaced(snapshot: Snapshot, name: str) -> list[Problem]:
     return problems
 
 
-def _combined(reports: Sequence[InvariantReport]) -> InvariantReport:
+def combined(reports: Sequence[InvariantReport]) -> InvariantReport:
+    """One report for a queue from its shards' (check_shard)."""
     counts: Counter[str] = Counter()
     for report in reports:
         counts.update(report.counts)

@@ -1,7 +1,9 @@
 """Task results kept in the queue's store, readable from any process (on Redis).
 
 One hash per result, ``{prefix:queue}:task:<result id>`` (the result id is the message id),
-beside the queue's own keys; a memory queue keeps the same record in memory. Every write
+beside the queue's own keys: on a sharded queue, beside its message's, under the tag of the
+shard the id names (the store's ``write_result`` and ``read_result`` go there); a memory
+queue keeps the same record in memory. Every write
 sets the TTL again, so a record lives RESULT_TTL after the last thing that happened to its
 task. Fields:
 

@@ -54,6 +54,11 @@ class Command(OwnProcessCommand):
             help=f"Exit {LAGGING} if a due message has waited longer than this.",
         )
         parser.add_argument(
+            "--no-shards",
+            action="store_true",
+            help="Leave out the rows of a sharded queue's shards (and their 'shards' in --json).",
+        )
+        parser.add_argument(
             "--require-workers",
             action="store_true",
             help=f"Exit {NO_WORKER} if a queue has no live worker.",
@@ -67,6 +72,7 @@ class Command(OwnProcessCommand):
         watch: float | None,
         max_lag: float | None,
         require_workers: bool,
+        no_shards: bool,
         **options: Any,
     ) -> None:
         try:
@@ -88,19 +94,28 @@ class Command(OwnProcessCommand):
             self.stderr.write(str(said))
         if watch is None:
             reports = {queue.name: queue_report(queue) for queue in chosen}
-            self._print(reports, as_json=json)
+            self._print(reports, as_json=json, shards=not no_shards)
             self._verdict(reports, max_lag, require_workers)
             return
         try:
             while True:
-                self._print({queue.name: queue_report(queue) for queue in chosen}, as_json=json)
+                self._print(
+                    {queue.name: queue_report(queue) for queue in chosen},
+                    as_json=json,
+                    shards=not no_shards,
+                )
                 self.stdout.flush()
                 time.sleep(watch)
         except KeyboardInterrupt:
             return
 
-    def _print(self, reports: dict[str, dict[str, Any]], *, as_json: bool) -> None:
+    def _print(self, reports: dict[str, dict[str, Any]], *, as_json: bool, shards: bool) -> None:
         if as_json:
+            if not shards:
+                reports = {
+                    name: {key: value for key, value in data.items() if key != "shards"}
+                    for name, data in reports.items()
+                }
             self.stdout.write(json.dumps({"queues": reports}, sort_keys=True))
             return
         header = f"{'queue':<20}" + "".join(f"{name:>9}" for name in COUNTS)
@@ -109,19 +124,15 @@ class Command(OwnProcessCommand):
             self._print_outbox(name, data)
             if not data["ok"]:
                 self.stdout.write(f"{name:<20} Redis unavailable: {data['error']}")
+                if shards:
+                    self._print_shards(data)
                 continue
-            counts = "".join(f"{data[key]:>9}" for key in COUNTS)
-            lag = f"{data['lag_ms'] / 1000:.1f} s"
-            next_due = data["next_due_ms"]
-            due = "-"
-            if next_due >= 0:
-                due = datetime.fromtimestamp(next_due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
             workers = ", ".join(
                 f"{w.get('host')}:{w.get('pid')} "
                 f"({w.get('handled')} handled, {w.get('failed')} failed)"
                 for w in data["workers"]
             )
-            self.stdout.write(f"{name:<20}{counts}{lag:>10}  {due:<20} {workers or 'none'}")
+            self.stdout.write(f"{name:<20}{_figures(data)} {workers or 'none'}")
             # Each running handler on a line of its own, so that a hung one stands out.
             for worker in data["workers"]:
                 for handler in running_handlers(worker):
@@ -129,6 +140,21 @@ class Command(OwnProcessCommand):
                         f"  {worker.get('host')}:{worker.get('pid')} running "
                         f"{describe_running(handler)}"
                     )
+            if shards:
+                self._print_shards(data)
+
+    def _print_shards(self, data: dict[str, Any]) -> None:
+        """A sharded queue's shards, a row each under the queue's: its figures and where it
+        is (its hash tag; on Redis Cluster its slot and master) instead of workers."""
+        for shard_name, shard in data.get("shards", {}).items():
+            label = f"  shard {shard_name}"
+            if not shard["ok"]:
+                self.stdout.write(f"{label:<20} unreachable: {shard['error']}")
+                continue
+            where = shard["tag"]
+            if shard["slot"] is not None:
+                where += f" slot {shard['slot']} on {shard['server'] or '?'}"
+            self.stdout.write(f"{label:<20}{_figures(shard)} {where}")
 
     def _print_outbox(self, name: str, data: dict[str, Any]) -> None:
         """A line for a queue whose messages wait in the outbox (or whose outbox database
@@ -164,3 +190,14 @@ class Command(OwnProcessCommand):
             idle = [name for name, data in reports.items() if not data["workers"]]
             if idle:
                 raise CommandError(f"no live worker for {', '.join(idle)}", returncode=NO_WORKER)
+
+
+def _figures(stats: dict[str, Any]) -> str:
+    """The counts, lag and next due time of a row (a queue's, or a shard's)."""
+    counts = "".join(f"{stats[key]:>9}" for key in COUNTS)
+    lag = f"{stats['lag_ms'] / 1000:.1f} s"
+    next_due = stats["next_due_ms"]
+    due = "-"
+    if next_due >= 0:
+        due = datetime.fromtimestamp(next_due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{counts}{lag:>10}  {due:<20}"

@@ -290,7 +290,7 @@ class Command(OwnProcessCommand):
         except UnsupportedRedisVersion as error:
             raise CommandError(str(error)) from None
         for said in advice:
-            logger.log(said.level, "queue=%s: %s", said.queue, said.text)
+            logger.log(said.level, "queue=%s: %s", said.queue, said.message)
 
     @contextmanager
     def _signals(self, worker: Worker) -> Iterator[None]:

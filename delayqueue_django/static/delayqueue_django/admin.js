@@ -1,4 +1,5 @@
-// Refreshes the counts of a queue page from its JSON view every few seconds.
+// Refreshes the counts of a queue page (and of its shards) from its JSON view every few
+// seconds.
 (function () {
   "use strict";
   var root = document.querySelector("[data-dq-stats-url]");
@@ -14,7 +15,23 @@
         Object.keys(queues).forEach(function (name) {
           var stats = queues[name];
           var scope = name === "_" ? document : document.querySelector('[data-dq-queue="' + CSS.escape(name) + '"]');
-          if (!scope || !stats.ok) { return; }
+          if (!scope) { return; }
+          // A sharded queue's shards, each on its own: those that answered are shown
+          // even while another cannot be reached (and the totals, short, are not).
+          Object.keys(stats.shards || {}).forEach(function (shard) {
+            var figures = stats.shards[shard];
+            var row = scope.querySelector('[data-dq-shard="' + CSS.escape(shard) + '"]');
+            // (A row drawn unreachable has no counts to refresh: a reload redraws it.)
+            var cells = row ? row.querySelectorAll("[data-dq-shard-stat]") : [];
+            if (!cells.length) { return; }
+            row.classList.toggle("dq-unreachable", !figures.ok);
+            if (!figures.ok) { return; }
+            cells.forEach(function (cell) {
+              var key = cell.getAttribute("data-dq-shard-stat");
+              if (key in figures) { cell.textContent = String(figures[key]); }
+            });
+          });
+          if (!stats.ok) { return; }
           scope.querySelectorAll("[data-dq-stat]").forEach(function (cell) {
             var key = cell.getAttribute("data-dq-stat");
             if (key in stats) { cell.textContent = String(stats[key]); }
