@@ -13,7 +13,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.engine import sharded_store
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.engine.sharded_store import ShardedStore, parts
-from delayqueue_django.engine.shards import layout_names, shard_of
+from delayqueue_django.engine.shards import LAYOUTS_CHANGED, layout_names, shard_of
 from delayqueue_django.queue import Queue
 from tests.conftest import MEMORY_URL
 from tests.helpers import wait_for
@@ -250,3 +250,29 @@ def test_a_relay_registers_the_layout_its_rows_name_not_its_own(settings: Any, u
 
     assert relay.store.base.layouts() == {8}  # type: ignore[attr-defined]
     assert [message.id for message in relay.fetch(10).messages] == [row]
+
+
+def test_a_layout_new_on_the_register_is_announced_and_read_at_once(
+    settings: Any, url: str
+) -> None:
+    """Without waiting LAYOUTS_RECHECK_SECONDS: the first write to a new layout publishes
+    LAYOUTS_CHANGED on shard 0's channel, and a listening store's next fetch reads the
+    register again."""
+    queue = with_shards(settings, url, 2)
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    queue.fetch(10)  # the register read: nothing to drain
+    subscription = store.subscribe_wakeups()
+    try:
+        with_shards(settings, url, 4).send_many([{"n": n} for n in range(20)], delay=30)
+        heard = []
+        while (due := subscription.wait(timeout=0.5)) is not None:
+            heard.append(due)
+        assert LAYOUTS_CHANGED in heard
+        assert store.draining() is None  # due to be read again
+
+        queue.fetch(10)
+
+        assert store.draining() == (4,)
+    finally:
+        subscription.close()

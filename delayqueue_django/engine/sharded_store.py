@@ -57,6 +57,7 @@ from delayqueue_django.engine.records import (
     Tick,
 )
 from delayqueue_django.engine.shards import (
+    LAYOUTS_CHANGED,
     MAX_SHARDS,
     SHARD_MARK,
     layout_names,
@@ -529,7 +530,10 @@ class ShardedStore:
             self._listening += change
 
     def heard(self, name: str, due_ms: int) -> None:
-        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it."""
+        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it. (From
+        shard 0, LAYOUTS_CHANGED also has the next fetch read the register of layouts.)"""
+        if name == "0" and due_ms == LAYOUTS_CHANGED:
+            self._layouts_read_at = -math.inf
         with self._lock:
             plan = self._plans.get(name)
             if plan is not None:

@@ -39,6 +39,7 @@ from delayqueue_django.engine.records import (
     split_trace,
 )
 from delayqueue_django.engine.scripts import Lua
+from delayqueue_django.engine.shards import LAYOUTS_CHANGED
 
 logger = logging.getLogger("delayqueue_django.engine")
 
@@ -428,7 +429,8 @@ class RedisStore:
         return {int(layout) for layout in self.client.smembers(self.keys.key("layouts"))}
 
     def add_layout(self, layout: int) -> None:
-        self.client.sadd(self.keys.key("layouts"), layout)
+        if self.client.sadd(self.keys.key("layouts"), layout):
+            self.client.publish(self._channel, LAYOUTS_CHANGED)
 
     def retire_layout(self, layout: int) -> bool:
         return bool(self.client.srem(self.keys.key("layouts"), layout))

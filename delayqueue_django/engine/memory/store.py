@@ -44,6 +44,7 @@ from delayqueue_django.engine.records import (
     split_trace,
     tick_id,
 )
+from delayqueue_django.engine.shards import LAYOUTS_CHANGED
 
 # As relay.lua: ids relayed longer ago than keep_ms are dropped, this many per call.
 RELAY_PRUNE_LIMIT = 100
@@ -454,7 +455,10 @@ class MemoryStore:
 
     def add_layout(self, layout: int) -> None:
         with self.server.lock:
-            self._state().layouts.add(layout)
+            layouts = self._state().layouts
+            if layout not in layouts:
+                layouts.add(layout)
+                self._wake(LAYOUTS_CHANGED)
 
     def retire_layout(self, layout: int) -> bool:
         with self.server.lock:
