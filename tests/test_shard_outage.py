@@ -10,7 +10,7 @@ import pytest
 
 from delayqueue_django import get_queue
 from delayqueue_django.engine.records import NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.sharded_store import ShardedStore, parts
 from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
 from delayqueue_django.queue import Queue
 from tests.helpers import wait_for
@@ -29,8 +29,9 @@ def cluster() -> Iterator[RedisClusterServers]:
     servers.close()
 
 
-def on_shard(queue: Queue, name: str, payload: dict[str, Any]) -> str:
-    """Send ``payload`` to shard ``name`` (the id it gets there names that shard)."""
+def on_shard(queue: Queue, name: str, payload: dict[str, Any], retries: int = 3) -> str:
+    """Send ``payload`` to shard ``name`` (the id it gets there names that shard), with
+    this many retries."""
     store = queue.store
     assert isinstance(store, ShardedStore)
     message_id = next(
@@ -38,7 +39,7 @@ def on_shard(queue: Queue, name: str, payload: dict[str, Any]) -> str:
         for placed in store.place([f"{uuid.uuid4().hex}" for _ in range(1000)])
         if shard_name(*shard_of(placed)) == name
     )
-    store.send([NewMessage(message_id, json.dumps(payload), 3, at_ms=0)])
+    store.send([NewMessage(message_id, json.dumps(payload), retries, at_ms=0)])
     return message_id
 
 
@@ -81,3 +82,18 @@ def test_a_worker_commits_on_the_other_shards_while_one_master_is_down(
         assert "shard " + down[0] in worker.output
     finally:
         worker.stop()
+
+
+def test_fetches_and_exhaustion_claims_pass_over_the_shards_of_a_master_down(
+    settings: Any, shards_down: list[str]
+) -> None:
+    queue = get_queue()
+    up = [name for name in parts(queue.store) if name not in shards_down]
+    sent = {on_shard(queue, name, {"shard": name}, retries=0) for name in up}
+
+    fetched = queue.fetch(100)  # (the shards down are asked first too, by turns)
+
+    assert {message.id for message in fetched.messages} == sent
+    queue.nack(fetched.messages)  # no retries: each a dead letter, its exhaustion owed
+    claims = queue.claim_exhausted(100)
+    assert {claim.id for claim in claims} == sent

@@ -572,6 +572,14 @@ class ShardedStore:
         self._look_again(
             shard_name(*shard_of(refusal[0])) for refusal in refusals if refusal[2] != BURY
         )
+        # Their exhaustions are owed: the next claim asks their shards (a fetch would say
+        # so only later).
+        exhausted = {shard_name(*shard_of(outcome.id)) for outcome in outcomes if outcome.exhausted}
+        with self._lock:
+            for name in exhausted:
+                plan = self._plans.get(name)
+                if plan is not None:
+                    plan.owed = True
         return outcomes
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
@@ -595,7 +603,8 @@ class ShardedStore:
 
     def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
         """From the shards whose last fetch said one is owed, or never fetched (every
-        shard, when none is), in turn, until ``count``."""
+        shard, when none is), in turn, until ``count``. A shard that cannot be reached is
+        passed over (its announcements wait for it); raises only if every one asked fails."""
         with self._lock:
             owed = [
                 name
@@ -603,11 +612,19 @@ class ShardedStore:
                 if self._plans[name].owed or not self._plans[name].fetched
             ]
         claims: list[ExhaustedClaim] = []
+        asked_shards = failed = 0
         for name in owed or self._order:
             if len(claims) >= count:
                 break
             asked = count - len(claims)
-            found = self._store(name).claim_exhausted(asked, claim_ms)
+            asked_shards += 1
+            try:
+                found = self._store(name).claim_exhausted(asked, claim_ms)
+            except (RedisError, OSError):
+                failed += 1
+                if failed == asked_shards == len(owed or self._order):
+                    raise
+                continue
             claims += found
             if len(found) < asked:
                 with self._lock:
