@@ -8,11 +8,12 @@ per shard it touches: atomic per shard, not across shards. Readers add the shard
 Fetching keeps a plan: when each shard next has work, learned from that shard's fetches
 and, while a wake-up subscription of this store listens (a worker's), its wake-ups. A
 fetch takes from the shards that are due by the plan, in turn from where the last one
-stopped (each process starts at a random shard), until it has ``count``; with none due,
-or with no one listening (the plan would miss what other processes send), it looks at
-every shard in turn. A shard whose Redis cannot be reached is left out and tried again
-every SHARD_RETRY_SECONDS while the others keep flowing; a fetch raises only when every
-shard it tried failed.
+stopped (each process starts at a random shard), until it has ``count``; with no one
+listening (the plan would miss what other processes send), it looks at every shard in
+turn, and with none due (a look in case a wake-up was lost) at up to IDLE_LOOK_SHARDS. A
+shard whose Redis cannot be reached is left out and tried again every
+SHARD_RETRY_SECONDS while the others keep flowing; a fetch whose shards all failed asks
+the others, and raises only when none answers.
 
 Resharding: changing SHARDS moves no message. Shard 0 keeps a register of the layouts
 that may hold messages (``layouts``, a set): a store adds a layout before its first
@@ -81,6 +82,8 @@ HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
 # A shard the plan has due within this long of a fetch is fetched from: the consumer times
 # its sleep by the same clock readings, to well under this.
 DUE_SLACK_SECONDS = 0.001
+# At most this many shards are asked by a fetch when none is due by the plan.
+IDLE_LOOK_SHARDS = 30
 # Counts that add up across shards; the other stats are times (see _combined_stats).
 _TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
 
@@ -412,7 +415,8 @@ class ShardedStore:
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
         """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
-        of them when none is or no one listens (but those failing, until their retry); and
+        of them when no one listens, or IDLE_LOOK_SHARDS of them when none is due (but
+        those failing, until their retry); and
         whether it repeats a lost fetch, which asks exactly the shards that one asked (they
         hand out again what they took)."""
         repeated, names = self._last_fetch.get(fetcher, ("", []))
@@ -424,7 +428,9 @@ class ShardedStore:
             if not self._listening:
                 return reachable or order, False
             due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
-        return due or reachable or order, False
+        # With none due, a look in case a wake-up was lost: a slice of them in turn, so that
+        # an idle worker's looks (every 30 s) cost at most 1 request a second.
+        return due or (reachable or order)[:IDLE_LOOK_SHARDS], False
 
     def _fetch_shard(
         self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
