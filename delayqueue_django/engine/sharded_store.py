@@ -244,17 +244,22 @@ class ShardedStore:
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
         """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
-        of them when none is or no one listens; and whether it repeats a lost fetch, which
-        asks exactly the shards that one asked (they hand out again what they took)."""
+        of them when none is or no one listens, but for those whose Redis failed and whose
+        retry has not come (unless every shard's failed); and whether it repeats a lost
+        fetch, which asks exactly the shards that one asked (they hand out again what they
+        took)."""
         repeated, names = self._last_fetch.get(fetcher, ("", []))
         if request and request == repeated:
             return names, True
         order = self._order[self._cursor :] + self._order[: self._cursor]
         with self._lock:
+            # (Asked before its retry, a shard that failed would hold up every fetch, and
+            # the others' messages with it, for its timeout again.)
+            reachable = [name for name in order if self._plans[name].retry_at <= now] or order
             if not self._listening:
-                return order, False
+                return reachable, False
             due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
-        return due or order, False
+        return due or reachable, False
 
     def _fetch_shard(
         self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
