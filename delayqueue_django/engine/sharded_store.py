@@ -415,22 +415,24 @@ class ShardedStore:
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
         """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
-        of them when no one listens, or IDLE_LOOK_SHARDS of them when none is due (but
-        those failing, until their retry); and
-        whether it repeats a lost fetch, which asks exactly the shards that one asked (they
-        hand out again what they took)."""
+        of them when no one listens, or IDLE_LOOK_SHARDS of them when none is due, but for
+        those whose Redis failed and whose retry has not come (unless every shard's failed);
+        and whether it repeats a lost fetch, which asks exactly the shards that one asked
+        (they hand out again what they took)."""
         repeated, names = self._last_fetch.get(fetcher, ("", []))
         if request and request == repeated:
             return names, True
         order = self._order[self._cursor :] + self._order[: self._cursor]
         with self._lock:
-            reachable = [name for name in order if self._plans[name].retry_at <= now]
+            # (Asked before its retry, a shard that failed would hold up every fetch, and
+            # the others' messages with it, for its timeout again.)
+            reachable = [name for name in order if self._plans[name].retry_at <= now] or order
             if not self._listening:
-                return reachable or order, False
+                return reachable, False
             due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
         # With none due, a look in case a wake-up was lost: a slice of them in turn, so that
         # an idle worker's looks (every 30 s) cost at most 1 request a second.
-        return due or (reachable or order)[:IDLE_LOOK_SHARDS], False
+        return due or reachable[:IDLE_LOOK_SHARDS], False
 
     def _fetch_shard(
         self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
