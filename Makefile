@@ -59,6 +59,7 @@ else
 # run only: the fault scenarios, the engine's contract tests, the sharded queue's tests, the
 # worker's process, fault and connection tests, the server fixtures and the benchmark script.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
+	--ignore=tests/test_shard_outage.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
 	--ignore=tests/test_worker_connections.py --ignore=tests/test_redis_servers.py \
 	--ignore=tests/test_benchmarks.py

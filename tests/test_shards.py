@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from redis.backoff import NoBackoff
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
-from redis.retry import Retry
 
 import delayqueue_django
 from delayqueue_django import get_queue
@@ -426,9 +424,9 @@ def test_the_shards_of_a_paused_master_wait_while_the_others_keep_flowing(
     listening: bool,
 ) -> None:
     redis_cluster.flush()
-    # No retries: redis-py's own of a cluster command that timed out (10 by default) would
-    # hold each try of the paused shard for 11 timeouts, the other shards with it.
-    options = {"socket_timeout": 0.3, "retry": Retry(NoBackoff(), 0)}
+    # redis-py's own retries as they are: a call that timed out is not made again the
+    # general way (some ten more timeouts, the other shards held up meanwhile).
+    options = {"socket_timeout": 0.3}
     # A shard a master: the paused one's tries are the only ones that wait out a timeout.
     queue = sharded_queue(settings, redis_cluster.url, 3, OPTIONS=options)
     store = sharded(queue)
@@ -499,6 +497,58 @@ def test_the_shards_of_a_paused_master_wait_while_the_others_keep_flowing(
     report = queue.check_invariants()
     assert report.ok, report.problems
     assert sum(queue.stats()[state] for state in STATES) == 0
+
+
+@pytest.mark.cluster
+def test_a_fetch_repeated_after_its_only_due_shard_failed_asks_the_others_too(
+    redis_cluster: RedisClusterServers, settings: Any
+) -> None:
+    """As the worker does: a fetch that raised is repeated with the same request. Its one
+    due shard is on a paused master; the repeat must not ask that shard alone again (the
+    others' messages would wait out the pause)."""
+    redis_cluster.flush()
+    options = {"socket_timeout": 0.3}
+    queue = sharded_queue(settings, redis_cluster.url, 3, OPTIONS=options)
+    store = sharded(queue)
+    node, first, last = next(
+        master for master in masters_of(redis_cluster) if master[0] is not redis_cluster.nodes[0]
+    )
+    [paused] = [
+        name for name, shard in store.shards.items() if first <= slot_of(shard.keys) <= last
+    ]
+    live = next(name for name in store.shards if name != paused)
+
+    def suffix(name: str) -> str:
+        return "" if name == "0" else "~" + name
+
+    store.send([new_message("on-paused" + suffix(paused), delay_us=300_000)])
+    store.send([new_message("on-live" + suffix(live), delay_us=2_500_000)])
+    subscription = store.subscribe_wakeups()
+    control = node.client(socket_timeout=5)
+    try:
+        queue.fetch(10, fetcher="w", request="0")  # the plan learns both due times
+        control.client_pause(int(PAUSE_SECONDS * 1000), all=True)
+        paused_at = time.monotonic()
+        request = 1
+        received: dict[str, float] = {}
+        while "on-live" + suffix(live) not in received and time.monotonic() - paused_at < 10:
+            try:
+                fetched = queue.fetch(10, fetcher="w", request=str(request))
+            except QueueUnavailable:
+                time.sleep(0.05)
+                continue  # the same request again
+            request += 1
+            received.update((m.id, time.monotonic() - paused_at) for m in fetched.messages)
+            queue.ack(fetched.messages)
+            # Until the next due time, as the worker sleeps (its plan's: here the paused
+            # shard's retry comes first, and finds it the only shard due).
+            if fetched.next_ms is not None:
+                time.sleep(min(max(fetched.next_ms - fetched.now_ms, 0), 1000) / 1000)
+    finally:
+        subscription.close()
+        control.close()
+
+    assert received["on-live" + suffix(live)] < PAUSE_SECONDS
 
 
 # The invariant checker

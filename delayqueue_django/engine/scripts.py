@@ -237,7 +237,14 @@ class Lua:
             return self.client.execute_command(
                 command, function, len(keys), *keys, *args, target_nodes=node
             )
-        except (ConnectionError, TimeoutError, ClusterDownError, RedisClusterException):
+        except TimeoutError:
+            # A node that does not answer in time (hung, paused, cut off), not one that is
+            # gone: the general way would try it again some ten times, each a whole
+            # timeout, holding up the caller, and a sharded queue's other shards with it.
+            # The layout is learnt anew (a failover may have begun), and the caller told.
+            self.client.nodes_manager.initialize()
+            raise
+        except (ConnectionError, ClusterDownError, RedisClusterException):
             # The node is gone (a failover, say): learn the cluster's layout anew first, as
             # redis-py would before its own retry; a call aimed at a node gets none.
             self.client.nodes_manager.initialize()

@@ -186,12 +186,13 @@ class ShardedStore:
             return None
         return self._draining
 
-    def refresh_layouts(self, *, force: bool = False) -> None:
-        """Read the register of layouts if it is due (or ``force``d); the shards fetched
-        from follow it. A register that cannot be read is tried again after
-        SHARD_RETRY_SECONDS, the shards as they were meanwhile."""
+    def refresh_layouts(self, *, force: bool = False, due: bool = False) -> None:
+        """Read the register of layouts if it is time (or it is ``due`` now, or ``force``d:
+        raising if it cannot be read); the shards fetched from follow it. A register that
+        cannot be read is tried again after SHARD_RETRY_SECONDS, the shards as they were
+        meanwhile."""
         now = time.monotonic()
-        if not force and now < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
+        if not (force or due) and now < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
             return
         try:
             registered = self.base.layouts()
@@ -405,10 +406,13 @@ class ShardedStore:
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
+        if not taken:
+            # (Not noted as this fetcher's last: its repeat asks every shard due, and those
+            # that failed replay it, see _repeats; asking only those would wait out their
+            # outage.)
+            raise failures[0]
         if request:
             self._last_fetch[fetcher] = (request, asked)
-        if not taken:
-            raise failures[0]
         if asked[-1] in self._order:
             self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
         return self._merged(taken, more=len(asked) < len(visits))
@@ -538,10 +542,7 @@ class ShardedStore:
             self._listening += change
 
     def heard(self, name: str, due_ms: int) -> None:
-        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it. (From
-        shard 0, LAYOUTS_CHANGED also has the next fetch read the register of layouts.)"""
-        if name == "0" and due_ms == LAYOUTS_CHANGED:
-            self._layouts_read_at = -math.inf
+        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it."""
         with self._lock:
             plan = self._plans.get(name)
             if plan is not None:
@@ -822,21 +823,29 @@ class ShardedWakeups:
         store.listening(+1)
 
     def wait(self, timeout: float) -> int | None:
-        try:
-            if self._generation != self._store.generation:
-                return self._follow()
-            heard = self._inner.wait_on(timeout)
-        except BaseException:
-            # Wake-ups go unheard until the next subscription: the plan is not to be trusted.
-            self._stop_listening()
-            raise
-        if heard is None:
-            return None
-        channel, due_ms = heard
-        name = self._names.get(channel)
-        if name is not None:
-            self._store.heard(name, due_ms)
-        return due_ms
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._generation != self._store.generation:
+                    return self._follow()
+                heard = self._inner.wait_on(max(deadline - time.monotonic(), 0.0))
+            except BaseException:
+                # Wake-ups go unheard until the next subscription: the plan is not to be
+                # trusted.
+                self._stop_listening()
+                raise
+            if heard is None:
+                return None
+            channel, due_ms = heard
+            name = self._names.get(channel)
+            if name == "0" and due_ms == LAYOUTS_CHANGED:
+                # A layout new on the register: read it now (the loop follows it if it
+                # changes the shards fetched from; else there is nothing to tell).
+                self._store.refresh_layouts(due=True)
+                continue
+            if name is not None:
+                self._store.heard(name, due_ms)
+            return due_ms
 
     def _follow(self) -> int:
         """Subscribe anew to the shards now fetched from; a wake-up due at once."""
