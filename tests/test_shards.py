@@ -415,6 +415,27 @@ def test_a_listening_fetch_asks_only_the_shards_its_plan_has_due(
 PAUSE_SECONDS = 3.0
 
 
+def one_shard_a_master(
+    redis_cluster: RedisClusterServers, settings: Any
+) -> tuple[Queue, RedisServer, str]:
+    """A queue of 3 shards on the session's cluster, with a short socket timeout and
+    redis-py's own retries as they are (a call that timed out is not made again the
+    general way: some ten more timeouts, the other shards held up meanwhile); a master
+    other than the one the URL names (the client's first look at the cluster), and the
+    name of the shard it holds."""
+    redis_cluster.flush()
+    queue = sharded_queue(settings, redis_cluster.url, 3, OPTIONS={"socket_timeout": 0.3})
+    node, first, last = next(
+        master for master in masters_of(redis_cluster) if master[0] is not redis_cluster.nodes[0]
+    )
+    [name] = [
+        name
+        for name, shard in sharded(queue).shards.items()
+        if first <= slot_of(shard.keys) <= last
+    ]
+    return queue, node, name
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("listening", [False, True])
 def test_the_shards_of_a_paused_master_wait_while_the_others_keep_flowing(
@@ -423,20 +444,9 @@ def test_the_shards_of_a_paused_master_wait_while_the_others_keep_flowing(
     monkeypatch: pytest.MonkeyPatch,
     listening: bool,
 ) -> None:
-    redis_cluster.flush()
-    # redis-py's own retries as they are: a call that timed out is not made again the
-    # general way (some ten more timeouts, the other shards held up meanwhile).
-    options = {"socket_timeout": 0.3}
     # A shard a master: the paused one's tries are the only ones that wait out a timeout.
-    queue = sharded_queue(settings, redis_cluster.url, 3, OPTIONS=options)
+    queue, node, on_paused = one_shard_a_master(redis_cluster, settings)
     store = sharded(queue)
-    # A master other than the one the URL names (the client's first look at the cluster).
-    node, first, last = next(
-        master for master in masters_of(redis_cluster) if master[0] is not redis_cluster.nodes[0]
-    )
-    [on_paused] = [
-        name for name, shard in store.shards.items() if first <= slot_of(shard.keys) <= last
-    ]
     # Each try of the paused shard's fetch: when it began and ended, and whether it failed.
     tries: list[tuple[float, float, bool]] = []
     shard_fetch = store.shards[on_paused].fetch
@@ -506,16 +516,8 @@ def test_a_fetch_repeated_after_its_only_due_shard_failed_asks_the_others_too(
     """As the worker does: a fetch that raised is repeated with the same request. Its one
     due shard is on a paused master; the repeat must not ask that shard alone again (the
     others' messages would wait out the pause)."""
-    redis_cluster.flush()
-    options = {"socket_timeout": 0.3}
-    queue = sharded_queue(settings, redis_cluster.url, 3, OPTIONS=options)
+    queue, node, paused = one_shard_a_master(redis_cluster, settings)
     store = sharded(queue)
-    node, first, last = next(
-        master for master in masters_of(redis_cluster) if master[0] is not redis_cluster.nodes[0]
-    )
-    [paused] = [
-        name for name, shard in store.shards.items() if first <= slot_of(shard.keys) <= last
-    ]
     live = next(name for name in store.shards if name != paused)
 
     def suffix(name: str) -> str:

@@ -382,30 +382,31 @@ class ShardedStore:
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
         failures: list[Exception] = []
-        remaining = count
-        for name in visits:
-            if remaining <= 0 < count and not repeating:
-                break
-            asked.append(name)
-            # (A fetch of none still has each shard it asks retry what expired.)
-            result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
-            if result is not None:
-                taken.append((name, result))
-                remaining -= len(result.deliveries)
-        if not taken and not repeating:
-            # Every shard asked failed: ask the others that are not failing, so that one
-            # master down never holds up the rest (nor leaves this fetch without a clock).
-            now = time.monotonic()
-            for name in self._order:
-                if remaining <= 0 < count:
-                    break
-                if name in asked or self._plans[name].retry_at > now:
-                    continue
+
+        def ask(names: Iterable[str], *, to_the_end: bool) -> None:
+            """Fetch from each shard in turn until ``count`` (or from every one, if told)."""
+            remaining = count - sum(len(result.deliveries) for _, result in taken)
+            for name in names:
+                if remaining <= 0 < count and not to_the_end:
+                    return
                 asked.append(name)
+                # (A fetch of none still has each shard it asks retry what expired.)
                 result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
+
+        ask(visits, to_the_end=repeating)
+        if not taken and not repeating:
+            # Every shard asked failed: ask the others that are not failing, so that one
+            # master down never holds up the rest (nor leaves this fetch without a clock).
+            now = time.monotonic()
+            others = [
+                name
+                for name in self._order
+                if name not in asked and self._plans[name].retry_at <= now
+            ]
+            ask(others, to_the_end=False)
         if not taken:
             # (Not noted as this fetcher's last: its repeat asks every shard due, and those
             # that failed replay it, see _repeats; asking only those would wait out their

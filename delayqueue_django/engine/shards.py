@@ -24,9 +24,10 @@ from delayqueue_django.engine.keys import QueueKeys
 SHARD_MARK = "~"
 MAX_SHARDS = 128
 # Published on shard 0's wake-up channel when a layout is new on the register: a due time
-# no script publishes (it would be 1970), which has listeners read the register again. To
-# a listener that does not know it, it is a wake-up due long ago: a harmless look.
-LAYOUTS_CHANGED = 0
+# nothing else publishes (before 1970; the memory store's moved clock publishes 0), which
+# has listeners read the register again. To a listener that does not know it, it is a
+# wake-up due long ago: a harmless look.
+LAYOUTS_CHANGED = -1
 
 _SUFFIX = re.compile(r"~([1-9][0-9]{0,2})\.([1-9][0-9]{0,2})\Z")
 
