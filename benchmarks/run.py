@@ -64,7 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="1,3,6",
         help="SHARDS values of the sharded queue on the cluster (default: 1,3,6)",
     )
-    add("--masters", type=int, default=3, help="masters of the shards benchmark's cluster")
+    add("--masters", type=int, default=3, help="cluster masters for --only shards (default: 3)")
     add(
         "--shard-workers",
         type=int,
