@@ -3,6 +3,7 @@
 Starts a private redis-server on a free port (never the machine's own Redis; valkey-server
 where there is no redis-server, or with DQ_TEST_SERVER=valkey), runs real
 worker processes against it, and prints the medians of several runs with their spread.
+The shards benchmark starts a private Redis Cluster of its own the same way.
 Progress goes to stderr, the table to stdout.
 """
 
@@ -21,14 +22,16 @@ from typing import Any, TypeVar
 
 import django
 import redis
+from django.conf import settings
+from django.test import override_settings
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, lateness, outbox, scale, send
+from benchmarks import drain, idle, lateness, outbox, scale, send, shards
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterServers, RedisServer
 
-PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox")
+PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "shards")
 NOOP = "benchmarks.handlers.noop"
 
 T = TypeVar("T")
@@ -56,6 +59,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--latency-samples", type=int, default=2_000, help="timed single sends, empty and full")
     add("--relay-messages", type=int, default=100_000, help="outbox rows one relay moves per run")
     add("--exactly-once-messages", type=int, default=5_000, help="handled per exactly-once run")
+    add(
+        "--shards",
+        default="1,3,6",
+        help="SHARDS values of the sharded queue on the cluster (default: 1,3,6)",
+    )
+    add("--masters", type=int, default=3, help="cluster masters for --only shards (default: 3)")
+    add(
+        "--shard-workers",
+        type=int,
+        default=2,
+        help="worker processes draining the sharded queue (default: 2)",
+    )
     add("--quick", action="store_true", help="tiny sizes and one run: checks the suite works")
     args = parser.parse_args(argv)
     if args.quick:
@@ -65,6 +80,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
         args.relay_messages, args.exactly_once_messages = 2_000, 200
+        args.shard_workers = 1
     return args
 
 
@@ -321,6 +337,62 @@ def bench_outbox(args: argparse.Namespace, probe: Any, kind: str) -> list[Row]:
     return outbox.rows(args, kind, rates, latency, costs)
 
 
+def bench_shards(args: argparse.Namespace) -> list[Row]:
+    progress(f"shards: a private Redis Cluster of {args.masters} masters")
+    cluster = RedisClusterServers(masters=args.masters)
+    rows: list[Row] = []
+    try:
+        for layout in [int(n) for n in args.shards.split(",")]:
+            options = {**settings.DELAYQUEUES["default"], "URL": cluster.url, "SHARDS": layout}
+            with override_settings(DELAYQUEUES={"default": options}):
+                rows += bench_layout(args, cluster, layout)
+    finally:
+        cluster.close()
+    return rows
+
+
+def bench_layout(args: argparse.Namespace, cluster: RedisClusterServers, layout: int) -> list[Row]:
+    found = shards.masters(cluster, layout)
+    placed = "; ".join(
+        f"master {n} (slots {m.slots}): shards {', '.join(m.shards) or 'none'}"
+        for n, m in enumerate(found, 1)
+    )
+    progress(f"SHARDS {layout}: {placed}")
+
+    def single() -> shards.Split:
+        cluster.flush()
+        return shards.single_sends(args.send_messages, found)
+
+    def bulk() -> shards.Split:
+        cluster.flush()
+        return shards.bulk_send(args.bulk_messages, found)
+
+    try:
+        singles = repeat(args.runs, "send()", single)
+        bulks = repeat(args.runs, "send_many", bulk)
+        workers = args.shard_workers
+        env = {"DQ_BENCH_SHARDS": str(layout)}
+        with WorkerProcesses(workers, cluster.url, NOOP, **env) as processes:
+            drains = repeat(
+                args.runs,
+                "drain",
+                lambda: shards.drain(args.drain_messages, cluster, found, processes.cpu_seconds),
+            )
+    finally:
+        for master in found:
+            master.client.close()
+    return shards.rows(
+        layout,
+        found,
+        workers=workers,
+        bulk_messages=args.bulk_messages,
+        drain_messages=args.drain_messages,
+        singles=singles,
+        bulks=bulks,
+        drains=drains,
+    )
+
+
 def header(server: RedisServer, probe: Any) -> str:
     info = probe.info("server")
     # Valkey reports the Redis version it is compatible with as redis_version.
@@ -371,6 +443,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_scale(args, server, probe)
         if "outbox" in chosen:
             rows += bench_outbox(args, probe, kind)
+        if "shards" in chosen:
+            rows += bench_shards(args)
         print(header(server, probe))
         print()
         print(table(rows))

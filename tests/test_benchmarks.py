@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.run import PHASES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,10 +18,10 @@ def figure(table: list[str], measure_starts: str) -> float:
     return float(row.split(" | ")[1].split()[0].replace(",", ""))
 
 
-@pytest.mark.timeout(60)
-def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
+def run_quick(*phases: str) -> tuple[str, list[str]]:
+    """``python -m benchmarks --quick --only <phases>``: its output and its table's lines."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick"],
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(phases)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -27,7 +29,13 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    return result.stdout, [line for line in result.stdout.splitlines() if line.startswith("| ")]
+
+
+@pytest.mark.timeout(60)
+def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
+    # Every benchmark but the shards', which starts a cluster of its own: the test below.
+    stdout, table = run_quick(*(phase for phase in PHASES if phase != "shards"))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
     for measure in (
@@ -47,10 +55,45 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
         "EXACTLY_ONCE: added per handled message",
     ):
         assert measure in measures
-    assert "cores" in result.stdout
+    assert "cores" in stdout
     # What a message costs Redis is never nothing, whether the store calls scripts or
     # functions: at least its send and its fetch.
     assert figure(table, "trickle, the same 20 messages (send + wake-up + fetch + ack") > 0
     assert figure(table, "trickle: Redis time in script calls per message") > 0
     assert figure(table, "trickle: Redis commands per message, inside scripts included") >= 2
     assert figure(table, "Redis CPU per message, 500 due together") > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_shards_benchmark_runs_on_a_cluster_and_splits_the_cpu_by_master() -> None:
+    stdout, table = run_quick("shards")
+    assert table[0] == "| measure | median (min-max over runs) | target |"
+    assert "cores" in stdout
+    # Where the queue's shards fall is fixed by their tags: evenly over the 3 masters.
+    placed = {
+        1: ["shards 0", "shards none", "shards none"],
+        3: ["shards 0", "shards 3.1", "shards 3.2"],
+        6: ["shards 0, 6.5", "shards 6.1, 6.2", "shards 6.3, 6.4"],
+    }
+    for layout, shards in placed.items():
+        what = f"SHARDS {layout} on 3 masters"
+        for measure in (
+            "send(), one call per message, one process",
+            "send_many, 1,000 messages",
+            "drain 500 due together, 1 worker process",
+        ):
+            assert figure(table, f"{what}: {measure}") > 0
+        assert figure(table, f"{what}: Redis CPU per send(), all masters") > 0
+        total = figure(table, f"{what}: Redis CPU per message in the drain, all masters")
+        assert total > 0
+        masters = [line for line in table if line.startswith(f"| {what}: Redis CPU per message on")]
+        assert len(masters) == 3
+        shares = []
+        for number, (line, shard_names) in enumerate(zip(masters, shards, strict=True), 1):
+            assert f"master {number} (slots " in line
+            assert f"; {shard_names}), in the drain" in line
+            used = line.split(" | ")[1]
+            shares.append(float(used.split("; ")[1].removesuffix("% of all masters'")))
+        # Rounded to whole percents, the shares still add up to about all of it.
+        assert 97 <= sum(shares) <= 103
+        assert f"| {what}: the worker processes' CPU per message in the drain |" in stdout
