@@ -141,11 +141,14 @@ def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None
         "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
         "DQ_TEST_REDIS_URL": redis_server.url,
         "PYTHONPATH": str(ROOT),
+        # On a SIGABRT (sent below if it does not stop), every thread's stack to stderr.
+        "PYTHONFAULTHANDLER": "1",
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "django", "delayqueue_stats", "--watch", "0.2"],
         env=env,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
@@ -156,7 +159,13 @@ def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None
             assert time.monotonic() < deadline, "no second report"
             headers += process.stdout.readline().startswith("queue")
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=10) == 0
+        try:
+            code = process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stacks = process.communicate(timeout=10)
+            raise AssertionError(f"still running 10 s after SIGINT:\n{stacks}") from None
+        assert code == 0, process.communicate()[1]
     finally:
         if process.poll() is None:
             process.kill()

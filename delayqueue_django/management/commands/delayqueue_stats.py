@@ -2,8 +2,11 @@
 scripts and health probes."""
 
 import argparse
+import contextlib
 import json
-import time
+import signal
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +32,29 @@ def positive_seconds(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError("must be more than 0 seconds")
     return value
+
+
+@contextlib.contextmanager
+def _stopped_by_interrupt(stop: threading.Event) -> Iterator[None]:
+    """In the main thread, a first SIGINT (Ctrl-C) sets ``stop``: the report being made is
+    finished, and the loop ends, whatever code the signal fell in (a KeyboardInterrupt
+    there could be caught on its way). A second one interrupts at once. Elsewhere (a
+    ``call_command`` from another thread) Ctrl-C is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def first(signum: int, frame: Any) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        # (None: a handler not set from Python, which cannot be put back; the default then.)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 class Command(OwnProcessCommand):
@@ -97,17 +123,19 @@ class Command(OwnProcessCommand):
             self._print(reports, as_json=json, shards=not no_shards)
             self._verdict(reports, max_lag, require_workers)
             return
-        try:
-            while True:
-                self._print(
-                    {queue.name: queue_report(queue) for queue in chosen},
-                    as_json=json,
-                    shards=not no_shards,
-                )
-                self.stdout.flush()
-                time.sleep(watch)
-        except KeyboardInterrupt:
-            return
+        stop = threading.Event()
+        with _stopped_by_interrupt(stop):
+            try:
+                while not stop.is_set():
+                    self._print(
+                        {queue.name: queue_report(queue) for queue in chosen},
+                        as_json=json,
+                        shards=not no_shards,
+                    )
+                    self.stdout.flush()
+                    stop.wait(watch)
+            except KeyboardInterrupt:
+                return
 
     def _print(self, reports: dict[str, dict[str, Any]], *, as_json: bool, shards: bool) -> None:
         if as_json:
