@@ -182,3 +182,26 @@ def test_two_blocks_never_share_messages() -> None:
     with memory_queues() as queues:
         assert get_queue().stats()["pending"] == 0
         assert queues.sent() == []
+
+
+def test_a_sharded_queue_is_sharded_in_memory_too(settings: Any) -> None:
+    """SHARDS is kept: the test's queue spreads over memory shards as it would over Redis
+    shards, and the helpers see, advance and run every one of them."""
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": "redis://localhost/0",
+            "HANDLER": "tests.worker_handlers.handle",
+            "SHARDS": 4,
+        }
+    }
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC)) as queues:
+        ids = get_queue().send_many([{"n": n} for n in range(20)], delay=60)
+        assert {message.id for message in queues.sent("default")} == set(ids)
+        assert len({message_id.partition("~")[2] for message_id in ids}) > 1  # many shards
+
+        queues.advance(timedelta(seconds=60))
+        outcomes = queues.run_due()
+
+        assert sorted(outcome.message.id for outcome in outcomes) == sorted(ids)
+        assert {outcome.verdict for outcome in outcomes} == {Verdict.ACK}
+        assert get_queue().stats()["pending"] == 0
