@@ -6,7 +6,9 @@ from typing import Any
 
 from django.db import DatabaseError
 from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
@@ -54,11 +56,16 @@ def shard_reports(queue: Queue) -> dict[str, dict[str, Any]] | None:
 
 
 def queue_totals(queue: Queue, shards: Mapping[str, Mapping[str, Any]] | None) -> dict[str, int]:
-    """``queue.stats()``, summed from ``shards`` (shard_reports) for a sharded queue as
-    ``ShardedStore.stats()`` sums them, without reading them again. Raises QueueUnavailable
-    naming the shards that could not be reached: the totals would be short."""
+    """The queue's figures in Redis (``queue.stats()`` but the outbox, which readers take
+    from outbox_report: a database down must not hide them), summed from ``shards``
+    (shard_reports) for a sharded queue as ``ShardedStore.stats()`` sums them, without
+    reading them again. Raises QueueUnavailable naming the shards that could not be
+    reached: the totals would be short."""
     if shards is None:
-        return queue.stats()
+        try:
+            return queue.store.stats()
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            raise queue.unavailable(error) from error
     missing = {name: shard["error"] for name, shard in shards.items() if not shard["ok"]}
     if missing:
         names = ", ".join(missing)
@@ -66,10 +73,7 @@ def queue_totals(queue: Queue, shards: Mapping[str, Mapping[str, Any]] | None) -
             f"queue {queue.name!r} cannot reach Redis for shard(s) {names}: "
             f"{next(iter(missing.values()))}"
         )
-    totals = combined_stats([shard_stats(shard) for shard in shards.values()])
-    if queue.config.outbox:
-        totals.update(queue.outbox_stats())
-    return totals
+    return combined_stats([shard_stats(shard) for shard in shards.values()])
 
 
 def shard_stats(shard: Mapping[str, Any]) -> dict[str, int]:

@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.test import Client
 
 import delayqueue_django as delayqueue
@@ -169,3 +170,31 @@ def test_a_relay_on_a_database_not_migrated_warns_once_and_waits(
         relay.stop()
         thread.join(10)
         call_command("migrate", "delayqueue_django", verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_down_leaves_the_queue_report_and_the_stats_command_standing(
+    settings: Any,
+) -> None:
+    """The outbox's database unreachable: the report says so in ``outbox_error`` and keeps
+    the queue's figures from Redis (it raised DatabaseError, and delayqueue_stats with it)."""
+    settings.DELAYQUEUES = {
+        name: {**options, "OUTBOX": True} for name, options in settings.DELAYQUEUES.items()
+    }
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    delayqueue.send("in Redis", outbox=False)
+    connection = connections["default"]
+    name = connection.settings_dict["NAME"]
+    connection.close()
+    connection.settings_dict["NAME"] = "/nonexistent/folder/db.sqlite3"
+    try:
+        report = queue_report(delayqueue.get_queue())
+        out = StringIO()
+        call_command("delayqueue_stats", stdout=out)
+    finally:
+        connection.close()
+        connection.settings_dict["NAME"] = name
+
+    assert (report["ok"], report["pending"], report["outbox"]) == (True, 1, None)
+    assert "unable to open database file" in report["outbox_error"]
+    assert "default              outbox unreadable: unable to open" in out.getvalue()
