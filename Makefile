@@ -56,10 +56,11 @@ test-next:
 	@echo "== SKIPPED the Django 6.1 run: no Python 3.13 found (pyenv install 3.13, or put python3.13 on PATH)."
 else
 # What drives Redis, connections and worker processes rather than Django runs in the first
-# run only: the fault scenarios, the engine's contract tests, the sharded queue's tests, the
-# worker's process, fault and connection tests, the server fixtures and the benchmark script.
+# run only: the fault scenarios, the engine's contract tests, the sharded queue's tests
+# (resharding too), the worker's process, fault and connection tests, the server fixtures
+# and the benchmark script.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
-	--ignore=tests/test_shard_outage.py \
+	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
 	--ignore=tests/test_worker_connections.py --ignore=tests/test_redis_servers.py \
 	--ignore=tests/test_benchmarks.py
