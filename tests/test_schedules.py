@@ -1,7 +1,7 @@
 """Schedules at work, on the memory store's clock (frozen until moved): every tick fired once
 by several workers, some replaced mid-way; DST changes; pauses; run-time changes; the missed
 policies; settings synced at start; the Tasks backend. (Worker processes killed with kill -9:
-tests/test_schedule_processes.py; the chaos scenario: tests/chaos/test_schedules.py.)"""
+the chaos scenario tests/chaos/test_schedules.py, which make test runs at a small size.)"""
 
 import itertools
 import random
