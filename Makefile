@@ -91,7 +91,9 @@ demo: $(VENV_DEMO)/.installed
 	$(VENV_DEMO)/bin/python example_project/demo.py
 
 # BENCH_ARGS="--runs 3 --only send,drain" narrows it; python -m benchmarks --help lists all.
+# The peers phase runs huey and celery: the peers extra, installed here only (not for the tests).
 bench: $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet -e ".[peers]"
 	$(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
 
 clean:

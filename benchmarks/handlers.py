@@ -2,6 +2,7 @@
 
 import os
 import time
+from typing import TextIO
 
 from delayqueue_django.message import Message
 
@@ -12,7 +13,7 @@ def noop(message: Message) -> None:
 
 # One line per message, "<ms late>", appended as each handler starts (file named by
 # DQ_BENCH_LATENESS_FILE); written after the clock is read, so the write is not measured.
-_lateness_file = None
+_lateness_file: TextIO | None = None
 
 
 def record_lateness(message: Message) -> None:
@@ -21,7 +22,13 @@ def record_lateness(message: Message) -> None:
     The due time (``payload["due_ms"]``) was given to ``send(at=...)``, so it is exact; Redis
     and this process read the same machine's clock.
     """
-    late_ms = time.time() * 1000 - message.payload["due_ms"]
+    note_lateness(message.payload["due_ms"])
+
+
+def note_lateness(due_ms: float) -> None:
+    """Append how late it is now, after ``due_ms`` (ms since the epoch), to the lateness file:
+    the one record every worker of the trickle writes, ours and the peers' (benchmarks/peers)."""
+    late_ms = time.time() * 1000 - due_ms
     global _lateness_file
     if _lateness_file is None:
         _lateness_file = open(os.environ["DQ_BENCH_LATENESS_FILE"], "a", buffering=1)  # noqa: SIM115

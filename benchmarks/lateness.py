@@ -1,14 +1,22 @@
 """A trickle: messages with delays spread over a few seconds while a worker process runs.
 How long after its due time each handler started, and what the whole trickle (each send,
-wake-up, fetch and ack, and the server's idle time between them) cost Redis per message."""
+wake-up, fetch and ack, and the server's idle time between them) cost Redis per message.
 
+The pacing (``send_paced``), the wait (``wait_handled``) and the accounting (``Trickle.of``)
+are shared with the peers benchmark (benchmarks/peers.py), so huey and celery are measured
+exactly as we are."""
+
+import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks import probes
+from benchmarks.workers import WorkerProcesses
 from delayqueue_django import get_queue
 
 
@@ -20,11 +28,34 @@ class Trickle:
     commands: float  # per message: every command Redis ran, inside scripts included
     script_calls: float  # per message: script and function calls (a send, fetches, an ack)
 
+    @classmethod
+    def of(cls, used: probes.ServerUsage, probe_calls: Counter[str], results: Path) -> "Trickle":
+        """The figures of one trickle from the server's usage over its window, less the
+        commands the benchmark itself sent (``probe_calls``), and the workers' records."""
+        lateness_ms = [float(line) for line in results.read_text().split()]
+        count = len(lateness_ms)
+        return cls(
+            lateness_ms=lateness_ms,
+            redis_cpu_us=used.cpu_seconds * 1e6 / count,
+            script_us=used.script_usec / count,
+            commands=sum((used.calls - probe_calls).values()) / count,
+            script_calls=probes.script_calls(used.calls) / count,
+        )
+
     def __str__(self) -> str:
         return (
             f"Redis CPU {self.redis_cpu_us:.0f} µs, scripts {self.script_us:.0f} µs, "
             f"{self.commands:.1f} commands, {self.script_calls:.2f} script calls per message"
         )
+
+
+def with_worker(count: int, spread: float, redis_url: str, probe_client: Any) -> Trickle:
+    """One trickle on a fresh worker process (``run_delayqueue``) that records lateness."""
+    with tempfile.TemporaryDirectory() as folder:
+        results = Path(folder) / "lateness.txt"
+        env = {"DQ_BENCH_LATENESS_FILE": str(results)}
+        with WorkerProcesses(1, redis_url, "benchmarks.handlers.record_lateness", **env):
+            return trickle(count, spread, results, probe_client)
 
 
 def trickle(count: int, spread: float, results: Path, probe_client: Any) -> Trickle:
@@ -37,30 +68,38 @@ def trickle(count: int, spread: float, results: Path, probe_client: Any) -> Tric
     is charged to the messages, as a shared Redis would see it.
     """
     queue = get_queue()
-    step = spread / count
     before = probes.server_usage(probe_client)
+
+    def send(due_ms: int) -> None:
+        queue.send({"due_ms": due_ms}, at=datetime.fromtimestamp(due_ms / 1000, UTC))
+
+    send_paced(count, spread, send)
+    wait_handled(results, count, spread)
+    # The handlers have started; their acks follow within milliseconds.
+    _, polls = probes.wait_drained(queue, 0.01, timeout=30)
+    used = probes.server_usage(probe_client).since(before)
+    return Trickle.of(used, probes.probe_commands(polls), results)
+
+
+def send_paced(count: int, spread: float, send: Callable[[int], None]) -> None:
+    """Call ``send(due_ms)`` for ``count`` due times spread over ``spread`` seconds, from
+    0.2 s from now, each call a little ahead of its due time."""
+    step = spread / count
     start = time.time() + 0.2
     for n in range(count):
         # Due times on whole ms, so the payload's due time is exactly the one Redis keeps.
-        due_ms = round((start + n * step) * 1000)
-        queue.send({"due_ms": due_ms}, at=datetime.fromtimestamp(due_ms / 1000, UTC))
+        send(round((start + n * step) * 1000))
         # Sends trail ahead of the due times, interleaved with the deliveries.
         time.sleep(step / 4)
+
+
+def wait_handled(results: Path, count: int, spread: float) -> None:
+    """Wait until ``count`` handlers have written their line to ``results``."""
     deadline = time.monotonic() + spread + 30
     while _lines(results) < count:
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {_lines(results)} of {count} messages were handled")
         time.sleep(0.05)
-    # The handlers have started; their acks follow within milliseconds.
-    _, polls = probes.wait_drained(queue, 0.01, timeout=30)
-    used = probes.server_usage(probe_client).since(before)
-    return Trickle(
-        lateness_ms=[float(line) for line in results.read_text().split()],
-        redis_cpu_us=used.cpu_seconds * 1e6 / count,
-        script_us=used.script_usec / count,
-        commands=sum(probes.without_probe(used.calls, polls).values()) / count,
-        script_calls=probes.script_calls(used.calls) / count,
-    )
 
 
 def _lines(path: Path) -> int:

@@ -44,7 +44,7 @@ class ServerUsage:
 
 def server_usage(client: Any) -> ServerUsage:
     """One INFO call, so a difference of two readings holds exactly one INFO of its own (a
-    command's statistics are updated after it runs): ``without_probe`` removes it."""
+    command's statistics are updated after it runs): ``probe_commands`` counts it."""
     info = client.info("cpu", "commandstats")
     stats = {
         name.removeprefix("cmdstat_"): row
@@ -56,12 +56,6 @@ def server_usage(client: Any) -> ServerUsage:
         calls=Counter({name: int(row["calls"]) for name, row in stats.items()}),
         usec=Counter({name: int(row["usec"]) for name, row in stats.items()}),
     )
-
-
-def without_probe(calls: Counter[str], polls: int) -> Counter[str]:
-    """``calls`` less what the probe itself sent: one INFO (server_usage) and its polls."""
-    own = Counter({"info": 1}) + Counter({name: n * polls for name, n in POLL_COMMANDS.items()})
-    return calls - own
 
 
 def track_script_latency(client: Any) -> None:
@@ -104,6 +98,12 @@ def in_queue(queue: Queue) -> int:
 
 
 POLL_COMMANDS = Counter({"zcard": 2, "llen": 2})
+
+
+def probe_commands(polls: int, poll: Counter[str] = POLL_COMMANDS) -> Counter[str]:
+    """What the probe itself sent over a window: one INFO (server_usage's second reading) and
+    ``polls`` polls of ``poll`` commands each (in_queue's, by default)."""
+    return Counter({"info": 1}) + Counter({name: n * polls for name, n in poll.items()})
 
 
 def wait_drained(queue: Queue, interval: float, timeout: float) -> tuple[float, int]:

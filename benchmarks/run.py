@@ -3,7 +3,9 @@
 Starts a private redis-server on a free port (never the machine's own Redis; valkey-server
 where there is no redis-server, or with DQ_TEST_SERVER=valkey), runs real
 worker processes against it, and prints the medians of several runs with their spread.
-The shards benchmark starts a private Redis Cluster of its own the same way.
+The shards benchmark starts a private Redis Cluster of its own the same way; the peers
+benchmark runs huey's and celery's own workers on the private server (the optional peers
+extra: pip install -e ".[peers]").
 Progress goes to stderr, the table to stdout.
 """
 
@@ -13,11 +15,9 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import date
-from pathlib import Path
 from typing import Any, TypeVar
 
 import django
@@ -26,12 +26,12 @@ from django.conf import settings
 from django.test import override_settings
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, lateness, outbox, scale, send, shards
+from benchmarks import drain, idle, lateness, outbox, peers, scale, send, shards
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
 from tests.redis_servers import RedisClusterServers, RedisServer
 
-PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "shards")
+PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "shards", "peers")
 NOOP = "benchmarks.handlers.noop"
 
 T = TypeVar("T")
@@ -50,9 +50,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--lateness-messages",
         type=int,
         default=500,
-        help="messages in the trickle: their lateness, and Redis's cost per message",
+        help="messages in the trickle (lateness and peers): their lateness, and Redis's cost "
+        "per message",
     )
-    add("--lateness-spread", type=float, default=5.0, help="seconds the due times spread over")
+    add(
+        "--lateness-spread",
+        type=float,
+        default=5.0,
+        help="seconds the trickle's due times spread over (lateness and peers)",
+    )
     add("--idle-seconds", type=float, default=10.0)
     add("--scale-pending", type=int, default=1_000_000, help="pending messages for the scale run")
     add("--scale-due", type=int, default=100_000, help="messages due in the same second")
@@ -179,13 +185,9 @@ def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) ->
     p50, p99, worst, cpu, scripts, commands, calls = [], [], [], [], [], [], []
     for run in range(args.runs):
         probe.flushall()
-        with tempfile.TemporaryDirectory() as folder:
-            results = Path(folder) / "lateness.txt"
-            env = {"DQ_BENCH_LATENESS_FILE": str(results)}
-            with WorkerProcesses(1, server.url, "benchmarks.handlers.record_lateness", **env):
-                measured = lateness.trickle(
-                    args.lateness_messages, args.lateness_spread, results, probe
-                )
+        measured = lateness.with_worker(
+            args.lateness_messages, args.lateness_spread, server.url, probe
+        )
         values = measured.lateness_ms
         p50.append(statistics.median(values))
         p99.append(percentile(values, 0.99))
@@ -393,6 +395,20 @@ def bench_layout(args: argparse.Namespace, cluster: RedisClusterServers, layout:
     )
 
 
+def bench_peers(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    progress("peers: the trickle with delayqueue_django, huey and celery")
+    who = peers.contenders(server.url)
+    measured: dict[str, list[lateness.Trickle]] = {c.name: [] for c in who}
+    for run in range(args.runs):
+        # Interleaved, so a change in the machine's load over the phase falls on all three.
+        for contender in who:
+            probe.flushall()
+            trickle = contender.trickle(args.lateness_messages, args.lateness_spread, probe)
+            measured[contender.name].append(trickle)
+            progress(f"  {contender.name}, run {run + 1}/{args.runs}: {peers.summary(trickle)}")
+    return peers.rows(args.lateness_messages, args.lateness_spread, who, measured)
+
+
 def header(server: RedisServer, probe: Any) -> str:
     info = probe.info("server")
     # Valkey reports the Redis version it is compatible with as redis_version.
@@ -415,6 +431,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(chosen) - set(PHASES)
     if unknown:
         raise SystemExit(f"unknown --only {', '.join(sorted(unknown))}; choose from {PHASES}")
+    if "peers" in chosen:
+        peers.require()  # before any phase runs: huey and celery are an optional extra
     server = RedisServer()
     os.environ["DQ_BENCH_REDIS_URL"] = server.url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
@@ -445,6 +463,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_outbox(args, probe, kind)
         if "shards" in chosen:
             rows += bench_shards(args)
+        if "peers" in chosen:
+            rows += bench_peers(args, server, probe)
         print(header(server, probe))
         print()
         print(table(rows))
