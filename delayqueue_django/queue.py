@@ -266,7 +266,7 @@ class Queue:
         prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
         if not prepared:
             return []
-        if tracing.ENABLED:
+        if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
                 self._dispatch(stamped, through_outbox, on_commit, using)
         else:
@@ -373,7 +373,7 @@ class Queue:
         prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
         if not prepared:
             return []
-        if tracing.ENABLED:
+        if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
                 await self._awrite(stamped)
         else:

@@ -1,7 +1,8 @@
 """OpenTelemetry tracing: a producer span per send call, a consumer span per handler call.
 
-Active only when ``opentelemetry-api`` is installed (the ``otel`` extra): this module checks
-once, at import, and defines its spans only then; callers test ``ENABLED`` first. A message carries
+Active only when ``opentelemetry-api`` is installed (the ``otel`` extra) and a tracer provider
+is set (an SDK's): this module checks for the API once, at import, and defines its spans only
+then; callers ask ``active()`` first. A message carries
 the W3C ``traceparent`` of the span that sent it only when that span is recording (an SDK
 is configured and sampled it): as a prefix of its stored payload, ``^<traceparent>^``, which
 JSON text never starts with, so an untraced message is stored exactly as before. The prefix
@@ -36,6 +37,20 @@ MESSAGING_SYSTEM = "delayqueue_django"
 if ENABLED:
     _tracer = trace.get_tracer("delayqueue_django")
     _propagator = TraceContextTextMapPropagator()
+    # What get_tracer_provider() gives while no SDK is set: their tracers' spans record
+    # nothing, set no context and carry none.
+    _NO_OP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    _provider_set = False
+
+    def active() -> bool:
+        """Whether spans can record: a tracer provider has been set. Without one (the API
+        installed by some other dependency, no SDK configured) a span would still cost a
+        few µs per message for nothing. A provider once set stays for the life of the
+        process (the API refuses to replace it), so a yes is kept, not asked again."""
+        global _provider_set
+        if not _provider_set:
+            _provider_set = not isinstance(trace.get_tracer_provider(), _NO_OP_PROVIDERS)
+        return _provider_set
 
     @contextmanager
     def producer_span(
@@ -118,3 +133,8 @@ if ENABLED:
         elif outcome.verdict.value == "nack":
             span.set_attribute("error.type", "refused")
             span.set_status(Status(StatusCode.ERROR, "the handler returned False"))
+
+else:
+
+    def active() -> bool:
+        return False

@@ -279,6 +279,51 @@ print(split_trace("^00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01^[1]"
     )
 
 
+def test_with_the_api_but_no_provider_there_are_no_spans_until_one_is_set() -> None:
+    """The API installed (by another package, say) and no SDK: sends and handler calls make
+    no spans, not even no-op ones; once the project sets a provider, the next ones do."""
+    script = """
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["delayqueue_django"],
+    DELAYQUEUES={"default": {"URL": "memory://", "HANDLER": "json.dumps"}},
+)
+django.setup()
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from delayqueue_django import get_queue, tracing
+from delayqueue_django.worker.handling import call_handler
+
+def send_and_handle():
+    queue = get_queue()
+    queue.send({"n": 1})
+    [message] = queue.fetch(10).messages
+    outcome = call_handler(lambda message: None, message, manage_connections=False)
+    queue.ack([message])
+    return message, outcome
+
+assert tracing.ENABLED and not tracing.active()
+message, outcome = send_and_handle()
+assert message.traceparent == "" and outcome.verdict.value == "ack"
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+assert tracing.active()
+message, outcome = send_and_handle()
+assert message.traceparent != "" and outcome.verdict.value == "ack"
+print(sorted(span.name for span in exporter.get_finished_spans()))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['process default', 'send default']"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_message_sent_through_the_outbox_keeps_its_trace(
     settings: Any, spans: InMemorySpanExporter

@@ -59,9 +59,10 @@ def call_handler(
     ``manage_connections=False`` leaves the connections alone, as Django's test client does
     for requests: inside a test's transaction, closing them would break the test.
 
-    With OpenTelemetry installed, the call runs in a consumer span (see tracing.py).
+    With OpenTelemetry installed and a tracer provider set, the call runs in a consumer
+    span (see tracing.py).
     """
-    if not tracing.ENABLED:
+    if not tracing.active():
         return _call_handler(
             handler,
             message,
