@@ -822,6 +822,10 @@ class ShardedWakeups:
         self._generation, self._inner, self._names = store._subscribe()
         self._listening = True
         store.listening(+1)
+        # What was published before this subscription took effect went unheard (a lost
+        # subscription's replacement: the plan learnt since may say a shard is empty that
+        # no longer is, and a later send there publishes nothing behind an older head).
+        store._look_again(self._names.values())
 
     def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
