@@ -1,8 +1,11 @@
 """Review findings on sharded queues (regression tests)."""
 
+import threading
+import time
 from typing import Any
 
 from delayqueue_django.engine.sharded_store import ShardedStore
+from tests.conftest import MEMORY_URL
 from tests.redis_servers import RedisServer
 from tests.test_shards import new_message, sharded, sharded_queue
 
@@ -42,3 +45,54 @@ def test_a_message_sent_while_the_subscription_was_lost_is_not_starved_by_busy_s
         assert "starved~2.1" in fetched, fetched
     finally:
         second.close()
+
+
+def test_a_slow_register_read_does_not_undo_a_newer_one(settings: Any, monkeypatch: Any) -> None:
+    """Two threads read the register (the listener on LAYOUTS_CHANGED, the fetch loop when
+    its recheck is due). The one that read first, before layout 4 was registered, must not
+    follow its older reading after the other followed the newer one: layout 4's shards
+    would be left out of the fetches (and the subscription) until the next recheck."""
+    queue = sharded_queue(settings, MEMORY_URL, 2)
+    store = sharded(queue)
+    store.refresh_layouts(force=True)
+    real = store.base.layouts
+    slow = threading.Event()
+
+    def layouts() -> set[int]:
+        read = real()
+        if threading.current_thread().name == "slow-reader":
+            slow.set()
+            time.sleep(0.3)  # read, not yet followed
+        return read
+
+    monkeypatch.setattr(store.base, "layouts", layouts)
+    reader = threading.Thread(target=lambda: store.refresh_layouts(force=True), name="slow-reader")
+    reader.start()
+    assert slow.wait(5)
+    store.base.add_layout(4)  # a sender of SHARDS 4 registers its layout
+    store.refresh_layouts(force=True)
+    assert "4.1" in store._order
+    reader.join()
+    assert "4.1" in store._order, store._order
+
+
+def test_a_layout_retired_during_an_exhaustion_claim_does_not_fail_it(settings: Any) -> None:
+    """claim_exhausted reads the shards' plans again after each shard's round trip; a
+    layout retired meanwhile (by another thread's reading of the register) took its
+    shards' plans away."""
+    queue = sharded_queue(settings, MEMORY_URL, 1)
+    store = sharded(queue)
+    store.base.add_layout(2)
+    store.refresh_layouts(force=True)
+    assert store._order == ["0", "2.1"]
+    draining = store._store("2.1")
+    real = draining.claim_exhausted
+
+    def claim_then_retire(count: int, claim_ms: int) -> list[Any]:
+        claims = real(count, claim_ms)
+        assert store.retire(2) == {}  # empty: retired, and the register read again
+        return claims
+
+    draining.claim_exhausted = claim_then_retire  # type: ignore[method-assign]
+
+    assert store.claim_exhausted(10, 1000) == []
