@@ -137,6 +137,7 @@ class ShardedStore:
         # Bumped whenever the shards fetched from change: subscriptions follow.
         self.generation = 0
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._plans = {name: _Plan() for name in self._order}
         # Where the next fetch starts; processes start at different shards.
         self._cursor = random.randrange(layout)
@@ -191,9 +192,23 @@ class ShardedStore:
         raising if it cannot be read); the shards fetched from follow it. A register that
         cannot be read is tried again after SHARD_RETRY_SECONDS, the shards as they were
         meanwhile."""
-        now = time.monotonic()
-        if not (force or due) and now < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
+        if (
+            not (force or due)
+            and time.monotonic() < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS
+        ):
             return
+        # One reading at a time (the fetch loop's, the listener's on LAYOUTS_CHANGED, an
+        # operator's): one read earlier and followed later would undo a newer one. A
+        # routine recheck that finds another under way leaves it to that one.
+        if not self._refresh_lock.acquire(blocking=force or due):
+            return
+        try:
+            self._read_layouts(force=force)
+        finally:
+            self._refresh_lock.release()
+
+    def _read_layouts(self, *, force: bool) -> None:
+        now = time.monotonic()
         try:
             registered = self.base.layouts()
         except (RedisError, OSError) as error:
@@ -401,11 +416,12 @@ class ShardedStore:
             # Every shard asked failed: ask the others that are not failing, so that one
             # master down never holds up the rest (nor leaves this fetch without a clock).
             now = time.monotonic()
-            others = [
-                name
-                for name in self._order
-                if name not in asked and self._plans[name].retry_at <= now
-            ]
+            with self._lock:
+                others = [
+                    name
+                    for name in self._order
+                    if name not in asked and self._plans[name].retry_at <= now
+                ]
             ask(others, to_the_end=False)
         if not taken:
             # (Not noted as this fetcher's last: its repeat asks every shard due, and those
@@ -414,8 +430,9 @@ class ShardedStore:
             raise failures[0]
         if request:
             self._last_fetch[fetcher] = (request, asked)
-        if asked[-1] in self._order:
-            self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
+        with self._lock:
+            if asked[-1] in self._order:
+                self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
         return self._merged(taken, more=len(asked) < len(visits))
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
@@ -427,8 +444,9 @@ class ShardedStore:
         repeated, names = self._last_fetch.get(fetcher, ("", []))
         if request and request == repeated:
             return names, True
-        order = self._order[self._cursor :] + self._order[: self._cursor]
         with self._lock:
+            # (Under the lock: another thread following the register replaces both.)
+            order = self._order[self._cursor :] + self._order[: self._cursor]
             # (Asked before its retry, a shard that failed would hold up every fetch, and
             # the others' messages with it, for its timeout again.)
             reachable = [name for name in order if self._plans[name].retry_at <= now] or order
@@ -616,14 +634,13 @@ class ShardedStore:
         shard, when none is), in turn, until ``count``. A shard that cannot be reached is
         passed over (its announcements wait for it); raises only if every one asked fails."""
         with self._lock:
+            order = list(self._order)
             owed = [
-                name
-                for name in self._order
-                if self._plans[name].owed or not self._plans[name].fetched
+                name for name in order if self._plans[name].owed or not self._plans[name].fetched
             ]
         claims: list[ExhaustedClaim] = []
         asked_shards = failed = 0
-        for name in owed or self._order:
+        for name in owed or order:
             if len(claims) >= count:
                 break
             asked = count - len(claims)
@@ -632,13 +649,16 @@ class ShardedStore:
                 found = self._store(name).claim_exhausted(asked, claim_ms)
             except (RedisError, OSError):
                 failed += 1
-                if failed == asked_shards == len(owed or self._order):
+                if failed == asked_shards == len(owed or order):
                     raise
                 continue
             claims += found
             if len(found) < asked:
                 with self._lock:
-                    self._plans[name].owed = False
+                    # (Its layout may have been retired meanwhile: no plan left.)
+                    plan = self._plans.get(name)
+                    if plan is not None:
+                        plan.owed = False
         return claims
 
     def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
@@ -822,6 +842,10 @@ class ShardedWakeups:
         self._generation, self._inner, self._names = store._subscribe()
         self._listening = True
         store.listening(+1)
+        # What was published before this subscription took effect went unheard (a lost
+        # subscription's replacement: the plan learnt since may say a shard is empty that
+        # no longer is, and a later send there publishes nothing behind an older head).
+        store._look_again(self._names.values())
 
     def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout

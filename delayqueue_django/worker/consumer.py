@@ -282,6 +282,14 @@ class QueueConsumer(threading.Thread):
                 self._next_pool_check(),
                 self._monotonic_at(self._schedules_at_ms),
             )
+        if self._commits and self._shard_retry_at:
+            # Commits held back for a shard that failed: tried again at its retry time
+            # (the next flush), not at whatever next wakes an idle loop. (Only times still
+            # to come: one passed is the next flush's to try, and must not cut a backoff.)
+            now = time.monotonic()
+            shards = {commit.shard for commit in self._commits}
+            retries = [at for shard, at in self._shard_retry_at.items() if shard in shards]
+            deadline = min([deadline, *(at for at in retries if at > now)])
         with self._lock:
             if self._outcomes:
                 deadline = min(deadline, self._first_outcome_at + VERDICT_FLUSH_SECONDS)
