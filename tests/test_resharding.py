@@ -2,6 +2,7 @@
 draining of earlier layouts by fetches and readers, and retiring a drained layout."""
 
 import signal
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -18,6 +19,7 @@ from delayqueue_django.queue import Queue
 from tests.conftest import MEMORY_URL
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.test_shards import sharded, sharded_queue
 from tests.test_worker_processes import WorkerProcess, events
 
 
@@ -275,3 +277,54 @@ def test_a_layout_new_on_the_register_is_announced_and_read_at_once(
         assert set(subscription._names.values()) == set(layout_names(2)) | set(layout_names(4))
     finally:
         subscription.close()
+
+
+def test_a_slow_register_read_does_not_undo_a_newer_one(settings: Any, monkeypatch: Any) -> None:
+    """Two threads read the register (the listener on LAYOUTS_CHANGED, the fetch loop when
+    its recheck is due). The one that read first, before layout 4 was registered, must not
+    follow its older reading after the other followed the newer one: layout 4's shards
+    would be left out of the fetches (and the subscription) until the next recheck."""
+    queue = sharded_queue(settings, MEMORY_URL, 2)
+    store = sharded(queue)
+    store.refresh_layouts(force=True)
+    real = store.base.layouts
+    slow = threading.Event()
+
+    def layouts() -> set[int]:
+        read = real()
+        if threading.current_thread().name == "slow-reader":
+            slow.set()
+            time.sleep(0.3)  # read, not yet followed
+        return read
+
+    monkeypatch.setattr(store.base, "layouts", layouts)
+    reader = threading.Thread(target=lambda: store.refresh_layouts(force=True), name="slow-reader")
+    reader.start()
+    assert slow.wait(5)
+    store.base.add_layout(4)  # a sender of SHARDS 4 registers its layout
+    store.refresh_layouts(force=True)
+    assert "4.1" in store._order
+    reader.join()
+    assert "4.1" in store._order, store._order
+
+
+def test_a_layout_retired_during_an_exhaustion_claim_does_not_fail_it(settings: Any) -> None:
+    """claim_exhausted reads the shards' plans again after each shard's round trip; a
+    layout retired meanwhile (by another thread's reading of the register) took its
+    shards' plans away."""
+    queue = sharded_queue(settings, MEMORY_URL, 1)
+    store = sharded(queue)
+    store.base.add_layout(2)
+    store.refresh_layouts(force=True)
+    assert store._order == ["0", "2.1"]
+    draining = store._store("2.1")
+    real = draining.claim_exhausted
+
+    def claim_then_retire(count: int, claim_ms: int) -> list[Any]:
+        claims = real(count, claim_ms)
+        assert store.retire(2) == {}  # empty: retired, and the register read again
+        return claims
+
+    draining.claim_exhausted = claim_then_retire  # type: ignore[method-assign]
+
+    assert store.claim_exhausted(10, 1000) == []

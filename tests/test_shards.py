@@ -6,6 +6,7 @@ checker's ``wrong-shard``."""
 
 import itertools
 import json
+import math
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 import delayqueue_django
 from delayqueue_django import get_queue
-from delayqueue_django.engine import STATES, FetchResult, NewMessage
+from delayqueue_django.engine import STATES, FetchResult, NewMessage, sharded_store
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
 from delayqueue_django.engine.shards import (
@@ -651,3 +652,71 @@ def test_worker_processes_on_a_sharded_cluster_lose_nothing_when_one_is_killed(
     assert queue.check_invariants().ok
     survivor.signal(signal.SIGTERM)
     assert survivor.wait(timeout=20) == 0, survivor.output
+
+
+def pump(subscription: Any) -> None:
+    """Let the subscription tell the plan every wake-up published so far."""
+    while subscription.wait(timeout=0.2) is not None:
+        pass
+
+
+def test_a_message_sent_while_the_subscription_was_lost_is_not_starved_by_busy_shards(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """The listener lost its subscription and subscribed again (a new ShardedWakeups, as
+    WakeupListener does). A message sent to shard 2.1 before the new subscription took
+    effect went unheard; the plan still says 2.1 is empty. While shard 0 always has work
+    due, a fetch asks only the due shards, and later sends to 2.1 publish nothing (its
+    head is older): 2.1 would never be asked."""
+    redis_server.client().flushall()
+    queue = sharded_queue(settings, redis_server.url, 2)
+    store = sharded(queue)
+    assert isinstance(store, ShardedStore)
+    first = store.subscribe_wakeups()
+    assert store.fetch(10).deliveries == []  # every shard asked: all empty now
+    first.close()  # the subscription is lost (the listener closes it and backs off)
+    assert store.fetch(10).deliveries == []  # not listening: every shard asked, empty
+    store.send([new_message("starved~2.1")])  # published to no one
+    second = store.subscribe_wakeups()  # subscribed again
+    try:
+        fetched = []
+        for n in range(20):
+            store.send([new_message(f"busy{n}"), new_message(f"more{n}~2.1")])
+            pump(second)
+            result = store.fetch(1)
+            fetched += [delivery.id for delivery in result.deliveries]
+            store.ack([(d.id, d.lease) for d in result.deliveries])
+        assert "starved~2.1" in fetched, fetched
+    finally:
+        second.close()
+
+
+def test_a_shard_whose_wake_up_was_lost_is_asked_again_while_others_stay_due(
+    redis_server: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pub/sub delivers at most once: a wake-up lost on its way leaves the plan saying its
+    shard is empty, and later sends there publish nothing behind the older head. While
+    shard 0 always has work due, a fetch would ask only shard 0; a shard not asked for
+    LOOK_AGAIN_SECONDS joins a fetch all the same."""
+    monkeypatch.setattr(sharded_store, "LOOK_AGAIN_SECONDS", 0.3)
+    redis_server.client().flushall()
+    store = sharded(sharded_queue(settings, redis_server.url, 2))
+    subscription = store.subscribe_wakeups()
+    try:
+        assert store.fetch(10).deliveries == []  # every shard asked: all empty
+        store.send([new_message("lost~2.1")])
+        pump(subscription)
+        with store._lock:
+            store._plans["2.1"].due_ms = math.inf  # as if its wake-up had never come
+        fetched: list[str] = []
+        deadline = time.monotonic() + 3
+        while "lost~2.1" not in fetched and time.monotonic() < deadline:
+            store.send([new_message(f"busy{len(fetched)}a"), new_message(f"busy{len(fetched)}b")])
+            pump(subscription)
+            result = store.fetch(1)
+            fetched += [delivery.id for delivery in result.deliveries]
+            store.ack([(delivery.id, delivery.lease) for delivery in result.deliveries])
+            time.sleep(0.02)
+        assert "lost~2.1" in fetched, fetched
+    finally:
+        subscription.close()

@@ -10,7 +10,9 @@ and, while a wake-up subscription of this store listens (a worker's), its wake-u
 fetch takes from the shards that are due by the plan, in turn from where the last one
 stopped (each process starts at a random shard), until it has ``count``; with no one
 listening (the plan would miss what other processes send), it looks at every shard in
-turn, and with none due (a look in case a wake-up was lost) at up to IDLE_LOOK_SHARDS. A
+turn, and with none due (a look in case a wake-up was lost) at up to IDLE_LOOK_SHARDS;
+while some are due, one not asked for LOOK_AGAIN_SECONDS joins each fetch, so a lost
+wake-up delays its shard by that much at most, however busy the others stay. A
 shard whose Redis cannot be reached is left out and tried again every
 SHARD_RETRY_SECONDS while the others keep flowing; a fetch whose shards all failed asks
 the others, and raises only when none answers.
@@ -84,6 +86,11 @@ HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
 DUE_SLACK_SECONDS = 0.001
 # At most this many shards are asked by a fetch when none is due by the plan.
 IDLE_LOOK_SHARDS = 30
+# A shard not asked for this long joins a fetch even while others are due (one a fetch):
+# a wake-up lost on its way (pub/sub delivers at most once) leaves its plan saying it is
+# empty, and a later send there publishes nothing behind its older head. The consumer's
+# idle look (worker.consumer.IDLE_RECHECK_SECONDS) covers a queue with nothing due.
+LOOK_AGAIN_SECONDS = 30.0
 # Counts that add up across shards; the other stats are times (see _combined_stats).
 _TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
 
@@ -100,8 +107,9 @@ class _Plan:
     # The earliest wake-up heard since the shard's last fetch began: a fetch's reply may
     # predate it, and must not erase it.
     heard_ms: float = math.inf
-    # Its last fetch (False before any)
+    # Its last fetch (False before any), and when the last was asked for (monotonic s).
     fetched: bool = False
+    asked_at: float = -math.inf
     # Its last fetch said an exhaustion is owed.
     owed: bool = False
     # While its fetches fail: since when, and not to be tried again before (monotonic s).
@@ -453,9 +461,21 @@ class ShardedStore:
             if not self._listening:
                 return reachable, False
             due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
+            if due:
+                overlooked = next(
+                    (
+                        name
+                        for name in reachable
+                        if name not in due
+                        and self._plans[name].asked_at <= now - LOOK_AGAIN_SECONDS
+                    ),
+                    None,
+                )
+                # First, so that the due shards filling the count do not leave it out.
+                return ([overlooked] if overlooked else []) + due, False
         # With none due, a look in case a wake-up was lost: a slice of them in turn, so that
         # an idle worker's looks (every 30 s) cost at most 1 request a second.
-        return due or reachable[:IDLE_LOOK_SHARDS], False
+        return reachable[:IDLE_LOOK_SHARDS], False
 
     def _fetch_shard(
         self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
@@ -468,6 +488,7 @@ class ShardedStore:
         plan = self._plans.get(name) or _Plan()
         with self._lock:
             plan.heard_ms = math.inf
+            plan.asked_at = time.monotonic()
         try:
             result = self._store(name).fetch(count, fetcher=fetcher, request=sent)
         except (RedisError, OSError) as error:
