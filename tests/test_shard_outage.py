@@ -44,13 +44,25 @@ def on_shard(queue: Queue, name: str, payload: dict[str, Any], retries: int = 3)
     return message_id
 
 
-def test_a_worker_commits_on_the_other_shards_while_one_master_is_down(
-    settings: Any, cluster: RedisClusterServers
+def fail(master: RedisServer, fault: str) -> None:
+    """Make ``master`` fail its shards' calls: gone (``down``), or there and answering with
+    a refusal (``refusing``: its default user may no longer write, as a master refuses
+    writes with MISCONF when its disk is full)."""
+    if fault == "down":
+        master.crash()
+    else:
+        master.client().acl_setuser("default", reset=False, enabled=True, commands=["-@write"])
+
+
+@pytest.mark.parametrize("fault", ["down", "refusing"])
+def test_a_worker_commits_on_the_other_shards_while_one_master_fails(
+    settings: Any, cluster: RedisClusterServers, fault: str
 ) -> None:
     """One worker, one handler thread: a message of the doomed master's shard is being
-    handled when that master dies, so its ack cannot be committed. The messages of the
-    other shards that follow are handled and acked all the same (the acked signal fires
-    after the commit), rather than wait in line behind the ack that fails."""
+    handled when that master dies (or starts refusing), so its ack cannot be committed.
+    The messages of the other shards that follow are handled and acked all the same (the
+    acked signal fires after the commit), rather than wait in line behind the ack that
+    fails."""
     settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
     queue = get_queue()
     store = queue.store
@@ -71,7 +83,7 @@ def test_a_worker_commits_on_the_other_shards_while_one_master_is_down(
         worker.wait_for_line("queue 'default'")
         slow = on_shard(queue, down[0], {"do": "sleep", "seconds": 1.0})
         wait_for(lambda: any(e["id"] == slow for e in events("start")), timeout=10, what="start")
-        doomed.crash()
+        fail(doomed, fault)
         others = [on_shard(queue, up[n % len(up)], {"n": n}) for n in range(10)]
 
         wait_for(

@@ -607,16 +607,25 @@ class QueueConsumer(threading.Thread):
                         request=commit.request,
                     )
                 except Exception as error:
-                    if not (is_outage(error) and self._spread()):
+                    # One shard's failure, whether its master is away or refuses (a full
+                    # disk's MISCONF, say), holds up its own commits only, as fetches
+                    # pass over it.
+                    if not (isinstance(error, RedisError | OSError) and self._spread()):
                         raise
+                    first = commit.shard not in self._shard_retry_at
                     self._shard_retry_at[commit.shard] = now + SHARD_RETRY_SECONDS
                     held.add(commit.shard)
                     waiting.append(self._commits.popleft())
-                    logger.debug(
-                        "commit to shard %s failed queue=%s: %s",
+                    # A refusal is news for whoever runs Redis (once, at its first failure);
+                    # an outage is said by the fetches and the outage log.
+                    logger.log(
+                        logging.WARNING if first and not is_outage(error) else logging.DEBUG,
+                        "commit to shard %s failed queue=%s: %s; its verdicts wait, trying "
+                        "again every %g s",
                         commit.shard,
                         self.queue.name,
                         error,
+                        SHARD_RETRY_SECONDS,
                     )
                     continue
                 self._commits.popleft()
