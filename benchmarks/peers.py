@@ -76,11 +76,21 @@ def contenders(redis_url: str) -> list[Contender]:
 
 @dataclass(frozen=True)
 class PeerKeys:
-    """Where a peer keeps messages not yet done: ``left`` counts them in one pipelined round
-    trip of plain commands, ``poll``, so they can be taken out of the command counts."""
+    """Where a peer keeps messages not yet done: (command, key) pairs, each counting what
+    one key holds, read in one pipelined round trip of plain commands, so that what the
+    polls cost can be taken out of the command counts."""
 
-    left: Callable[[Any], int]
-    poll: Counter[str]
+    counted: tuple[tuple[str, str], ...]
+
+    def left(self, probe: Any) -> int:
+        pipe = probe.pipeline(transaction=False)
+        for command, key in self.counted:
+            pipe.execute_command(command.upper(), key)
+        return sum(int(n) for n in pipe.execute())
+
+    @property
+    def poll(self) -> Counter[str]:
+        return Counter(command for command, _ in self.counted)
 
 
 def _huey(redis_url: str) -> Contender:
@@ -92,15 +102,9 @@ def _huey(redis_url: str) -> Contender:
         eta = datetime.fromtimestamp(due_ms / 1000, UTC)
         peer_huey.record_lateness.schedule(args=(due_ms,), eta=eta)
 
-    def left(probe: Any) -> int:
-        pipe = probe.pipeline(transaction=False)
-        pipe.llen(queue)
-        pipe.zcard(schedule)
-        return sum(int(n) for n in pipe.execute())
-
     command = [sys.executable, "-m", "huey.bin.huey_consumer", "benchmarks.peer_huey.huey"]
     command += ["-w", "1", "-k", "thread"]
-    keys = PeerKeys(left, Counter({"llen": 1, "zcard": 1}))
+    keys = PeerKeys((("llen", queue), ("zcard", schedule)))
     return Contender(
         f"huey {version('huey')}",
         "huey_consumer -w 1 -k thread, defaults: scheduler interval 1 s, BRPOP timeout 1 s",
@@ -117,19 +121,12 @@ def _celery(redis_url: str) -> Contender:
         eta = datetime.fromtimestamp(due_ms / 1000, UTC)
         peer_celery.record_lateness.apply_async(args=(due_ms,), eta=eta)
 
-    def left(probe: Any) -> int:
-        # kombu's Redis transport keeps a delivered message, until acked, in the "unacked"
-        # hash and the "unacked_index" sorted set.
-        pipe = probe.pipeline(transaction=False)
-        pipe.llen(queue)
-        pipe.hlen("unacked")
-        pipe.zcard("unacked_index")
-        return sum(int(n) for n in pipe.execute())
-
     command = [sys.executable, "-m", "celery", "-A", "benchmarks.peer_celery", "worker"]
     command += ["-P", "solo", "-c", "1", "--without-gossip", "--without-mingle"]
     command += ["--without-heartbeat", "-Q", queue, "--loglevel", "WARNING"]
-    keys = PeerKeys(left, Counter({"llen": 1, "hlen": 1, "zcard": 1}))
+    # kombu's Redis transport keeps a delivered message, until acked, in the "unacked"
+    # hash and the "unacked_index" sorted set.
+    keys = PeerKeys((("llen", queue), ("hlen", "unacked"), ("zcard", "unacked_index")))
     return Contender(
         f"celery {version('celery')}",
         "worker -P solo -c 1, eta tasks, no result backend, defaults: prefetch multiplier 4, "

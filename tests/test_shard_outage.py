@@ -44,6 +44,24 @@ def on_shard(queue: Queue, name: str, payload: dict[str, Any], retries: int = 3)
     return message_id
 
 
+def doomed_master(
+    settings: Any, cluster: RedisClusterServers
+) -> tuple[Queue, RedisServer, list[str], list[str]]:
+    """A queue of 6 shards on the cluster; a master that holds neither the test's log nor
+    shard 0 (nor is the entry node), to be failed; the shards it holds, and the others."""
+    settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
+    queue = get_queue()
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    spared = {cluster.master_for(LOG_KEY), cluster.master_for(store.keys.tag), cluster.nodes[0]}
+    doomed: RedisServer = next(node for node in cluster.nodes if node not in spared)
+    names = [shard_name(6, index) for index in range(6)]
+    tags = {name: shard_keys(store.keys, 6, int(name.split(".")[-1])).tag for name in names[1:]}
+    down = [name for name, tag in tags.items() if cluster.master_for(tag) is doomed]
+    assert down
+    return queue, doomed, down, [name for name in names if name not in down]
+
+
 def fail(master: RedisServer, fault: str) -> None:
     """Make ``master`` fail its shards' calls: gone (``down``), or there and answering with
     a refusal (``refusing``: its default user may no longer write, as a master refuses
@@ -63,18 +81,7 @@ def test_a_worker_commits_on_the_other_shards_while_one_master_fails(
     The messages of the other shards that follow are handled and acked all the same (the
     acked signal fires after the commit), rather than wait in line behind the ack that
     fails."""
-    settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
-    queue = get_queue()
-    store = queue.store
-    assert isinstance(store, ShardedStore)
-    # A master that holds neither the test's log nor shard 0 (nor is the entry node).
-    spared = {cluster.master_for(LOG_KEY), cluster.master_for(store.keys.tag), cluster.nodes[0]}
-    doomed: RedisServer = next(node for node in cluster.nodes if node not in spared)
-    names = [shard_name(6, index) for index in range(6)]
-    tags = {name: shard_keys(store.keys, 6, int(name.split(".")[-1])).tag for name in names[1:]}
-    down = [name for name, tag in tags.items() if cluster.master_for(tag) is doomed]
-    up = [name for name in names if name not in down]
-    assert down
+    queue, doomed, down, up = doomed_master(settings, cluster)
 
     worker = WorkerProcess(
         cluster.url, "--concurrency", "1", DQ_TEST_SHARDS="6", DQ_TEST_MAX_CONSUME="60"
@@ -115,19 +122,7 @@ def test_fetches_and_exhaustion_claims_pass_over_the_shards_of_a_master_down(
 def test_a_held_commit_is_tried_again_once_its_shard_is_back(
     settings: Any, cluster: RedisClusterServers
 ) -> None:
-    settings.DELAYQUEUES = {"default": {"URL": cluster.url, "SHARDS": 6}}
-    queue = get_queue()
-    store = queue.store
-    assert isinstance(store, ShardedStore)
-    spared = {cluster.master_for(LOG_KEY), cluster.master_for(store.keys.tag), cluster.nodes[0]}
-    doomed: RedisServer = next(node for node in cluster.nodes if node not in spared)
-    names = [shard_name(6, index) for index in range(1, 6)]
-    down = [
-        name
-        for name in names
-        if cluster.master_for(shard_keys(store.keys, 6, int(name.split(".")[-1])).tag) is doomed
-    ]
-    assert down
+    queue, doomed, down, _ = doomed_master(settings, cluster)
     # Heartbeats far apart: nothing else wakes the idle consumer for a minute.
     worker = WorkerProcess(
         cluster.url,
