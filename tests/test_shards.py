@@ -32,6 +32,7 @@ from delayqueue_django.engine.shards import (
     slot_of,
 )
 from delayqueue_django.exceptions import QueueUnavailable
+from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from tests.helpers import fetch_when_due, wait_for
@@ -720,3 +721,94 @@ def test_a_shard_whose_wake_up_was_lost_is_asked_again_while_others_stay_due(
         assert "lost~2.1" in fetched, fetched
     finally:
         subscription.close()
+
+
+def test_a_server_that_times_out_is_waited_for_once_per_fetch_not_once_per_shard(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six shards on one server that stops answering (paused): the first shard's fetch
+    waits out its timeout, and the others on that server are held back with it rather than
+    asked, each to wait out a timeout of its own. Once it answers, they are fetched."""
+    server = RedisServer()
+    try:
+        queue = sharded_queue(settings, server.url, 6, OPTIONS={"socket_timeout": 0.3})
+        store = sharded(queue)
+        sent = {message_id for message_id in queue.send_many([{"n": n} for n in range(30)])}
+        asked: list[str] = []
+        for name, shard in store.shards.items():
+            real = shard.fetch
+
+            def counted(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+                asked.append(_name)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(shard, "fetch", counted)
+        server.client(socket_timeout=5).client_pause(1500, all=True)
+        with pytest.raises(QueueUnavailable):
+            queue.fetch(100)
+        assert len(asked) == 1, asked
+        time.sleep(1.6)  # the pause ends; the held shards' retry time has come
+        fetched = {message.id for message in queue.fetch(100).messages}
+        assert fetched == sent
+    finally:
+        server.close()
+
+
+def test_a_worker_that_times_out_committing_holds_the_other_shards_of_that_server_too(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two messages on two shards of one server, both handled while it stops answering
+    (paused): each flush tries one commit and holds the other shard's with it, rather than
+    wait out a second timeout at once; both are acked once the server answers again."""
+    server = RedisServer()
+    worker: Worker | None = None
+    thread: threading.Thread | None = None
+    try:
+        queue = sharded_queue(settings, server.url, 6, OPTIONS={"socket_timeout": 0.3})
+        store = sharded(queue)
+        names = list(store.shards)[1:3]
+        ids = []
+        for name in names:
+            message_id = next(
+                placed
+                for placed in store.place([f"m{n}" for n in range(200)])
+                if shard_of_id(placed) == name
+            )
+            store.send([new_message(message_id, {"n": message_id})])
+            ids.append(message_id)
+        started, release = threading.Semaphore(0), threading.Event()
+        attempts: list[tuple[float, list[str]]] = []
+        acked: list[str] = []
+        real_ack = queue.ack
+
+        def counted_ack(messages: Any, **kwargs: Any) -> Any:
+            attempts.append((time.monotonic(), [shard_of_id(m.id) for m in messages]))
+            done = real_ack(messages, **kwargs)
+            acked.extend(done)
+            return done
+
+        monkeypatch.setattr(queue, "ack", counted_ack)
+
+        def slow(message: Message) -> None:
+            started.release()
+            release.wait(10)
+
+        worker = Worker([(queue, slow)], concurrency=2, heartbeat_interval=60)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        assert started.acquire(timeout=10)
+        assert started.acquire(timeout=10)
+        server.client(socket_timeout=5).client_pause(2500, all=True)
+        paused_at = time.monotonic()
+        release.set()
+        wait_for(lambda: set(acked) == set(ids), timeout=15, what="both acks committed")
+        during = [at for at, _ in attempts if at < paused_at + 2.5]
+        assert len(during) >= 2, attempts
+        gaps = [later - earlier for earlier, later in itertools.pairwise(during)]
+        # A timeout is 0.3 s; a held shard waits SHARD_RETRY_SECONDS.
+        assert min(gaps) > 0.6, attempts
+    finally:
+        if worker is not None and thread is not None:
+            worker.request_stop()
+            thread.join(timeout=10)
+        server.close()

@@ -232,6 +232,11 @@ class ShardStore(Store, Protocol):
         """Listen on several wake-up channels of this store's server, in one subscription."""
         ...
 
+    def server_name(self) -> str:
+        """Which server holds this store's keys, as this process sees it now: stores of the
+        same name share one, and a server that does not answer fails them all alike."""
+        ...
+
     def layouts(self) -> set[int]:
         """The layouts (SHARDS of 2 or more) registered as possibly holding messages: on
         shard 0 only (see engine.sharded_store, "Resharding")."""

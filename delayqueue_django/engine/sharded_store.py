@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ChannelSubscription, ShardStore, Store
@@ -405,19 +406,25 @@ class ShardedStore:
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
         failures: list[Exception] = []
+        held_back: set[str] = set()
 
         def ask(names: Iterable[str], *, to_the_end: bool) -> None:
-            """Fetch from each shard in turn until ``count`` (or from every one, if told)."""
+            """Fetch from each shard in turn until ``count`` (or from every one, if told),
+            but for those held back meanwhile (a shard on their server timed out)."""
             remaining = count - sum(len(result.deliveries) for _, result in taken)
             for name in names:
                 if remaining <= 0 < count and not to_the_end:
                     return
+                if not to_the_end and name in held_back:
+                    continue
                 asked.append(name)
                 # (A fetch of none still has each shard it asks retry what expired.)
                 result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
+                elif isinstance(failures[-1], RedisTimeoutError | TimeoutError):
+                    held_back.update(self.hold_siblings(name))
 
         ask(visits, to_the_end=repeating)
         if not taken and not repeating:
@@ -500,6 +507,25 @@ class ShardedStore:
         self._repeats.pop(repeat_key, None)
         self._learn(name, plan, result)
         return result
+
+    def hold_siblings(self, name: str) -> list[str]:
+        """Shard ``name``'s server did not answer in time: the other shards on it are not
+        asked before their retry either (each would wait out its own timeout, the other
+        servers' shards held up meanwhile: a queue of 12 shards on one server, 12 socket
+        timeouts). Returns them."""
+        server = self._store(name).server_name()
+        with self._lock:
+            order = list(self._order)
+        siblings = [
+            other for other in order if other != name and self._store(other).server_name() == server
+        ]
+        retry_at = time.monotonic() + SHARD_RETRY_SECONDS
+        with self._lock:
+            for other in siblings:
+                plan = self._plans.get(other)
+                if plan is not None:
+                    plan.retry_at = max(plan.retry_at, retry_at)
+        return siblings
 
     def _failed(self, name: str, plan: _Plan, error: Exception) -> None:
         now = time.monotonic()

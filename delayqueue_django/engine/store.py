@@ -215,6 +215,16 @@ class RedisStore:
         self._version_checked = False
         self._version_lock = threading.Lock()
 
+    def server_name(self) -> str:
+        client = self.client
+        if not isinstance(client, RedisCluster):
+            return f"client {id(client)}"  # one server, or Sentinel's current master
+        nodes: Any = client  # (redis-py's cluster methods are untyped)
+        try:
+            return str(nodes.get_node_from_key(self.keys.tag).name)
+        except Exception:  # the slot's node unknown for now: a server of its own
+            return f"slot of {self.keys.tag}"
+
     @property
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)

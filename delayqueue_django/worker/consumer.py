@@ -31,7 +31,7 @@ from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.outages import is_outage
+from delayqueue_django.worker.outages import is_outage, timed_out
 from delayqueue_django.worker.pool import Running
 from delayqueue_django.worker.wakeup import WakeupListener
 
@@ -616,6 +616,10 @@ class QueueConsumer(threading.Thread):
                     self._shard_retry_at[commit.shard] = now + SHARD_RETRY_SECONDS
                     held.add(commit.shard)
                     waiting.append(self._commits.popleft())
+                    if timed_out(error):
+                        # Its server did not answer in time: the commits to its other
+                        # shards would each wait out a timeout too.
+                        self._hold_siblings(commit.shard, now, held)
                     # A refusal is news for whoever runs Redis (once, at its first failure);
                     # an outage is said by the fetches and the outage log.
                     logger.log(
@@ -636,6 +640,15 @@ class QueueConsumer(threading.Thread):
             self._commits.extendleft(reversed(waiting))
             if committed:
                 self._settle(committed, exhausted=exhausted)
+
+    def _hold_siblings(self, shard: str, now: float, held: set[str]) -> None:
+        store = self.queue.store
+        assert isinstance(store, ShardedStore)  # only a spread queue holds commits
+        queued = {commit.shard for commit in self._commits}
+        for sibling in store.hold_siblings(shard):
+            if sibling in queued:
+                self._shard_retry_at[sibling] = now + SHARD_RETRY_SECONDS
+                held.add(sibling)
 
     def _spread(self) -> bool:
         """Whether this queue reads more than one shard."""

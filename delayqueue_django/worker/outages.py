@@ -27,6 +27,13 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)
 
 
+def timed_out(error: BaseException) -> bool:
+    """Redis did not answer in time (said by redis-py, or by the queue's QueueUnavailable
+    around it)."""
+    cause = error.__cause__ if isinstance(error, QueueUnavailable) else error
+    return isinstance(cause, RedisTimeoutError | TimeoutError)
+
+
 @dataclass
 class _Outage:
     since: float  # time.monotonic()

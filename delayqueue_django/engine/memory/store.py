@@ -61,6 +61,9 @@ class MemoryStore:
     def keys(self) -> QueueKeys:
         return self._keys
 
+    def server_name(self) -> str:
+        return f"memory {id(self.server)}"
+
     @property
     def limits(self) -> StoreLimits:
         return self._limits
