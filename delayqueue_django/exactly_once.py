@@ -41,6 +41,12 @@ class _Refused(Exception):
     """The handler returned False: its transaction rolls back, the message is retried."""
 
 
+class RolledBack(Exception):
+    """The handler returned, but its transaction was marked for rollback (a database error
+    caught inside it, or ``set_rollback(True)``): nothing it wrote, nor the processed
+    record, was committed, so the message is not acked but retried."""
+
+
 def database_for(queue: str) -> str | None:
     """The database alias of an EXACTLY_ONCE queue, or None (a queue not configured, as in
     hand-made test setups, counts as at least once)."""
@@ -72,6 +78,15 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
             result = handler(message)
             if result is False:
                 raise _Refused
+            if transaction.get_rollback(using=using):
+                # atomic() would roll back silently, and the message be acked as handled.
+                raise RolledBack(
+                    f"message {message.id!r}: the handler returned, but its transaction on "
+                    f"database {using!r} was marked for rollback (a database error caught "
+                    "inside it, or set_rollback(True)); nothing it wrote was committed, so "
+                    "the message is retried. Catch database errors in a savepoint of their "
+                    "own (transaction.atomic()) inside an EXACTLY_ONCE handler."
+                )
             return result
     except _Refused:
         return False

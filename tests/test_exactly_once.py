@@ -4,10 +4,11 @@ PostgreSQL and MariaDB."""
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import IntegrityError, connections
 
 from delayqueue_django import conf, get_queue
 from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
@@ -110,6 +111,34 @@ def test_a_handler_that_fails_leaves_no_effect_and_runs_again(
     # Its row and the processed record were rolled back together.
     assert effects(database) == []
     assert not ProcessedMessage.objects.using(database).exists()
+    assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+
+
+def test_a_handler_whose_transaction_is_marked_for_rollback_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """A handler written for autocommit catches an IntegrityError (a unique insert that lost
+    a race, say) and returns: inside the EXACTLY_ONCE transaction that error marked it for
+    rollback, so atomic() rolls back the handler's writes and the processed record at its
+    end, silently. The message must be retried, not acked as handled."""
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+    ProcessedMessage.objects.using(database).create(
+        queue="other", message_id="taken", processed_ms=0
+    )
+
+    def catches(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        with suppress(IntegrityError):  # there already: fine in autocommit mode
+            ProcessedMessage.objects.using(database).create(
+                queue="other", message_id="taken", processed_ms=0
+            )
+
+    assert call_handler(catches, message).verdict is Verdict.NACK
+    assert effects(database) == []
+    assert not ProcessedMessage.objects.using(database).filter(queue="default").exists()
     assert call_handler(writer(database), message).verdict is Verdict.ACK
     assert effects(database) == [message_id]
 
