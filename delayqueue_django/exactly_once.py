@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from delayqueue_django import conf
 from delayqueue_django.handlers import Handler
@@ -31,6 +31,9 @@ logger = logging.getLogger("delayqueue_django.worker")
 # Records deleted per statement when pruning, and statements per pruning round at most.
 PRUNE_BATCH = 1000
 PRUNE_BATCHES_PER_ROUND = 10
+# libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
+# TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
+PQTRANS_INERROR = 3
 
 
 class AlreadyProcessed(Exception):
@@ -43,8 +46,9 @@ class _Refused(Exception):
 
 class RolledBack(Exception):
     """The handler returned, but its transaction was marked for rollback (a database error
-    caught inside it, or ``set_rollback(True)``): nothing it wrote, nor the processed
-    record, was committed, so the message is not acked but retried."""
+    caught inside it, or ``set_rollback(True)``) or, on PostgreSQL, aborted by an error it
+    caught: nothing it wrote, nor the processed record, would be committed, so the message
+    is not acked but retried."""
 
 
 def database_for(queue: str) -> str | None:
@@ -78,18 +82,32 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
             result = handler(message)
             if result is False:
                 raise _Refused
-            if transaction.get_rollback(using=using):
+            if transaction.get_rollback(using=using) or _aborted(using):
                 # atomic() would roll back silently, and the message be acked as handled.
                 raise RolledBack(
                     f"message {message.id!r}: the handler returned, but its transaction on "
-                    f"database {using!r} was marked for rollback (a database error caught "
-                    "inside it, or set_rollback(True)); nothing it wrote was committed, so "
+                    f"database {using!r} was marked for rollback or aborted (a database error "
+                    "caught inside it, or set_rollback(True)); nothing it wrote was committed, so "
                     "the message is retried. Catch database errors in a savepoint of their "
                     "own (transaction.atomic()) inside an EXACTLY_ONCE handler."
                 )
             return result
     except _Refused:
         return False
+
+
+def _aborted(using: str) -> bool:
+    """Whether the transaction on ``using`` is aborted on the server: PostgreSQL refuses
+    every statement after an error until a rollback (even one the handler caught from a raw
+    cursor, which Django does not mark for rollback), and turns the COMMIT into a ROLLBACK
+    without an error."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)  # psycopg 3; psycopg2 has get_transaction_status()
+    status = info.transaction_status if info is not None else raw.get_transaction_status()
+    return bool(status == PQTRANS_INERROR)
 
 
 def prune(queue: str, using: str, retention_ms: int) -> int:

@@ -8,7 +8,7 @@ from contextlib import suppress
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connections
+from django.db import DatabaseError, IntegrityError, connections
 
 from delayqueue_django import conf, get_queue
 from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
@@ -140,6 +140,31 @@ def test_a_handler_whose_transaction_is_marked_for_rollback_is_retried_not_acked
     assert effects(database) == []
     assert not ProcessedMessage.objects.using(database).filter(queue="default").exists()
     assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+
+
+def test_a_handler_that_caught_an_error_aborting_its_transaction_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """An error from a raw cursor, caught: Django does not mark the transaction for
+    rollback, but PostgreSQL aborted it, and turns its COMMIT into a ROLLBACK without an
+    error. (Elsewhere the failed statement alone is undone and the rest commits.)"""
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+
+    def catches(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        with suppress(DatabaseError), connections[database].cursor() as cursor:
+            cursor.execute("SELECT * FROM no_such_table")
+
+    verdict = call_handler(catches, message).verdict
+    if database == "postgresql":
+        assert verdict is Verdict.NACK
+        assert effects(database) == []
+        assert call_handler(writer(database), message).verdict is Verdict.ACK
+    else:
+        assert verdict is Verdict.ACK
     assert effects(database) == [message_id]
 
 
