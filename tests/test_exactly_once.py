@@ -18,6 +18,7 @@ from delayqueue_django.models import ProcessedMessage
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict, call_handler
+from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params
 from tests.helpers import wait_for
 from tests.task_app.models import Effect
@@ -273,3 +274,43 @@ def test_the_worker_prunes_processed_records(
     finally:
         worker.request_stop()
         thread.join(30)
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql",)), indirect=True)
+def test_pruning_goes_on_after_its_connection_was_lost(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """The database thread prunes on a connection of its own; once that connection is lost
+    (a database restart), the next round opens a new one instead of failing for good. (Here
+    the thread relays nothing: no relay failure closes the connection for it.)"""
+    queue = exactly_once(EXACTLY_ONCE_RETENTION=60)
+    relay = OutboxRelay([queue], databases=[])
+    backends: list[int] = []
+
+    def prune_round() -> None:
+        with connections[database].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            row = cursor.fetchone()
+            assert row is not None
+            backends.append(row[0])
+        prune_queues(["default"])
+
+    thread = threading.Thread(target=relay.run, kwargs={"every": [(0.1, prune_round)]})
+    thread.start()
+    try:
+        wait_for(lambda: backends, timeout=5, what="a first pruning round")
+        with connections[database].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backends[-1]])
+        time.sleep(0.5)  # a round or more fails on the lost connection
+        old_ms = time.time_ns() // 1_000_000 - 120_000
+        ProcessedMessage.objects.using(database).create(
+            queue="default", message_id="old", processed_ms=old_ms
+        )
+        wait_for(
+            lambda: not ProcessedMessage.objects.using(database).exists(),
+            timeout=5,
+            what="the old record to be pruned on a new connection",
+        )
+    finally:
+        relay.stop()
+        thread.join(10)
