@@ -8,7 +8,7 @@ from contextlib import suppress
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, IntegrityError, connections
+from django.db import DatabaseError, IntegrityError, close_old_connections, connections
 
 from delayqueue_django import conf, get_queue
 from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
@@ -142,6 +142,23 @@ def test_a_handler_whose_transaction_is_marked_for_rollback_is_retried_not_acked
     assert not ProcessedMessage.objects.using(database).filter(queue="default").exists()
     assert call_handler(writer(database), message).verdict is Verdict.ACK
     assert effects(database) == [message_id]
+
+
+def test_a_handler_that_closes_its_connection_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """close_old_connections() (as background code often calls it) closes a connection in
+    a transaction, whose server rolls it back: atomic() ends without an error."""
+    queue = exactly_once()
+    queue.send("x")
+    message = deliver(queue)
+
+    def closes(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        close_old_connections()
+
+    assert call_handler(closes, message).verdict is Verdict.NACK
+    assert effects(database) == []
 
 
 def test_a_handler_that_caught_an_error_aborting_its_transaction_is_retried_not_acked(
