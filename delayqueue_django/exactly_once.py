@@ -96,6 +96,25 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
         return False
 
 
+def _delete(using: str, keys: list[int]) -> None:
+    """Delete processed records by primary key. On MySQL/MariaDB a plain ``WHERE id IN
+    (...)`` may be planned as a full scan (a young table's statistics), which waits for the
+    uncommitted record of every handler running meanwhile (up to innodb_lock_wait_timeout,
+    holding up the relay thread that prunes): look each row up by key instead, as the
+    outbox relay does."""
+    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.worker.relay import _delete_by_key_lookups
+
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        ProcessedMessage.objects.using(using).filter(id__in=keys).delete()
+        return
+    quote = connection.ops.quote_name
+    sql = _delete_by_key_lookups(quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, keys)
+
+
 def _aborted(using: str) -> bool:
     """Whether the transaction on ``using`` is aborted on the server: PostgreSQL refuses
     every statement after an error until a rollback (even one the handler caught from a raw
@@ -129,7 +148,7 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
             .values_list("id", flat=True)[:PRUNE_BATCH]
         )
         if old:
-            records.filter(id__in=old).delete()
+            _delete(using, old)
             deleted += len(old)
         if len(old) < PRUNE_BATCH:
             break

@@ -8,7 +8,7 @@ from contextlib import suppress
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, IntegrityError, close_old_connections, connections
+from django.db import DatabaseError, IntegrityError, close_old_connections, connections, transaction
 
 from delayqueue_django import conf, get_queue
 from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
@@ -331,3 +331,46 @@ def test_pruning_goes_on_after_its_connection_was_lost(
     finally:
         relay.stop()
         thread.join(10)
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql", "mariadb")), indirect=True)
+def test_pruning_never_waits_for_the_record_of_a_handler_running(database: str) -> None:
+    """Regression: on MariaDB the pruning DELETE (``WHERE id IN (...)``) was planned as a
+    scan of the young table, and waited for the uncommitted record of a handler running
+    meanwhile (up to innodb_lock_wait_timeout, holding up the relay thread that prunes),
+    then failed."""
+    now = time.time_ns() // 1_000_000
+    ProcessedMessage.objects.using(database).bulk_create(
+        [
+            ProcessedMessage(queue="default", message_id=f"{age}-{n}", processed_ms=now - age)
+            for age in (600_000, 0)
+            for n in range(50)
+        ]
+    )
+    running, done = threading.Event(), threading.Event()
+
+    def handler_transaction() -> None:
+        try:
+            with transaction.atomic(using=database):
+                ProcessedMessage.objects.using(database).create(
+                    queue="default", message_id="running", processed_ms=now
+                )
+                running.set()
+                done.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=handler_transaction)
+    thread.start()
+    try:
+        assert running.wait(10)
+        with connections[database].cursor() as cursor:
+            # A wait for the running handler's record fails in 2 s instead of 50.
+            if connections[database].vendor == "mysql":
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
+            else:
+                cursor.execute("SET lock_timeout = '2s'")
+        assert prune("default", database, 60_000) == 50
+    finally:
+        done.set()
+        thread.join(30)
