@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from delayqueue_django import conf
 from delayqueue_django.handlers import Handler
@@ -31,6 +31,9 @@ logger = logging.getLogger("delayqueue_django.worker")
 # Records deleted per statement when pruning, and statements per pruning round at most.
 PRUNE_BATCH = 1000
 PRUNE_BATCHES_PER_ROUND = 10
+# libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
+# TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
+PQTRANS_INERROR = 3
 
 
 class AlreadyProcessed(Exception):
@@ -39,6 +42,13 @@ class AlreadyProcessed(Exception):
 
 class _Refused(Exception):
     """The handler returned False: its transaction rolls back, the message is retried."""
+
+
+class RolledBack(Exception):
+    """The handler returned, but its transaction was marked for rollback (a database error
+    caught inside it, or ``set_rollback(True)``) or, on PostgreSQL, aborted by an error it
+    caught: nothing it wrote, nor the processed record, would be committed, so the message
+    is not acked but retried."""
 
 
 def database_for(queue: str) -> str | None:
@@ -72,9 +82,51 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
             result = handler(message)
             if result is False:
                 raise _Refused
+            if transaction.get_rollback(using=using) or _aborted(using):
+                # atomic() would roll back silently, and the message be acked as handled.
+                raise RolledBack(
+                    f"message {message.id!r}: the handler returned, but its transaction on "
+                    f"database {using!r} was marked for rollback or aborted (a database error "
+                    "caught inside it, or set_rollback(True)); nothing it wrote was committed, so "
+                    "the message is retried. Catch database errors in a savepoint of their "
+                    "own (transaction.atomic()) inside an EXACTLY_ONCE handler."
+                )
             return result
     except _Refused:
         return False
+
+
+def _delete(using: str, keys: list[int]) -> None:
+    """Delete processed records by primary key. On MySQL/MariaDB a plain ``WHERE id IN
+    (...)`` may be planned as a full scan (a young table's statistics), which waits for the
+    uncommitted record of every handler running meanwhile (up to innodb_lock_wait_timeout,
+    holding up the relay thread that prunes): look each row up by key instead, as the
+    outbox relay does."""
+    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.worker.relay import _delete_by_key_lookups
+
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        ProcessedMessage.objects.using(using).filter(id__in=keys).delete()
+        return
+    quote = connection.ops.quote_name
+    sql = _delete_by_key_lookups(quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, keys)
+
+
+def _aborted(using: str) -> bool:
+    """Whether the transaction on ``using`` is aborted on the server: PostgreSQL refuses
+    every statement after an error until a rollback (even one the handler caught from a raw
+    cursor, which Django does not mark for rollback), and turns the COMMIT into a ROLLBACK
+    without an error."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)  # psycopg 3; psycopg2 has get_transaction_status()
+    status = info.transaction_status if info is not None else raw.get_transaction_status()
+    return bool(status == PQTRANS_INERROR)
 
 
 def prune(queue: str, using: str, retention_ms: int) -> int:
@@ -96,7 +148,7 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
             .values_list("id", flat=True)[:PRUNE_BATCH]
         )
         if old:
-            records.filter(id__in=old).delete()
+            _delete(using, old)
             deleted += len(old)
         if len(old) < PRUNE_BATCH:
             break

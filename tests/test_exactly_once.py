@@ -4,10 +4,11 @@ PostgreSQL and MariaDB."""
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, IntegrityError, close_old_connections, connections, transaction
 
 from delayqueue_django import conf, get_queue
 from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
@@ -17,6 +18,7 @@ from delayqueue_django.models import ProcessedMessage
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict, call_handler
+from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params
 from tests.helpers import wait_for
 from tests.task_app.models import Effect
@@ -111,6 +113,76 @@ def test_a_handler_that_fails_leaves_no_effect_and_runs_again(
     assert effects(database) == []
     assert not ProcessedMessage.objects.using(database).exists()
     assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+
+
+def test_a_handler_whose_transaction_is_marked_for_rollback_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """A handler written for autocommit catches an IntegrityError (a unique insert that lost
+    a race, say) and returns: inside the EXACTLY_ONCE transaction that error marked it for
+    rollback, so atomic() rolls back the handler's writes and the processed record at its
+    end, silently. The message must be retried, not acked as handled."""
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+    ProcessedMessage.objects.using(database).create(
+        queue="other", message_id="taken", processed_ms=0
+    )
+
+    def catches(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        with suppress(IntegrityError):  # there already: fine in autocommit mode
+            ProcessedMessage.objects.using(database).create(
+                queue="other", message_id="taken", processed_ms=0
+            )
+
+    assert call_handler(catches, message).verdict is Verdict.NACK
+    assert effects(database) == []
+    assert not ProcessedMessage.objects.using(database).filter(queue="default").exists()
+    assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+
+
+def test_a_handler_that_closes_its_connection_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """close_old_connections() (as background code often calls it) closes a connection in
+    a transaction, whose server rolls it back: atomic() ends without an error."""
+    queue = exactly_once()
+    queue.send("x")
+    message = deliver(queue)
+
+    def closes(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        close_old_connections()
+
+    assert call_handler(closes, message).verdict is Verdict.NACK
+    assert effects(database) == []
+
+
+def test_a_handler_that_caught_an_error_aborting_its_transaction_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """An error from a raw cursor, caught: Django does not mark the transaction for
+    rollback, but PostgreSQL aborted it, and turns its COMMIT into a ROLLBACK without an
+    error. (Elsewhere the failed statement alone is undone and the rest commits.)"""
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+
+    def catches(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        with suppress(DatabaseError), connections[database].cursor() as cursor:
+            cursor.execute("SELECT * FROM no_such_table")
+
+    verdict = call_handler(catches, message).verdict
+    if database == "postgresql":
+        assert verdict is Verdict.NACK
+        assert effects(database) == []
+        assert call_handler(writer(database), message).verdict is Verdict.ACK
+    else:
+        assert verdict is Verdict.ACK
     assert effects(database) == [message_id]
 
 
@@ -218,4 +290,87 @@ def test_the_worker_prunes_processed_records(
         )
     finally:
         worker.request_stop()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql",)), indirect=True)
+def test_pruning_goes_on_after_its_connection_was_lost(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """The database thread prunes on a connection of its own; once that connection is lost
+    (a database restart), the next round opens a new one instead of failing for good. (Here
+    the thread relays nothing: no relay failure closes the connection for it.)"""
+    queue = exactly_once(EXACTLY_ONCE_RETENTION=60)
+    relay = OutboxRelay([queue], databases=[])
+    backends: list[int] = []
+
+    def prune_round() -> None:
+        with connections[database].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            row = cursor.fetchone()
+            assert row is not None
+            backends.append(row[0])
+        prune_queues(["default"])
+
+    thread = threading.Thread(target=relay.run, kwargs={"every": [(0.1, prune_round)]})
+    thread.start()
+    try:
+        wait_for(lambda: backends, timeout=5, what="a first pruning round")
+        with connections[database].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backends[-1]])
+        time.sleep(0.5)  # a round or more fails on the lost connection
+        old_ms = time.time_ns() // 1_000_000 - 120_000
+        ProcessedMessage.objects.using(database).create(
+            queue="default", message_id="old", processed_ms=old_ms
+        )
+        wait_for(
+            lambda: not ProcessedMessage.objects.using(database).exists(),
+            timeout=5,
+            what="the old record to be pruned on a new connection",
+        )
+    finally:
+        relay.stop()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql", "mariadb")), indirect=True)
+def test_pruning_never_waits_for_the_record_of_a_handler_running(database: str) -> None:
+    """Regression: on MariaDB the pruning DELETE (``WHERE id IN (...)``) was planned as a
+    scan of the young table, and waited for the uncommitted record of a handler running
+    meanwhile (up to innodb_lock_wait_timeout, holding up the relay thread that prunes),
+    then failed."""
+    now = time.time_ns() // 1_000_000
+    ProcessedMessage.objects.using(database).bulk_create(
+        [
+            ProcessedMessage(queue="default", message_id=f"{age}-{n}", processed_ms=now - age)
+            for age in (600_000, 0)
+            for n in range(50)
+        ]
+    )
+    running, done = threading.Event(), threading.Event()
+
+    def handler_transaction() -> None:
+        try:
+            with transaction.atomic(using=database):
+                ProcessedMessage.objects.using(database).create(
+                    queue="default", message_id="running", processed_ms=now
+                )
+                running.set()
+                done.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=handler_transaction)
+    thread.start()
+    try:
+        assert running.wait(10)
+        with connections[database].cursor() as cursor:
+            # A wait for the running handler's record fails in 2 s instead of 50.
+            if connections[database].vendor == "mysql":
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
+            else:
+                cursor.execute("SET lock_timeout = '2s'")
+        assert prune("default", database, 60_000) == 50
+    finally:
+        done.set()
         thread.join(30)

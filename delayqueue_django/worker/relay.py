@@ -355,3 +355,9 @@ class OutboxRelay:
             step()
         except Exception:
             logger.exception("outbox relay thread: %r failed; trying again later", step)
+            # A connection the step broke (a database restarted) is opened anew next time,
+            # as _failed does for the relay's own: this thread is not a request's, nothing
+            # else would close it, and the step would fail on it for good.
+            for connection in connections.all(initialized_only=True):
+                with suppress(DatabaseError):
+                    connection.close_if_unusable_or_obsolete()
