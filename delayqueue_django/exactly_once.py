@@ -24,6 +24,7 @@ from django.db import IntegrityError, connections, transaction
 
 from delayqueue_django import conf
 from delayqueue_django.handlers import Handler
+from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.message import Message
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -97,20 +98,13 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
 
 
 def _delete(using: str, keys: list[int]) -> None:
-    """Delete processed records by primary key. On MySQL/MariaDB a plain ``WHERE id IN
-    (...)`` may be planned as a full scan (a young table's statistics), which waits for the
-    uncommitted record of every handler running meanwhile (up to innodb_lock_wait_timeout,
-    holding up the relay thread that prunes): look each row up by key instead, as the
-    outbox relay does."""
+    """Delete processed records by primary key, never waiting for the record of a handler
+    running meanwhile (see key_deletes)."""
     from delayqueue_django.models import ProcessedMessage
-    from delayqueue_django.worker.relay import _delete_by_key_lookups
 
     connection = connections[using]
-    if connection.vendor != "mysql":
-        ProcessedMessage.objects.using(using).filter(id__in=keys).delete()
-        return
     quote = connection.ops.quote_name
-    sql = _delete_by_key_lookups(quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
+    sql = delete_by_keys(connection, quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
     with connection.cursor() as cursor:
         cursor.execute(sql, keys)
 

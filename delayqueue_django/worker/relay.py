@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 
 from delayqueue_django import conf
 from delayqueue_django.engine import NewMessage
+from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.outbox import doorbell
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.backoff import Backoff
@@ -58,19 +59,6 @@ MISSING_TABLE_SECONDS = 60.0
 DRAIN_WAIT_SECONDS = 0.01
 # Ids to forget that wait for Redis, per queue, at most (older ones are forgotten by age).
 PENDING_FORGET_LIMIT = 100_000
-
-
-def _delete_by_key_lookups(table: str, key: str, count: int) -> str:
-    """A MySQL/MariaDB DELETE of ``count`` rows by primary key that looks up each row
-    and reads no other. ``DELETE ... WHERE id IN (...)`` may be planned as a full scan
-    when the table's statistics are stale (a young table), FORCE INDEX or not; the scan
-    then waits for rows other relays hold, and they for it: a deadlock. Joining a
-    derived table of the keys, read first, leaves only eq_ref lookups."""
-    keys = " UNION ALL ".join([f"SELECT %s AS {key}"] + ["SELECT %s"] * (count - 1))
-    return (
-        f"DELETE {table} FROM ({keys}) AS taken STRAIGHT_JOIN {table} FORCE INDEX (PRIMARY) "
-        f"ON {table}.{key} = taken.{key}"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,14 +175,7 @@ class OutboxRelay:
                 found = cursor.fetchall()
                 if found:
                     keys = [row[0] for row in found]
-                    if connection.vendor == "mysql":
-                        sql = _delete_by_key_lookups(table, quote("id"), len(keys))
-                    else:
-                        sql = (
-                            f"DELETE FROM {table} WHERE {quote('id')} IN "
-                            f"({', '.join(['%s'] * len(keys))})"
-                        )
-                    cursor.execute(sql, keys)
+                    cursor.execute(delete_by_keys(connection, table, quote("id"), len(keys)), keys)
         rows = [OutboxRow(*row) for row in found]
         rows.sort(key=lambda row: row.pk)
         return rows
