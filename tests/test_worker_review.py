@@ -1,0 +1,56 @@
+"""Review regression tests for the consumer loop."""
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from delayqueue_django import get_queue
+from delayqueue_django.message import Message
+from delayqueue_django.worker import Worker
+from tests.redis_servers import RedisServer
+
+pytestmark = pytest.mark.timeout(30)
+
+GATE = threading.Event()
+STARTED = threading.Event()
+
+
+def held(message: Message) -> None:
+    STARTED.set()
+    GATE.wait(10)
+
+
+@pytest.fixture
+def own_redis(settings: Any) -> Iterator[RedisServer]:
+    server = RedisServer()
+    settings.DELAYQUEUES = {"default": {"URL": server.url, "HANDLER": "tests.test_worker_review.held"}}
+    GATE.clear()
+    STARTED.clear()
+    yield server
+    server.close()
+
+
+def test_a_verdict_that_cannot_be_committed_backs_off_past_the_heartbeat_time(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = get_queue()
+    queue.send("hold")
+    worker = Worker([(queue, held)], heartbeat_interval=0.3)
+    with caplog.at_level(logging.DEBUG, logger="delayqueue_django.worker"):
+        runner = threading.Thread(target=worker.run, daemon=True)
+        runner.start()
+        assert STARTED.wait(10)
+        own_redis.stop()
+        GATE.set()  # the ack now fails, again and again
+        time.sleep(3)
+        tries = [r for r in caplog.records if r.getMessage().startswith("redis unavailable")]
+        worker.request_stop()
+        worker.request_stop()
+        runner.join(timeout=10)
+    # Backoff from 0.1 s doubling: a handful in 3 s, not a busy loop once the heartbeat's
+    # time has passed (the housekeeping that would plan the next one never runs).
+    assert len(tries) <= 10, len(tries)
