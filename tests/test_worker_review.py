@@ -54,3 +54,34 @@ def test_a_verdict_that_cannot_be_committed_backs_off_past_the_heartbeat_time(
     # Backoff from 0.1 s doubling: a handful in 3 s, not a busy loop once the heartbeat's
     # time has passed (the housekeeping that would plan the next one never runs).
     assert len(tries) <= 10, len(tries)
+
+
+def test_a_schedule_whose_ticks_cannot_be_made_does_not_busy_loop_the_consumer(
+    own_redis: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from delayqueue_django.schedules.runner import ScheduleRunner
+
+    settings.TASKS = {
+        "default": {"BACKEND": "delayqueue_django.tasks.DelayQueueBackend", "QUEUES": ["default"]}
+    }
+    queue = get_queue()
+    queue.schedules.add("sum", every=1, task="tests.task_app.tasks.add", args=[2, 3])
+    # This worker's settings carry no backend for the queue: its ticks cannot be made
+    # (E049), the schedule is reported broken.
+    settings.TASKS = {}
+    calls = []
+    original = ScheduleRunner.run_due
+
+    def counted(self: ScheduleRunner, now_estimate_ms: float) -> float:
+        calls.append(now_estimate_ms)
+        return original(self, now_estimate_ms)
+
+    monkeypatch.setattr(ScheduleRunner, "run_due", counted)
+    worker = Worker([(queue, held)], heartbeat_interval=10)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    time.sleep(3.5)  # the first tick falls due after 1 s
+    looked = len(calls)
+    worker.request_stop()
+    runner.join(timeout=10)
+    assert looked <= 10, looked
