@@ -85,3 +85,32 @@ def test_a_schedule_whose_ticks_cannot_be_made_does_not_busy_loop_the_consumer(
     worker.request_stop()
     runner.join(timeout=10)
     assert looked <= 10, looked
+
+
+def test_an_idle_worker_rechecks_the_queue_even_with_a_message_due_much_later(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """how-it-works.md: an idle worker re-checks the queue every 30 s (IDLE_RECHECK_SECONDS),
+    in case a wake-up was lost; a message due in an hour must not put that off an hour."""
+    from delayqueue_django.queue import Queue
+    from delayqueue_django.worker import consumer
+
+    monkeypatch.setattr(consumer, "IDLE_RECHECK_SECONDS", 0.5)
+    queue = get_queue()
+    queue.send("later", delay=3600)
+    fetches = []
+    original = Queue.fetch
+
+    def counted(self: Queue, *args: Any, **kwargs: Any) -> Any:
+        fetches.append(time.monotonic())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "fetch", counted)
+    worker = Worker([(queue, held)], heartbeat_interval=10)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    time.sleep(2.6)
+    looked = len(fetches)
+    worker.request_stop()
+    runner.join(timeout=10)
+    assert looked >= 3, looked

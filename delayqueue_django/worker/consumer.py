@@ -363,7 +363,11 @@ class QueueConsumer(threading.Thread):
         else:
             # When the Redis clock reaches the due time, by our estimate of it. Waking a hair
             # early costs one more fetch, which waits out what is left by the same reckoning.
-            self._next_fetch = (fetched.next_ms - self._clock_offset_ms) / 1000
+            # Never later than the idle re-check, as with nothing due: a wake-up lost must
+            # not wait for a message due hours from now.
+            self._next_fetch = min(
+                (fetched.next_ms - self._clock_offset_ms) / 1000, now + IDLE_RECHECK_SECONDS
+            )
         if deferred:  # nothing else may be due: come back to announce them
             self._next_fetch = min(self._next_fetch, self._announce_after)
         if self.worker.burst:
