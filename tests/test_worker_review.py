@@ -27,7 +27,9 @@ def held(message: Message) -> None:
 @pytest.fixture
 def own_redis(settings: Any) -> Iterator[RedisServer]:
     server = RedisServer()
-    settings.DELAYQUEUES = {"default": {"URL": server.url, "HANDLER": "tests.test_worker_review.held"}}
+    settings.DELAYQUEUES = {
+        "default": {"URL": server.url, "HANDLER": "tests.test_worker_review.held"}
+    }
     GATE.clear()
     STARTED.clear()
     yield server
