@@ -127,9 +127,16 @@ if ENABLED:
         """The handler's verdict on its span, and its error as the span's error."""
         span.set_attribute("delayqueue.verdict", outcome.verdict.value)
         if outcome.error is not None:
-            span.record_exception(outcome.error)
-            span.set_attribute("error.type", type(outcome.error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, str(outcome.error)))
+            error = outcome.error
+            try:
+                description = str(error)
+                span.record_exception(error)  # (str()s it too)
+            except Exception:
+                # An exception whose str() fails must not escape call_handler (it would
+                # take the handler thread down, its delivery never committed).
+                description = f"<{type(error).__qualname__}: str() failed>"
+            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, description))
         elif outcome.verdict.value == "nack":
             span.set_attribute("error.type", "refused")
             span.set_status(Status(StatusCode.ERROR, "the handler returned False"))

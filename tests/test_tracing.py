@@ -338,3 +338,61 @@ def test_a_message_sent_through_the_outbox_keeps_its_trace(
     message = _fetch_one(queue)
     assert message.payload == {"order": 1}
     assert message.traceparent == _traceparent(sent)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words for it")
+
+
+def _unprintable(message: Message) -> None:
+    raise _Unprintable()
+
+
+def test_a_handler_raising_an_unprintable_exception_is_a_nack_while_traced(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Nothing a handler does escapes call_handler: its exception's str() failing while the
+    span records it must not take the handler thread down (the delivery would never be
+    committed, the thread lost for good)."""
+    queue = get_queue()
+    queue.send("x")
+    outcome = call_handler(_unprintable, _fetch_one(queue), manage_connections=False)
+    assert outcome.verdict is Verdict.NACK
+    assert isinstance(outcome.error, _Unprintable)
+
+
+def test_a_worker_goes_on_after_a_traced_handler_raised_an_unprintable_exception(
+    spans: InMemorySpanExporter,
+) -> None:
+    import threading
+    import time
+
+    from delayqueue_django.worker import Worker
+
+    handled: list[str] = []
+
+    def handler(message: Message) -> None:
+        handled.append(message.payload)
+        if message.payload == "bad":
+            raise _Unprintable()
+
+    queue = get_queue()
+    queue.send("bad")
+    worker = Worker([(queue, handler)], concurrency=1)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while queue.stats()["unack"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        queue.send("good")
+        while "good" not in handled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The one handler thread lives on, and the refusal was committed.
+        assert "good" in handled
+        assert queue.stats()["unack"] == 0
+    finally:
+        worker.request_stop()
+        runner.join(timeout=10)
+    assert not runner.is_alive()

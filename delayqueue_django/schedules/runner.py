@@ -144,7 +144,13 @@ class ScheduleRunner:
             for name in list(self._known):
                 self._catch_up(name, now)
             self._retry_at = -math.inf
-            upcoming = [known.act_at_ms for known in self._known.values()]
+            # Not the broken ones: _catch_up passes over them, and their time, long past,
+            # would have the consumer call again at once, forever (a busy loop).
+            upcoming = [
+                known.act_at_ms
+                for name, known in self._known.items()
+                if (name, known.fingerprint) not in self._broken
+            ]
             return min([self._refresh_at, *upcoming])
 
     def _sync_settings(self) -> None:

@@ -233,7 +233,7 @@ class QueueConsumer(threading.Thread):
                 self._woken = True
                 delay = backoff.next()
                 self._failed("redis unavailable", error, f"retrying in {delay:.1f} s")
-                self._wait(delay)
+                self._wait(delay, backing_off=True)
                 continue
             except BaseException:
                 # A bug must not silently end this queue's consumer, nor a SystemExit from
@@ -246,7 +246,7 @@ class QueueConsumer(threading.Thread):
                     self.queue.name,
                     delay,
                 )
-                self._wait(delay)
+                self._wait(delay, backing_off=True)
                 continue
             if wait is None:
                 return
@@ -271,17 +271,25 @@ class QueueConsumer(threading.Thread):
         with self._lock:
             return self._in_flight == 0 and not self._outcomes
 
-    def _wait(self, seconds: float) -> None:
+    def _wait(self, seconds: float, *, backing_off: bool = False) -> None:
         deadline = math.inf
         # The housekeeping's schedules; a stopping consumer keeps none of them, and once one
         # passed it would end every wait at once (a busy loop all through the grace period).
         if not self.worker.stopping.is_set():
-            deadline = min(
+            schedules = [
                 self._next_beat,
                 self._next_expiry,
                 self._next_pool_check(),
                 self._monotonic_at(self._schedules_at_ms),
-            )
+            ]
+            if backing_off:
+                # After a failure only times still to come: one passed is the next turn's
+                # to keep, and that turn may fail before its housekeeping (a commit that
+                # fails again comes first), so a passed one would end every backoff at
+                # once: a busy loop for as long as Redis is away.
+                now = time.monotonic()
+                schedules = [at for at in schedules if at > now]
+            deadline = min(schedules, default=math.inf)
         if self._commits and self._shard_retry_at:
             # Commits held back for a shard that failed: tried again at its retry time
             # (the next flush), not at whatever next wakes an idle loop. (Only times still
@@ -355,7 +363,11 @@ class QueueConsumer(threading.Thread):
         else:
             # When the Redis clock reaches the due time, by our estimate of it. Waking a hair
             # early costs one more fetch, which waits out what is left by the same reckoning.
-            self._next_fetch = (fetched.next_ms - self._clock_offset_ms) / 1000
+            # Never later than the idle re-check, as with nothing due: a wake-up lost must
+            # not wait for a message due hours from now.
+            self._next_fetch = min(
+                (fetched.next_ms - self._clock_offset_ms) / 1000, now + IDLE_RECHECK_SECONDS
+            )
         if deferred:  # nothing else may be due: come back to announce them
             self._next_fetch = min(self._next_fetch, self._announce_after)
         if self.worker.burst:

@@ -8,6 +8,7 @@ tells its consumers what is running and since when, so that they can plan around
 that takes long (or never returns), report it, and hand back on time what waits behind it.
 """
 
+import logging
 import threading
 import time
 from collections import deque
@@ -20,6 +21,8 @@ from delayqueue_django.worker.handling import Outcome, Verdict
 
 if TYPE_CHECKING:
     from delayqueue_django.worker.consumer import QueueConsumer
+
+logger = logging.getLogger("delayqueue_django.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,16 @@ class HandlerPool:
                 else:
                     outcome = job.consumer.handle(job.message, back_to_back=ran_before)
                     ran_before = True
+            except BaseException as error:
+                # call_handler lets nothing of the handler's escape; anything that does all
+                # the same (a bug around the call) must neither end this thread for good nor
+                # leave the delivery without a verdict: refused, its retry counted.
+                logger.exception(
+                    "unexpected error around the handler call message id=%s queue=%s",
+                    job.message.id,
+                    job.message.queue,
+                )
+                outcome = Outcome(job.message, Verdict.NACK, error)
             finally:
                 with self._lock:
                     del self._running[slot]
