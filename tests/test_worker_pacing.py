@@ -1,4 +1,6 @@
-"""Review regression tests for the consumer loop."""
+"""How the consumer loop paces itself when it cannot go on: a backoff after a failure is
+not cut short by housekeeping already due, a broken schedule does not make it spin, and
+the idle re-check bounds a sleep until a message due much later."""
 
 import logging
 import threading
@@ -28,7 +30,7 @@ def held(message: Message) -> None:
 def own_redis(settings: Any) -> Iterator[RedisServer]:
     server = RedisServer()
     settings.DELAYQUEUES = {
-        "default": {"URL": server.url, "HANDLER": "tests.test_worker_review.held"}
+        "default": {"URL": server.url, "HANDLER": "tests.test_worker_pacing.held"}
     }
     GATE.clear()
     STARTED.clear()
