@@ -79,6 +79,8 @@ class Fetched:
     read_at: float = 0.0
     """``time.monotonic()`` of this process when the clock was read (the middle of the
     round trip), to turn ``next_ms`` into a local wake-up time."""
+    read_within: float = 0.0
+    """How far ``read_at`` may be off, in seconds: half the round trip."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,6 +543,7 @@ class Queue:
             result.exhaustions_owed,
             result.now_us,
             result.read_at,
+            result.read_within,
         )
 
     @_reaching_redis

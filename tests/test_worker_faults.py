@@ -289,6 +289,36 @@ def test_a_hand_back_that_fails_is_released_once_redis_answers(
     assert [m.attempt for m in queue.fetch(2).messages] == [1, 1]  # no attempt used
 
 
+def test_a_failure_just_after_the_server_came_back_is_said_only_if_failures_go_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread retries on its own: a call that began before the server came back may
+    fail just after another thread said it is back. That straggler is not a new outage;
+    failures that go on past SETTLE_SECONDS are."""
+    from delayqueue_django.worker import outages as outages_module
+
+    outages = outages_module.Outages()
+    refused = redis.ConnectionError("Error 111 connecting to 10.0.0.9:6379. Connection refused.")
+    with caplog.at_level(logging.INFO, logger="delayqueue_django.worker"):
+        outages.failed("10.0.0.9:6379", refused)
+        outages.reached("10.0.0.9:6379")
+        outages.failed("10.0.0.9:6379", refused)  # a straggler
+        outages.reached("10.0.0.9:6379")  # nothing was said of it: nothing to end
+        outages.failed("10.0.0.9:6379", refused)
+        monkeypatch.setattr(outages_module, "SETTLE_SECONDS", 0.0)
+        outages.failed("10.0.0.9:6379", refused)  # still failing once settled: an outage
+        outages.reached("10.0.0.9:6379")
+    said = [re.sub(r"after \d+\.\d s$", "after …", r.getMessage()) for r in caplog.records]
+    assert said == [
+        "cannot reach Redis at 10.0.0.9:6379, retrying: Error 111 connecting to 10.0.0.9:6379. "
+        "Connection refused.",
+        "connected to Redis at 10.0.0.9:6379 again, after …",
+        "cannot reach Redis at 10.0.0.9:6379, retrying: Error 111 connecting to 10.0.0.9:6379. "
+        "Connection refused.",
+        "connected to Redis at 10.0.0.9:6379 again, after …",
+    ]
+
+
 def test_an_outage_is_said_once_reminded_and_its_end_said(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -327,7 +327,7 @@ def test_a_worker_started_before_redis_says_so_once_and_then_that_it_connected(
     assert [warning.partition(", ")[0] for warning in warnings] == [
         f"cannot reach Redis at 127.0.0.1:{port}",
         f"connected to Redis at 127.0.0.1:{port} again",
-    ]
+    ], worker.output
     assert "handled message id=" not in worker.output  # one line per message is for -v 2
 
 

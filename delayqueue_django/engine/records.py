@@ -111,6 +111,8 @@ class FetchResult:
     # the due time with them, instead of up to a millisecond after.
     now_us: int = 0
     read_at: float = 0.0
+    # How far read_at may be off (s): half the round trip in which the clock was read.
+    read_within: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -318,7 +318,8 @@ class RedisStore:
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
         # Redis read its clock between sending and receiving: the middle is the best guess.
-        read_at = (sent_at + time.monotonic()) / 2
+        received_at = time.monotonic()
+        read_at = (sent_at + received_at) / 2
         deadline = now + limits.consume_ms
         deliveries = []
         for i in range(0, len(flat), 6):
@@ -347,6 +348,7 @@ class RedisStore:
             exhaustions_owed=bool(owed),
             now_us=int(now_us),
             read_at=read_at,
+            read_within=(received_at - sent_at) / 2,
         )
 
     def _commit_record(self, fetcher: str, request: str) -> list[str]:

@@ -30,6 +30,7 @@ from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
+from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 from delayqueue_django.worker.outages import is_outage, timed_out
 from delayqueue_django.worker.pool import Running
@@ -91,9 +92,8 @@ class QueueConsumer(threading.Thread):
         # next one repeats its number, and gets what it took if Redis ran it after all.
         self._fetcher = worker.worker_id
         self._request = 1
-        # Redis clock = local monotonic clock + offset (ms), set at every fetch (and a
-        # handler only ever runs after one).
-        self._clock_offset_ms = 0.0
+        # The Redis clock, learnt from every fetch (and a handler only ever runs after one).
+        self._clock = RedisClock()
         self._next_fetch = 0.0
         # Set by wake(); a wake-up that lands while a fetch is under way must not be lost
         # to the sleep time that fetch computes, so it is a flag, not a time.
@@ -199,7 +199,7 @@ class QueueConsumer(threading.Thread):
         return outcome
 
     def redis_now_ms(self) -> float:
-        return time.monotonic() * 1000 + self._clock_offset_ms
+        return self._clock.now_ms()
 
     # The loop
 
@@ -340,7 +340,7 @@ class QueueConsumer(threading.Thread):
         self.worker.outages.reached(self.queue.address)
         self._request += 1
         store_ms = fetched.now_ms + fetched.now_us / 1000
-        self._clock_offset_ms = store_ms - fetched.read_at * 1000
+        self._clock.learn(store_ms, fetched.read_at, fetched.read_within)
         if fetched.expired:
             logger.info(
                 "%d deliveries passed their deadline and were requeued queue=%s",
@@ -366,7 +366,7 @@ class QueueConsumer(threading.Thread):
             # Never later than the idle re-check, as with nothing due: a wake-up lost must
             # not wait for a message due hours from now.
             self._next_fetch = min(
-                (fetched.next_ms - self._clock_offset_ms) / 1000, now + IDLE_RECHECK_SECONDS
+                self._clock.monotonic_at(fetched.next_ms), now + IDLE_RECHECK_SECONDS
             )
         if deferred:  # nothing else may be due: come back to announce them
             self._next_fetch = min(self._next_fetch, self._announce_after)
@@ -498,7 +498,7 @@ class QueueConsumer(threading.Thread):
 
     def _monotonic_at(self, redis_ms: float) -> float:
         """A time on the Redis clock, on this process's time.monotonic() clock."""
-        return (redis_ms - self._clock_offset_ms) / 1000
+        return self._clock.monotonic_at(redis_ms)
 
     def _unless_failing(self, what: str, step: Callable[[], None]) -> None:
         try:

@@ -8,6 +8,7 @@ answers again. Each try is still logged, at debug level (``-v 2``).
 """
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -34,10 +35,16 @@ def timed_out(error: BaseException) -> bool:
     return isinstance(cause, RedisTimeoutError | TimeoutError)
 
 
+# A failure this soon after the server answered again may be a straggler: a call that began
+# before it came back (each thread retries on its own, and a timed-out call ends up to a
+# socket timeout later). It is said only if failures go on past this.
+SETTLE_SECONDS = 5.0
+
+
 @dataclass
 class _Outage:
     since: float  # time.monotonic()
-    said_at: float
+    said_at: float | None  # None: not said yet (it began while the server was settling)
 
 
 class Outages:
@@ -46,16 +53,26 @@ class Outages:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._down: dict[str, _Outage] = {}
+        # When each server that had been away answered again (time.monotonic()).
+        self._back_at: dict[str, float] = {}
 
     def failed(self, address: str, error: BaseException) -> None:
         """A call to the server at ``address`` failed with ``is_outage(error)``."""
         if isinstance(error, QueueUnavailable) and error.__cause__ is not None:
             error = error.__cause__  # redis-py's words: the queue's would repeat the address
         now = time.monotonic()
+        settled = now - self._back_at.get(address, -math.inf) >= SETTLE_SECONDS
         with self._lock:
             outage = self._down.get(address)
             if outage is None:
-                self._down[address] = _Outage(since=now, said_at=now)
+                self._down[address] = _Outage(since=now, said_at=now if settled else None)
+                if not settled:
+                    return
+            elif outage.said_at is None:
+                if not settled:
+                    return
+                outage.said_at = now
+                outage = None  # said now, as it begins
             elif now - outage.said_at >= REMIND_SECONDS:
                 outage.said_at = now
             else:
@@ -76,7 +93,9 @@ class Outages:
             return
         with self._lock:
             outage = self._down.pop(address, None)
-        if outage is not None:
+            if outage is not None:
+                self._back_at[address] = time.monotonic()
+        if outage is not None and outage.said_at is not None:
             # At the outage's own level: whoever saw it begin sees it end.
             logger.warning(
                 "connected to Redis at %s again, after %.1f s",
