@@ -4,6 +4,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connections
+
 from delayqueue_django.engine import STATES, RedisStore
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.queue import Queue
@@ -49,3 +51,14 @@ def redis_store(queue: Queue) -> RedisStore:
     store = parts(queue.store)["0"]
     assert isinstance(store, RedisStore), f"{queue!r} is not on Redis"
     return store
+
+
+def short_lock_waits(alias: str) -> None:
+    """Waits for a row lock on ``alias``'s connection in this thread give up after 2 s,
+    instead of hanging a test (or waiting innodb_lock_wait_timeout, 50 s)."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
+        else:
+            cursor.execute("SET lock_timeout = '2s'")

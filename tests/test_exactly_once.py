@@ -20,7 +20,7 @@ from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict, call_handler
 from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params
-from tests.helpers import wait_for
+from tests.helpers import short_lock_waits, wait_for
 from tests.task_app.models import Effect
 
 
@@ -364,12 +364,7 @@ def test_pruning_never_waits_for_the_record_of_a_handler_running(database: str) 
     thread.start()
     try:
         assert running.wait(10)
-        with connections[database].cursor() as cursor:
-            # A wait for the running handler's record fails in 2 s instead of 50.
-            if connections[database].vendor == "mysql":
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
-            else:
-                cursor.execute("SET lock_timeout = '2s'")
+        short_lock_waits(database)
         assert prune("default", database, 60_000) == 50
     finally:
         done.set()

@@ -21,6 +21,7 @@ from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.relay import RELAY_RECORD_MS, OutboxRelay
 from tests.databases import database_params
+from tests.helpers import short_lock_waits
 from tests.redis_servers import RedisServer
 
 
@@ -202,12 +203,7 @@ def test_a_relay_never_waits_for_the_rows_another_relay_holds(row_locking_databa
     thread.start()
     try:
         assert holding.wait(10)
-        with connections[alias].cursor() as cursor:
-            # A wait for a held row fails in 2 s instead of hanging the test.
-            if connections[alias].vendor == "mysql":
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
-            else:
-                cursor.execute("SET lock_timeout = '2s'")
+        short_lock_waits(alias)
         second = relay_for(alias, batch_size=50)
         assert second.relay_batch(alias) == 50
     finally:
