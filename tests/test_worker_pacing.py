@@ -50,12 +50,12 @@ def test_a_verdict_that_cannot_be_committed_backs_off_past_the_heartbeat_time(
         assert STARTED.wait(10)
         own_redis.stop()
         GATE.set()  # the ack now fails, again and again
-        time.sleep(3)
+        time.sleep(2)
         tries = [r for r in caplog.records if r.getMessage().startswith("redis unavailable")]
         worker.request_stop()
         worker.request_stop()
         runner.join(timeout=10)
-    # Backoff from 0.1 s doubling: a handful in 3 s, not a busy loop once the heartbeat's
+    # Backoff from 0.1 s doubling: a handful in 2 s, not a busy loop once the heartbeat's
     # time has passed (the housekeeping that would plan the next one never runs).
     assert len(tries) <= 10, len(tries)
 
@@ -86,6 +86,7 @@ def test_a_schedule_whose_ticks_cannot_be_made_does_not_busy_loop_the_consumer(
     runner.start()
     time.sleep(3.5)  # the first tick falls due after 1 s
     looked = len(calls)
+    GATE.set()  # (a handler that holds on would keep the stop waiting)
     worker.request_stop()
     runner.join(timeout=10)
     assert looked <= 10, looked
