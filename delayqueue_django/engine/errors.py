@@ -35,3 +35,9 @@ class QueueTimedOut(QueueUnavailable, RedisTimeoutError):
     """Redis did not answer within the socket timeout. Unlike a refused connection, the
     call may have run: a send may have been written, a cancel done. Also a redis
     ``TimeoutError``, as the error it stands for."""
+
+
+def timed_out(error: BaseException) -> bool:
+    """Redis did not answer in time: redis-py's TimeoutError, a socket's, or the queue's
+    QueueTimedOut around them (a TimeoutError too)."""
+    return isinstance(error, RedisTimeoutError | TimeoutError)

@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from delayqueue_django.engine.errors import timed_out
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ChannelSubscription, ShardStore, Store
 from delayqueue_django.engine.records import (
@@ -423,7 +423,7 @@ class ShardedStore:
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
-                elif isinstance(failures[-1], RedisTimeoutError | TimeoutError):
+                elif timed_out(failures[-1]):
                     held_back.update(self.hold_siblings(name))
 
         ask(visits, to_the_end=repeating)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.engine.errors import timed_out
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
@@ -32,7 +33,7 @@ from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.outages import is_outage, timed_out
+from delayqueue_django.worker.outages import is_outage
 from delayqueue_django.worker.pool import Running
 from delayqueue_django.worker.wakeup import WakeupListener
 

@@ -28,13 +28,6 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)
 
 
-def timed_out(error: BaseException) -> bool:
-    """Redis did not answer in time (said by redis-py, or by the queue's QueueUnavailable
-    around it)."""
-    cause = error.__cause__ if isinstance(error, QueueUnavailable) else error
-    return isinstance(cause, RedisTimeoutError | TimeoutError)
-
-
 # A failure this soon after the server answered again may be a straggler: a call that began
 # before it came back (each thread retries on its own, and a timed-out call ends up to a
 # socket timeout later). It is said only if failures go on past this.
