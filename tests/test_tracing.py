@@ -31,7 +31,7 @@ from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.handling import Verdict, call_handler
 from delayqueue_django.worker.relay import OutboxRelay
-from tests.helpers import redis_store
+from tests.helpers import redis_store, wait_for
 from tests.redis_servers import free_port
 
 
@@ -366,7 +366,6 @@ def test_a_worker_goes_on_after_a_traced_handler_raised_an_unprintable_exception
     spans: InMemorySpanExporter,
 ) -> None:
     import threading
-    import time
 
     from delayqueue_django.worker import Worker
 
@@ -383,15 +382,13 @@ def test_a_worker_goes_on_after_a_traced_handler_raised_an_unprintable_exception
     runner = threading.Thread(target=worker.run, daemon=True)
     runner.start()
     try:
-        deadline = time.monotonic() + 10
-        while queue.stats()["unack"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Wait on the committed totals, not on "unack": right after the send nothing is
+        # leased yet, and verdicts are committed in batches after the handler returns.
+        wait_for(lambda: queue.stats()["failed_total"], timeout=10, what="the refusal")
         queue.send("good")
-        while "good" not in handled and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # The one handler thread lives on, and the refusal was committed.
+        # The one handler thread lives on to handle and ack the next message.
+        wait_for(lambda: queue.stats()["acked_total"], timeout=10, what="the next ack")
         assert "good" in handled
-        assert queue.stats()["unack"] == 0
     finally:
         worker.request_stop()
         runner.join(timeout=10)
