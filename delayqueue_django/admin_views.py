@@ -25,7 +25,9 @@ from delayqueue_django.monitoring import (
     queue_report,
     queue_totals,
     running_handlers,
+    shard_down,
     shard_reports,
+    unreachable,
 )
 from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.api import ScheduleInfo
@@ -131,6 +133,9 @@ class QueueViews:
                 row["counts"] = [stats[key] for key in COUNT_NAMES]
                 row["lag_seconds"] = stats["lag_ms"] / 1000
                 row["next_due"] = as_datetime(stats["next_due_ms"])
+                row["shards_down"] = stats["shards_down"]
+                if stats["shards_down"]:
+                    row["partial"] = unreachable(queue, shards or {})
             except RedisError as error:
                 row["error"] = str(error)
             rows.append(row)
@@ -152,12 +157,24 @@ class QueueViews:
             count = stats[state]
             pages = max(math.ceil(count / PAGE_SIZE), 1)
             page = _page_number(request.GET.get("page"), pages)
-            entries = queue.list_messages(
-                state, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE, preview_bytes=PREVIEW_BYTES
-            )
-            throughput = queue.throughput(THROUGHPUT_MINUTES)
-            workers = heartbeat.live_workers(queue)
-            schedules = queue.schedules.all()
+            # With shards down, the page shows what the others hold; a listing and the
+            # throughput read every shard (they would only fail, after a timeout maybe),
+            # and the workers and schedules are on shard 0.
+            partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
+            entries, throughput = [], []
+            if not partial:
+                entries = queue.list_messages(
+                    state,
+                    offset=(page - 1) * PAGE_SIZE,
+                    limit=PAGE_SIZE,
+                    preview_bytes=PREVIEW_BYTES,
+                )
+                throughput = queue.throughput(THROUGHPUT_MINUTES)
+            workers: list[dict[str, Any]] | None = None
+            schedules: list[ScheduleInfo] | None = None
+            if not shard_down(shards, "0"):
+                workers = heartbeat.live_workers(queue)
+                schedules = queue.schedules.all()
         except RedisError as error:
             return self._unavailable(
                 request, "queue.html", f"Queue {queue_name}", queue, error, **shard_context
@@ -184,6 +201,7 @@ class QueueViews:
             actions=actions,
             next_due=as_datetime(stats["next_due_ms"]),
             lag_seconds=stats["lag_ms"] / 1000,
+            partial=partial,
             **shard_context,
             throughput=[
                 {
@@ -199,7 +217,9 @@ class QueueViews:
                 sum(row[1] for row in throughput),
                 sum(row[2] for row in throughput),
             ),
-            workers=[
+            workers=None
+            if workers is None
+            else [
                 {
                     **worker,
                     "started": _from_epoch(worker.get("started")),
@@ -211,7 +231,9 @@ class QueueViews:
             json_url=self._url("queue_json", queue_name),
             action_url=self._url("action", queue_name),
             purge_url=self._url("purge", queue_name),
-            schedules=[self._schedule_row(queue, info) for info in schedules],
+            schedules=None
+            if schedules is None
+            else [self._schedule_row(queue, info) for info in schedules],
             schedule_action_url=self._url("schedule_action", queue_name),
         )
         return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
@@ -425,7 +447,7 @@ def _shard_context(shards: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
 def _queue_summary(queue: Queue) -> dict[str, Any]:
     """The monitoring report, with the number of live workers rather than their details."""
     report = queue_report(queue)
-    if report["ok"]:
+    if report.get("workers") is not None:
         report["workers"] = len(report["workers"])
     return report
 

@@ -12,7 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.sharded_store import combined_stats, parts
+from delayqueue_django.engine.sharded_store import combined_stats, parts, read_stats
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
@@ -27,16 +27,20 @@ def queue_report(queue: Queue) -> dict[str, Any]:
     """``{"ok": True, **stats, "workers": [live worker details], **outbox}``, or ``{"ok":
     False, "error": ...}`` when the queue's Redis cannot be reached (see outbox_report).
     A sharded queue's report also has ``shards``, each shard's (see shard_reports): its
-    stats are their sum, and a shard that cannot be reached makes the report ``ok: False``
-    (the sums would be short) with the other shards' figures still there."""
+    stats are their sum. A shard that cannot be reached makes the report ``ok: False``,
+    its ``error`` naming the shards down (see unreachable), with the figures of the others
+    still there: summed over them, and ``shards_down`` counting the rest (queue_totals);
+    ``workers`` is None when shard 0, which holds the heartbeats, is one of them."""
     shards = shard_reports(queue)
     try:
         stats = queue_totals(queue, shards)
-        workers = heartbeat.live_workers(queue)
+        workers = None if shard_down(shards, "0") else heartbeat.live_workers(queue)
     except RedisError as error:
         report: dict[str, Any] = {"ok": False, "error": str(error), **outbox_report(queue)}
     else:
         report = {"ok": True, **stats, "workers": workers, **outbox_report(queue)}
+        if stats["shards_down"]:
+            report.update(ok=False, error=unreachable(queue, shards or {}))
     if shards is not None:
         report["shards"] = shards
     return report
@@ -44,36 +48,49 @@ def queue_report(queue: Queue) -> dict[str, Any]:
 
 def shard_reports(queue: Queue) -> dict[str, dict[str, Any]] | None:
     """Each shard of a sharded queue, by name (every part it reads, see
-    ``engine.sharded_store.parts``), one round trip each: ``{"ok": True, "tag", "slot",
-    "server", **its stats}``, or, when its Redis cannot be reached, ``{"ok": False, "tag",
-    "slot", "server", "error"}``. ``slot`` and ``server`` (the master holding the shard)
-    are those of Redis Cluster, else None. None for an unsharded queue: its one shard's
-    figures are the queue's."""
+    ``engine.sharded_store.parts``), one round trip each (see read_stats: a server that did
+    not answer is not asked for its other shards): ``{"ok": True, "tag", "slot", "server",
+    **its stats}``, or, when its Redis cannot be reached, ``{"ok": False, "tag", "slot",
+    "server", "error"}``. ``slot`` and ``server`` (the master holding the shard) are those
+    of Redis Cluster, else None. None for an unsharded queue: its one shard's figures are
+    the queue's."""
     stores = parts(queue.store)
     if len(stores) == 1:
         return None
-    return {name: _shard_report(store) for name, store in stores.items()}
+    read = read_stats(stores)
+    return {name: _shard_report(store, read[name]) for name, store in stores.items()}
 
 
 def queue_totals(queue: Queue, shards: Mapping[str, Mapping[str, Any]] | None) -> dict[str, int]:
     """The queue's figures in Redis (``queue.stats()`` but the outbox, which readers take
     from outbox_report: a database down must not hide them), summed from ``shards``
     (shard_reports) for a sharded queue as ``ShardedStore.stats()`` sums them, without
-    reading them again. Raises QueueUnavailable naming the shards that could not be
-    reached: the totals would be short."""
+    reading them again: over the shards that answered, ``shards_down`` counting the others.
+    Raises QueueUnavailable when none answered."""
     if shards is None:
         try:
             return queue.store.stats()
         except (RedisConnectionError, RedisTimeoutError) as error:
             raise queue.unavailable(error) from error
-    missing = {name: shard["error"] for name, shard in shards.items() if not shard["ok"]}
-    if missing:
-        names = ", ".join(missing)
-        raise QueueUnavailable(
-            f"queue {queue.name!r} cannot reach Redis for shard(s) {names}: "
-            f"{next(iter(missing.values()))}"
-        )
-    return combined_stats([shard_stats(shard) for shard in shards.values()])
+    answered = [shard_stats(shard) for shard in shards.values() if shard["ok"]]
+    if not answered:
+        raise QueueUnavailable(unreachable(queue, shards))
+    return {**combined_stats(answered), "shards_down": len(shards) - len(answered)}
+
+
+def unreachable(queue: Queue, shards: Mapping[str, Mapping[str, Any]]) -> str:
+    """What to say of the shards that could not be reached: ``queue 'q' cannot reach Redis
+    for shard(s) 6.2, 6.4 (on 127.0.0.1:7001): <the first one's error>``. Their server is
+    the Redis Cluster master holding them where known; off Redis Cluster, the queue's."""
+    down = {name: shard for name, shard in shards.items() if not shard["ok"]}
+    servers = dict.fromkeys(
+        shard["server"] if shard["slot"] is not None else queue.address for shard in down.values()
+    )
+    where = ", ".join(server for server in servers if server)
+    return (
+        f"queue {queue.name!r} cannot reach Redis for shard(s) {', '.join(down)}"
+        f"{f' (on {where})' if where else ''}: {next(iter(down.values()))['error']}"
+    )
 
 
 def shard_stats(shard: Mapping[str, Any]) -> dict[str, int]:
@@ -81,14 +98,18 @@ def shard_stats(shard: Mapping[str, Any]) -> dict[str, int]:
     return {name: value for name, value in shard.items() if name not in SHARD_FIELDS}
 
 
-def _shard_report(store: ShardStore) -> dict[str, Any]:
+def shard_down(shards: Mapping[str, Mapping[str, Any]] | None, name: str) -> bool:
+    """Whether shard ``name`` of a sharded queue could not be read (see shard_reports)."""
+    return shards is not None and not shards[name]["ok"]
+
+
+def _shard_report(store: ShardStore, read: dict[str, int] | Exception) -> dict[str, Any]:
     where: dict[str, Any] = {"tag": store.keys.tag, "slot": None, "server": None}
     if isinstance(store, RedisStore) and isinstance(store.client, RedisCluster):
         where.update(slot=slot_of(store.keys), server=server_of(store) or None)
-    try:
-        return {"ok": True, **where, **store.stats()}
-    except RedisError as error:
-        return {"ok": False, **where, "error": str(error)}
+    if isinstance(read, Exception):
+        return {"ok": False, **where, "error": str(read)}
+    return {"ok": True, **where, **read}
 
 
 def outbox_report(queue: Queue) -> dict[str, Any]:

@@ -11,7 +11,10 @@ exhausted totals counted by the queue's scripts; handler duration and delivery l
 histograms added up by the workers (each worker adds its observations with every heartbeat).
 
 A queue spread over shards (its ``SHARDS`` option) also has each shard's state counts,
-lag and reachability, labelled with the shard's name; its other metrics are the queue's.
+lag and reachability, labelled with the shard's name, and how many of its shards are down;
+its other metrics are the queue's. While some of its shards are down, its gauges are those
+of the others, and its counters and histograms are left out of the scrape (a sum short of
+a shard would look like a counter reset, and its return like a burst).
 
 The view answers a request carrying ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>``,
 or from a logged-in staff user allowed to view queues in the admin.
@@ -29,7 +32,7 @@ from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
-from delayqueue_django.monitoring import outbox_report, queue_totals, shard_reports
+from delayqueue_django.monitoring import outbox_report, queue_totals, shard_down, shard_reports
 from delayqueue_django.timings import HISTOGRAMS, histogram_from_totals
 from delayqueue_django.worker import heartbeat
 
@@ -81,7 +84,9 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
-            "delayqueue_up", "1 if the queue's Redis answered this scrape.", labels=["queue"]
+            "delayqueue_up",
+            "1 if the queue's Redis (every shard's) answered this scrape.",
+            labels=["queue"],
         )
         messages = GaugeMetricFamily(
             "delayqueue_messages", "Messages in each state.", labels=["queue", "state"]
@@ -129,6 +134,12 @@ class QueueCollector(Collector):
             "Messages in each state on each shard of a sharded queue.",
             labels=["queue", "shard", "state"],
         )
+        shards_down = GaugeMetricFamily(
+            "delayqueue_shards_down",
+            "Shards of a sharded queue whose Redis did not answer this scrape: the queue's "
+            "gauges leave them out.",
+            labels=["queue"],
+        )
         shard_lag = GaugeMetricFamily(
             "delayqueue_shard_lag_seconds",
             "How long the oldest due message of each shard of a sharded queue has waited.",
@@ -149,20 +160,27 @@ class QueueCollector(Collector):
                     for state in STATES:
                         shard_messages.add_metric([name, shard_name, state], shard[state])
                     shard_lag.add_metric([name, shard_name], shard["lag_ms"] / 1000)
+            if shards is not None:
+                shards_down.add_metric([name], sum(not shard["ok"] for shard in shards.values()))
             try:
-                # A shard that cannot be reached leaves the queue's sums short: up 0.
                 stats = queue_totals(queue, shards)
-                running = queue.store.totals()
-                live = len(heartbeat.live_workers(queue))
+                # Running totals are summed over every shard (and the heartbeats are on
+                # shard 0): with shards down, not asked.
+                running = None if stats["shards_down"] else queue.store.totals()
+                live = None if shard_down(shards, "0") else len(heartbeat.live_workers(queue))
             except RedisError:
                 up.add_metric([name], 0)
                 continue
-            up.add_metric([name], 1)
+            # A shard that cannot be reached leaves the queue's gauges short: up 0.
+            up.add_metric([name], int(not stats["shards_down"]))
             for state in STATES:
                 messages.add_metric([name, state], stats[state])
             due.add_metric([name], stats["due"])
             lag.add_metric([name], stats["lag_ms"] / 1000)
-            workers.add_metric([name], live)
+            if live is not None:
+                workers.add_metric([name], live)
+            if running is None:
+                continue
             for key, family in totals.items():
                 family.add_metric([name], stats[key])
             for histogram, histogram_family in histograms.items():
@@ -175,7 +193,7 @@ class QueueCollector(Collector):
         yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
         yield from (outbox, outbox_age)
         if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
-            yield from (shard_up, shard_messages, shard_lag)
+            yield from (shard_up, shards_down, shard_messages, shard_lag)
 
 
 def _bound(le: float) -> str:

@@ -406,7 +406,8 @@ class Queue:
         if store is None or self.config.outbox or self._drains():
             # The outbox is read through the ORM, which belongs to the sync world.
             return await sync_to_async(self.stats, thread_sensitive=True)()
-        return await store.stats()
+        # (Shard 0 alone, which either answers or raises.)
+        return {**await store.stats(), "shards_down": 0}
 
     def _drains(self) -> bool:
         """Whether the store may read shards other than shard 0: it drains an earlier
@@ -636,7 +637,8 @@ class Queue:
 
     @_reaching_redis
     def stats(self) -> dict[str, int]:
-        """Counts per state and timing, in one round trip.
+        """Counts per state and timing, in one round trip (one per shard of a sharded
+        queue).
 
         Keys: pending, ready, unack, retry, garbage, due (pending and already due),
         unannounced (exhaustions not yet signalled), server_time_ms, next_due_ms (-1 when
@@ -645,6 +647,12 @@ class Queue:
         timed_out_total, exhausted_total. A queue whose ``OUTBOX`` option is on also has
         ``outbox`` and ``outbox_age_ms`` (see ``outbox_stats``), read from its database: its
         senders write there, so whoever reads its stats can too.
+
+        ``shards_down`` (always there, 0 normally) counts the shards of a sharded queue
+        whose Redis could not be read: the other figures then leave them out (the counts
+        and totals are short, the times those of the shards read). A shard on a server
+        that already failed this call is not asked. Raises QueueUnavailable only when no
+        shard at all could be read.
         """
         counts = self.store.stats()
         if self.config.outbox:

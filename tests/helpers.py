@@ -8,6 +8,7 @@ from django.db import connections
 
 from delayqueue_django.engine import STATES, RedisStore
 from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
 
 
@@ -62,3 +63,16 @@ def short_lock_waits(alias: str) -> None:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
         else:
             cursor.execute("SET lock_timeout = '2s'")
+
+
+def send_what_reaches_redis(queue: Queue, count: int) -> int:
+    """Sends ``count`` messages to a queue some of whose shards cannot be reached (each
+    goes to a shard at random): how many were sent."""
+    sent = 0
+    for n in range(count):
+        try:
+            queue.send({"n": n}, delay=60)
+        except QueueUnavailable:
+            continue
+        sent += 1
+    return sent

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from delayqueue_django import get_queue
+from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.engine.sharded_store import ShardedStore, parts
 from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
@@ -155,3 +156,37 @@ def test_a_held_commit_is_tried_again_once_its_shard_is_back(
         assert time.monotonic() - back < 10
     finally:
         worker.stop()
+
+
+def asked_for_stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tags of the shards whose stats are asked of Redis from now on, in order."""
+    asked: list[str] = []
+    real = RedisStore.stats
+
+    def stats(store: RedisStore) -> dict[str, int]:
+        asked.append(store.keys.tag)
+        return real(store)
+
+    monkeypatch.setattr(RedisStore, "stats", stats)
+    return asked
+
+
+def test_stats_add_up_the_shards_that_answer_and_count_those_down(
+    settings: Any, shards_down: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = get_queue()
+    stores = parts(queue.store)
+    up = [name for name in stores if name not in shards_down]
+    for name in up:
+        on_shard(queue, name, {"shard": name})
+    asked = asked_for_stats(monkeypatch)
+
+    stats = queue.stats()
+
+    assert (stats["pending"], stats["due"], stats["shards_down"]) == (len(up), len(up), 2)
+    # Both shards down are on one master: the second is not asked (on a server that does
+    # not answer, it would wait out a socket timeout of its own).
+    assert [tag for tag in asked if tag in {stores[name].keys.tag for name in shards_down}] == [
+        stores[shards_down[0]].keys.tag
+    ]
+    assert len(asked) == len(up) + 1

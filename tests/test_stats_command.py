@@ -23,7 +23,7 @@ from delayqueue_django.management.commands.delayqueue_stats import COUNTS
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker, heartbeat
 from tests.backends import SHARDED_BACKENDS
-from tests.helpers import wait_for
+from tests.helpers import send_what_reaches_redis, wait_for
 from tests.redis_servers import RedisServer
 from tests.worker_handlers import UNBLOCK, handle
 
@@ -232,23 +232,35 @@ def test_an_unsharded_queue_has_no_shard_rows() -> None:
 
 
 @pytest.mark.cluster
-def test_a_shard_that_cannot_be_reached_exits_1_and_is_named_in_its_row(
+def test_a_shard_that_cannot_be_reached_exits_1_after_the_others_figures_and_a_warning(
     shards_down: list[str],
 ) -> None:
+    sent = send_what_reaches_redis(get_queue(), 12)
     out = StringIO()
     with pytest.raises(CommandError, match="Redis unavailable for default") as caught:
         call_command("delayqueue_stats", stdout=out)
     assert caught.value.returncode == 1
     names = ", ".join(shards_down)
-    _, queue_row, *shard_rows = out.getvalue().splitlines()
-    assert queue_row.startswith(
-        f"default              Redis unavailable: queue 'default' cannot reach Redis for "
-        f"shard(s) {names}: Error "
-    )
+    _, queue_row, warning, *shard_rows = out.getvalue().splitlines()
+    assert queue_row.split()[:3] == ["default", str(sent), "0"]
+    assert queue_row.endswith(" none")  # shard 0, holding the heartbeats, answers
+    assert re.match(
+        rf"default +warning: the figures above leave out 2 shard\(s\) down: queue 'default' "
+        rf"cannot reach Redis for shard\(s\) {names} \(on 127\.0\.0\.1:\d+\): Error ",
+        warning,
+    ), warning
     assert len(shard_rows) == 6
+    pending = 0
     for row in shard_rows:
         name = row.split()[1]
         if name in shards_down:
             assert row.split()[2:4] == ["unreachable:", "Error"]
         else:
-            assert row.split()[2:8] == ["0"] * 6
+            pending += int(row.split()[2])
+    assert pending == sent
+
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("delayqueue_stats", stdout=out, json=True)
+    data = json.loads(out.getvalue())["queues"]["default"]
+    assert (data["ok"], data["shards_down"], data["pending"]) == (False, 2, sent)

@@ -10,6 +10,7 @@ import redis
 from django.db import transaction
 
 import delayqueue_django as delayqueue
+from delayqueue_django.engine import RedisStore
 from delayqueue_django.exceptions import DelayQueueError, QueueTimedOut, QueueUnavailable
 from tests.redis_servers import RedisServer, free_port
 
@@ -100,3 +101,26 @@ def test_a_redis_that_does_not_answer_in_time_raises_queue_timed_out(
     assert isinstance(caught.value, QueueUnavailable)
     assert isinstance(caught.value, redis.TimeoutError)
     assert isinstance(caught.value.__cause__, redis.TimeoutError)
+
+
+def test_stats_of_shards_on_a_redis_that_does_not_answer_wait_out_one_timeout_not_one_each(
+    settings: Any, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": redis_server.url, "SHARDS": 6, "OPTIONS": {"socket_timeout": 0.2}}
+    }
+    queue = delayqueue.get_queue()
+    assert queue.stats()["shards_down"] == 0  # connected, layouts read
+    asked: list[str] = []
+    real = RedisStore.stats
+
+    def stats(store: RedisStore) -> dict[str, int]:
+        asked.append(store.keys.tag)
+        return real(store)
+
+    monkeypatch.setattr(RedisStore, "stats", stats)
+    redis_server.client().client_pause(500)
+    # Every shard on the one server: none could be read, which raises as ever.
+    with pytest.raises(QueueTimedOut):
+        queue.stats()
+    assert len(asked) == 1

@@ -3,7 +3,8 @@
 It implements the ``Store`` protocol over one store per shard (Redis or memory), so
 ``Queue``, the worker and the admin work on a sharded queue as on any other. What names a
 message (send, cancel, ack, peek, requeue...) goes to the shard its id names, in one call
-per shard it touches: atomic per shard, not across shards. Readers add the shards up.
+per shard it touches: atomic per shard, not across shards. Readers add the shards up:
+``stats`` over the shards it can read, counting in ``shards_down`` those it cannot.
 
 Fetching keeps a plan: when each shard next has work, learned from that shard's fetches
 and, while a wake-up subscription of this store listens (a worker's), its wake-ups. A
@@ -43,7 +44,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.engine.errors import timed_out
 from delayqueue_django.engine.keys import QueueKeys
@@ -92,8 +95,11 @@ IDLE_LOOK_SHARDS = 30
 # empty, and a later send there publishes nothing behind its older head. The consumer's
 # idle look (worker.consumer.IDLE_RECHECK_SECONDS) covers a queue with nothing due.
 LOOK_AGAIN_SECONDS = 30.0
-# Counts that add up across shards; the other stats are times (see _combined_stats).
+# Counts that add up across shards; the other stats are times (see combined_stats).
 _TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
+# A reader's errors that say a shard's server did not answer (not that it answered with a
+# refusal): its other shards would fail alike.
+_UNANSWERED = (RedisConnectionError, RedisTimeoutError, OSError)
 
 T = TypeVar("T")
 
@@ -769,11 +775,14 @@ class ShardedStore:
         return dropped, 0
 
     def stats(self) -> dict[str, int]:
-        return combined_stats([store.stats() for store in self.consumed().values()])
-
-    def shard_stats(self) -> dict[str, dict[str, int]]:
-        """Each shard's stats, by shard name."""
-        return {name: store.stats() for name, store in self.consumed().items()}
+        """The shards' stats added up (see combined_stats), over those that could be read
+        (see read_stats), and ``shards_down``: how many could not. Raises the first error
+        only when none could be read."""
+        read = read_stats(self.consumed())
+        answered = [stats for stats in read.values() if not isinstance(stats, Exception)]
+        if not answered:
+            raise next(stats for stats in read.values() if isinstance(stats, Exception))
+        return {**combined_stats(answered), "shards_down": len(read) - len(answered)}
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         by_minute: dict[int, tuple[int, int]] = {}
@@ -952,6 +961,29 @@ def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
     return combined
 
 
+def read_stats(
+    stores: Mapping[str, ShardStore],
+) -> dict[str, dict[str, int] | RedisError | OSError]:
+    """Each shard's stats, by shard name, one round trip each; or the error of a shard
+    that could not be read. A server that did not answer is not asked again for its other
+    shards: they get its error (each would wait out its own socket timeout, as in
+    ShardedStore.hold_siblings)."""
+    read: dict[str, dict[str, int] | RedisError | OSError] = {}
+    silent: dict[str, RedisError | OSError] = {}  # server_name() -> its error
+    for name, store in stores.items():
+        server = store.server_name()
+        if server in silent:
+            read[name] = silent[server]
+            continue
+        try:
+            read[name] = store.stats()
+        except (RedisError, OSError) as error:
+            read[name] = error
+            if isinstance(error, _UNANSWERED):
+                silent[server] = error
+    return read
+
+
 def parts(store: Store) -> dict[str, ShardStore]:
     """A queue's stores that each hold one set of keys, by shard name: every shard of a
     sharded queue, else the store itself as shard "0"."""
@@ -973,4 +1005,11 @@ def _refusal_id(refusal: tuple[str, int, int]) -> str:
     return refusal[0]
 
 
-__all__ = ["ShardedStore", "ShardedWakeups", "combined_stats", "layout_names", "parts"]
+__all__ = [
+    "ShardedStore",
+    "ShardedWakeups",
+    "combined_stats",
+    "layout_names",
+    "parts",
+    "read_stats",
+]

@@ -60,7 +60,8 @@ def _stopped_by_interrupt(stop: threading.Event) -> Iterator[None]:
 class Command(OwnProcessCommand):
     help = (
         "Shows each queue's counts, how long its oldest due message has waited, and its live "
-        f"workers. Exit codes: {UNREACHABLE} a queue's Redis cannot be reached, {LAGGING} a "
+        f"workers. Exit codes: {UNREACHABLE} a queue's Redis (or that of one of its shards, "
+        f"left out of its figures) cannot be reached, {LAGGING} a "
         f"queue lags more than --max-lag, {NO_WORKER} --require-workers and a queue has none."
     )
 
@@ -150,19 +151,30 @@ class Command(OwnProcessCommand):
         self.stdout.write(f"{header}{'lag':>10}  {'next due (UTC)':<20} workers")
         for name, data in reports.items():
             self._print_outbox(name, data)
-            if not data["ok"]:
+            if "pending" not in data:  # no figures: no shard could be read
                 self.stdout.write(f"{name:<20} Redis unavailable: {data['error']}")
                 if shards:
                     self._print_shards(data)
                 continue
-            workers = ", ".join(
-                f"{w.get('host')}:{w.get('pid')} "
-                f"({w.get('handled')} handled, {w.get('failed')} failed)"
-                for w in data["workers"]
-            )
-            self.stdout.write(f"{name:<20}{_figures(data)} {workers or 'none'}")
+            if data["workers"] is None:
+                workers = "unknown (shard 0 is down)"
+            else:
+                workers = (
+                    ", ".join(
+                        f"{w.get('host')}:{w.get('pid')} "
+                        f"({w.get('handled')} handled, {w.get('failed')} failed)"
+                        for w in data["workers"]
+                    )
+                    or "none"
+                )
+            self.stdout.write(f"{name:<20}{_figures(data)} {workers}")
+            if data["shards_down"]:
+                self.stdout.write(
+                    f"{name:<20} warning: the figures above leave out "
+                    f"{data['shards_down']} shard(s) down: {data['error']}"
+                )
             # Each running handler on a line of its own, so that a hung one stands out.
-            for worker in data["workers"]:
+            for worker in data["workers"] or []:
                 for handler in running_handlers(worker):
                     self.stdout.write(
                         f"  {worker.get('host')}:{worker.get('pid')} running "

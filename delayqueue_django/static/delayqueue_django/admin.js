@@ -17,7 +17,7 @@
           var scope = name === "_" ? document : document.querySelector('[data-dq-queue="' + CSS.escape(name) + '"]');
           if (!scope) { return; }
           // A sharded queue's shards, each on its own: those that answered are shown
-          // even while another cannot be reached (and the totals, short, are not).
+          // even while another cannot be reached.
           Object.keys(stats.shards || {}).forEach(function (shard) {
             var figures = stats.shards[shard];
             var row = scope.querySelector('[data-dq-shard="' + CSS.escape(shard) + '"]');
@@ -31,7 +31,10 @@
               if (key in figures) { cell.textContent = String(figures[key]); }
             });
           });
-          if (!stats.ok) { return; }
+          // The totals, while they cover as many shards as the page says (its warning
+          // names those left out); else a reload redraws the page.
+          var drawn = (name === "_" ? root : scope).getAttribute("data-dq-shards-down");
+          if (!("pending" in stats) || String(stats.shards_down) !== drawn) { return; }
           scope.querySelectorAll("[data-dq-stat]").forEach(function (cell) {
             var key = cell.getAttribute("data-dq-stat");
             if (key in stats) { cell.textContent = String(stats[key]); }
