@@ -385,11 +385,15 @@ class QueueViews:
                 )
             return HttpResponseRedirect(self._url("detail", queue_name) + "?state=garbage")
         try:
-            garbage = queue.stats()["garbage"]
+            stats = queue.stats()
         except RedisError as error:
             garbage, error_text = None, str(error)
         else:
-            error_text = ""
+            garbage, error_text = stats["garbage"], ""
+            if stats["shards_down"]:
+                # A purge goes through every shard: it would stop at the first one down.
+                garbage = None
+                error_text = f"{stats['shards_down']} of its shards cannot be reached"
         context = self._context(
             request,
             f"Purge dead letters of {queue_name}",

@@ -686,3 +686,8 @@ def test_a_shard_that_cannot_be_reached_leaves_a_page_of_the_others_figures_mark
     assert f'<td data-dq-stat="pending">{sent}</td>' in overview
     every = client.get(url("json")).json()["queues"]["default"]
     assert (every["shards_down"], every["pending"]) == (2, sent)
+
+    # A purge would stop at the first shard down: not offered.
+    purge = client_for(users["deleter"]).get(url("purge", "default")).content.decode()
+    assert "2 of its shards cannot be reached" in purge
+    assert "Yes, purge them" not in purge
