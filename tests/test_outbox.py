@@ -21,7 +21,7 @@ from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.relay import RELAY_RECORD_MS, OutboxRelay
 from tests.databases import database_params
-from tests.helpers import short_lock_waits
+from tests.helpers import short_lock_waits, wait_for
 from tests.redis_servers import RedisServer
 
 
@@ -211,6 +211,75 @@ def test_a_relay_never_waits_for_the_rows_another_relay_holds(row_locking_databa
         thread.join(30)
     assert (first.relayed, second.relayed) == (50, 50)
     assert rows(alias) == []
+
+
+def test_a_relay_stuck_mid_batch_frees_its_rows_after_the_idle_limit(
+    row_locking_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a relay that stopped mid-batch (its host gone, Redis hung) held its rows
+    until the server noticed the dead connection (PostgreSQL: about 2 h of keepalive;
+    MariaDB: wait_timeout, 8 h), and every other relay skipped them meanwhile. The server
+    now ends its session after the relay's idle limit."""
+    alias = row_locking_database
+    queue = delayqueue.get_queue()
+    ids = queue.send_many(list(range(10)), outbox=True, using=alias)
+    holding, release = threading.Event(), threading.Event()
+
+    class StuckRelay(OutboxRelay):
+        def _send(self, rows: list[Any]) -> None:
+            holding.set()  # rows taken, the transaction open and idle, as while Redis hangs
+            release.wait(30)
+            super()._send(rows)
+
+    first = StuckRelay([queue], databases=[alias], idle_limit_seconds=1, poll_seconds=0.05)
+    thread = threading.Thread(target=first.run)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        second = relay_for(alias)
+        assert second.relay_batch(alias) == 0  # held by the stuck relay
+        started = time.monotonic()
+        wait_for(lambda: second.relay_batch(alias), timeout=10, what="the rows freed")
+        assert time.monotonic() - started < 5
+        # The stuck relay's Redis call goes through at last: it writes nothing twice, and
+        # its commit fails on the session the server ended.
+        release.set()
+        wait_for(lambda: first.repeated == 10, what="the stuck relay's call")
+        assert (first.relayed, second.relayed) == (0, 10)
+        assert sorted(m.id for m in queue.list_messages("pending")) == sorted(ids)
+        assert rows(alias) == []
+        # It goes on, on a new connection.
+        [later] = queue.send_many(["later"], outbox=True, using=alias)
+        wait_for(lambda: first.relayed == 1, what="the next batch")
+        assert queue.peek(later) is not None
+    finally:
+        release.set()
+        first.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    [failed] = [r.getMessage() for r in caplog.records if r.name == "delayqueue_django.relay"]
+    assert f"database {alias} failed" in failed
+
+
+def test_the_idle_limit_is_the_relay_transactions_alone(row_locking_database: str) -> None:
+    """The connection's other uses (pruning, a caller's drain) keep the server's setting."""
+    alias = row_locking_database
+    connection = connections[alias]
+    setting = (
+        "@@session.idle_transaction_timeout"
+        if connection.vendor == "mysql"
+        else "current_setting('idle_in_transaction_session_timeout')"
+    )
+
+    def current() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {setting}")
+            return str(cursor.fetchone()[0])
+
+    before = current()
+    delayqueue.get_queue().send_many([1, 2], outbox=True, using=alias)
+    assert relay_for(alias, idle_limit_seconds=7).relay_batch(alias) == 2
+    assert current() == before
 
 
 def test_relayed_ids_are_forgotten_once_their_rows_are_deleted(

@@ -5,6 +5,8 @@ deleting them (on PostgreSQL and SQLite in one ``DELETE ... RETURNING`` statemen
 a ``SELECT ... FOR UPDATE`` and a ``DELETE``); write their messages to Redis (the relay
 script, one call per queue and ``SEND_BATCH_SIZE`` chunk, pipelined in one round trip);
 commit. If Redis refuses or cannot be reached, the transaction rolls back and the rows wait.
+On PostgreSQL and MariaDB the server ends a batch's transaction that sits idle longer than
+``RELAY_IDLE_LIMIT_SECONDS``, freeing its rows should the relay vanish mid-batch.
 
 Nothing is sent twice, however many relays run and whenever one dies:
 
@@ -22,11 +24,12 @@ Nothing is sent twice, however many relays run and whenever one dies:
 """
 
 import logging
+import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -53,6 +56,16 @@ RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
 # that was is tried again at once.
 MYSQL_DEADLOCK = 1213
 DEADLOCK_RETRIES = 5
+# How long a relay's transaction may sit idle on PostgreSQL/MariaDB before the server ends
+# the session, and with it the transaction and its row locks. It idles only while Redis
+# answers the batch: one pipelined call per queue the batch holds, which redis-py gives up
+# on within its retries (with the package's defaults, 5 s connect and socket timeouts and
+# redis-py 8's 10 retries with backoff under 1 s: about 2 min at the worst). Without a bound, a
+# relay whose host vanished mid-batch holds its rows until the server notices the dead
+# connection (PostgreSQL's keepalive: about 2 h; MariaDB's wait_timeout: 8 h), and every other
+# relay skips them meanwhile. Twice the worst call, with room to spare: a relay cut short
+# by it only rolls back and relays its rows again (relay.lua writes nothing twice).
+RELAY_IDLE_LIMIT_SECONDS = 300.0
 # How often a database without the outbox table (not migrated yet) is looked at again.
 MISSING_TABLE_SECONDS = 60.0
 # How long a drain waits before looking again at rows other relays hold.
@@ -89,11 +102,13 @@ class OutboxRelay:
         databases: Sequence[str] | None = None,
         batch_size: int = RELAY_BATCH_SIZE,
         poll_seconds: float = RELAY_POLL_SECONDS,
+        idle_limit_seconds: float = RELAY_IDLE_LIMIT_SECONDS,
     ) -> None:
         self.queues = {queue.name: queue for queue in queues}
         self.databases = list(conf.outbox_databases() if databases is None else databases)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
+        self.idle_limit_seconds = idle_limit_seconds
         # Written to Redis / found relayed before (the rows deleted all the same).
         self.relayed = 0
         self.repeated = 0
@@ -124,7 +139,8 @@ class OutboxRelay:
         with transaction.atomic(using=alias):
             rows = self._take(alias)
             if rows:
-                self._send(rows)
+                with self._idle_limit(alias):
+                    self._send(rows)
         # Committed: these rows are gone for good, their ids may be forgotten.
         for row in rows:
             self._forget.setdefault(row.queue, []).append(row.message_id)
@@ -179,6 +195,46 @@ class OutboxRelay:
         rows = [OutboxRow(*row) for row in found]
         rows.sort(key=lambda row: row.pk)
         return rows
+
+    @contextmanager
+    def _idle_limit(self, alias: str) -> Iterator[None]:
+        """Within the block, the server ends this transaction's session once it has sat
+        idle for idle_limit_seconds (see RELAY_IDLE_LIMIT_SECONDS): the rows taken are then
+        free for other relays however this one died. SQLite needs none (a dead process
+        holds no lock), nor has MySQL (its wait_timeout applies)."""
+        connection = connections[alias]
+        if connection.vendor == "postgresql":
+            # Ends with the transaction (SET LOCAL); set_config takes its value as a
+            # parameter, whatever the driver's binding.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [str(math.ceil(self.idle_limit_seconds * 1000))],
+                )
+            yield
+            return
+        if connection.vendor != "mysql" or not getattr(connection, "mysql_is_mariadb", False):
+            yield
+            return
+        # A session variable (10.3+, whole seconds): set for this transaction, and the
+        # session's own value restored before its commit, for the connection's other uses.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET @delayqueue_idle = @@session.idle_transaction_timeout, "
+                "@@session.idle_transaction_timeout = %s",
+                [math.ceil(self.idle_limit_seconds)],
+            )
+        restore = "SET @@session.idle_transaction_timeout = @delayqueue_idle"
+        try:
+            yield
+        except BaseException:
+            # A session the server ended cannot restore: the error in flight is the one
+            # to raise (and a connection Django closes comes back with the server's value).
+            with suppress(DatabaseError), connection.cursor() as cursor:
+                cursor.execute(restore)
+            raise
+        with connection.cursor() as cursor:
+            cursor.execute(restore)
 
     def _send(self, rows: list[OutboxRow]) -> None:
         by_queue: dict[str, list[OutboxRow]] = {}
