@@ -96,3 +96,17 @@ def test_a_large_relay_goes_in_send_batches(configure: Callable[..., Queue], siz
     dues = queue.store.relay(messages, forget=[], keep_ms=KEEP_MS)
     assert [due is None for due in dues] == [True, True] + [False] * 5
     assert queue.stats()["pending"] == 7
+
+
+def test_keep_ms_counts_from_the_last_relay_of_an_id(queue: Queue) -> None:
+    """Regression: an id relayed again (its batch's commit failed again and again) was
+    dropped keep_ms after its first relay, and a relay after that wrote it a second time."""
+    queue.store.relay([relayed("m1")], forget=[], keep_ms=KEEP_MS)
+    time.sleep(0.5)
+    assert queue.store.relay([relayed("m1")], forget=[], keep_ms=KEEP_MS) == [None]
+    [message] = queue.fetch(10).messages
+    queue.ack([message])
+    # Noted 0.5 s ago first, just now last: a keep_ms between the two keeps it.
+    assert queue.store.relay([], forget=[], keep_ms=300) == []
+    assert queue.store.relay([relayed("m1")], forget=[], keep_ms=KEEP_MS) == [None]
+    assert states_of(queue, "m1") == []

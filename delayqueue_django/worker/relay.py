@@ -50,7 +50,8 @@ RELAY_BATCH_SIZE = 1000
 # commits wake it at once).
 RELAY_POLL_SECONDS = 0.5
 # How long an id stays noted as relayed when no relay learns that its row's delete
-# committed (see relay.lua): far longer than any database outage that could hold it back.
+# committed (see relay.lua), counted from the last relay of that id: far longer than any
+# database outage that could hold it back.
 RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
 # MySQL's error code for a transaction chosen as a deadlock's victim, and how often a batch
 # that was is tried again at once.

@@ -8,10 +8,11 @@
   there, even once its message was handled and acked and the queue no longer knows it. A
   relay forgets the ids whose rows it deleted, with its next call, once that transaction
   committed; an id never forgotten (its relay died without knowing whether the delete
-  committed) is dropped keep_ms after it was noted.
+  committed) is dropped keep_ms after it was last brought: each call notes every id it is
+  brought anew, written or not, as its row may be brought again.
 
   KEYS: the queue's key layout (see _prelude.lua), then
-    KEYS[11] relayed  zset  id -> when this script wrote it (ms)
+    KEYS[11] relayed  zset  id -> when a relay last brought it (ms)
   ARGV[1]  wake-up channel
   ARGV[2]  keep_ms
   ARGV[3]  n, the number of messages
@@ -62,6 +63,8 @@ local dues, scored, stored_payloads, notes = {}, {}, {}, {}
 local written, taken = 0, {}
 for i = 0, n - 1 do
   local id = ids[i + 1]
+  -- Noted (again) whatever follows: keep_ms counts from the last time a row brought it.
+  notes[2 * i + 1], notes[2 * i + 2] = int(now), id
   if noted[i + 1] or metas_found[i + 1] or payloads_found[i + 1] or taken[id] then
     dues[i + 1] = -1
   else
@@ -72,7 +75,6 @@ for i = 0, n - 1 do
     scored[pair + 1], scored[pair + 2] = int(due), id
     stored_payloads[pair + 1] = id
     stored_payloads[pair + 2] = wrap(tonumber(args[base + 2]), due, args[base + 3])
-    notes[pair + 1], notes[pair + 2] = int(now), id
     written = written + 1
     if earliest == nil or due < earliest then
       earliest = due

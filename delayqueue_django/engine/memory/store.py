@@ -156,11 +156,10 @@ class MemoryStore:
             dues: list[int | None] = []
             for message in batch:
                 message_id = message.id
-                if (
-                    message_id in state.relayed
-                    or message_id in state.metas
-                    or message_id in state.payloads
-                ):
+                noted = message_id in state.relayed
+                # As relay.lua: keep_ms counts from the last time a row brought the id.
+                state.relayed.add(message_id, now)
+                if noted or message_id in state.metas or message_id in state.payloads:
                     dues.append(None)
                     continue
                 if message.at_ms is None:
@@ -169,7 +168,6 @@ class MemoryStore:
                 state.pending.add(message_id, due)
                 state.payloads[message_id] = message.payload
                 state.metas[message_id] = Meta(0, 0, message.budget, due)
-                state.relayed.add(message_id, now)
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
