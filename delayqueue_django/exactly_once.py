@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from delayqueue_django import conf
 from delayqueue_django.handlers import Handler
@@ -35,6 +35,11 @@ PRUNE_BATCHES_PER_ROUND = 10
 # libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
 # TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
 PQTRANS_INERROR = 3
+# MySQL/MariaDB errors after which the server has rolled back the whole transaction, not
+# the statement alone: a deadlock's victim, always; a lock wait that timed out, only with
+# innodb_rollback_on_timeout (off by default).
+MYSQL_DEADLOCK = 1213
+MYSQL_LOCK_WAIT_TIMEOUT = 1205
 
 
 class AlreadyProcessed(Exception):
@@ -47,9 +52,40 @@ class _Refused(Exception):
 
 class RolledBack(Exception):
     """The handler returned, but its transaction was marked for rollback (a database error
-    caught inside it, or ``set_rollback(True)``) or, on PostgreSQL, aborted by an error it
-    caught: nothing it wrote, nor the processed record, would be committed, so the message
-    is not acked but retried."""
+    caught inside it, or ``set_rollback(True)``), aborted by an error it caught (PostgreSQL)
+    or rolled back by the server (a deadlock it caught, MySQL/MariaDB): nothing it wrote
+    before, nor the processed record, would be committed, so the message is not acked but
+    retried."""
+
+
+class _ServerRollbacks:
+    """An execute wrapper (``connection.execute_wrapper``) for a handler's statements on
+    MySQL/MariaDB: notes the errors after which the server rolled the whole transaction back.
+    Django does not mark the transaction for rollback then (the error may be caught outside
+    any atomic block), and the statements after it run in a new transaction, which would
+    commit without the processed record or the handler's earlier writes."""
+
+    def __init__(self) -> None:
+        self.codes: set[int] = set()
+
+    def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        try:
+            return execute(sql, params, many, context)
+        except DatabaseError as error:
+            if error.args[:1] in ((MYSQL_DEADLOCK,), (MYSQL_LOCK_WAIT_TIMEOUT,)):
+                self.codes.add(error.args[0])
+            raise
+
+    def rolled_back(self, using: str) -> bool:
+        if MYSQL_DEADLOCK in self.codes:
+            return True
+        if MYSQL_LOCK_WAIT_TIMEOUT not in self.codes:
+            return False
+        # Asked only after such an error: the common path costs no query.
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT @@innodb_rollback_on_timeout")
+            row = cursor.fetchone()
+        return bool(row and row[0])
 
 
 def database_for(queue: str) -> str | None:
@@ -80,17 +116,29 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
                     )
             except IntegrityError:
                 raise AlreadyProcessed(message.id) from None
-            result = handler(message)
+            rollbacks = _ServerRollbacks()
+            if connections[using].vendor == "mysql":
+                with connections[using].execute_wrapper(rollbacks):
+                    result = handler(message)
+            else:
+                result = handler(message)
             if result is False:
                 raise _Refused
-            if transaction.get_rollback(using=using) or _aborted(using):
-                # atomic() would roll back silently, and the message be acked as handled.
+            if (
+                transaction.get_rollback(using=using)
+                or _aborted(using)
+                or rollbacks.rolled_back(using)
+            ):
+                # atomic() would roll back silently, or commit a transaction begun after
+                # the server's rollback, and the message be acked as handled.
                 raise RolledBack(
                     f"message {message.id!r}: the handler returned, but its transaction on "
-                    f"database {using!r} was marked for rollback or aborted (a database error "
-                    "caught inside it, or set_rollback(True)); nothing it wrote was committed, so "
-                    "the message is retried. Catch database errors in a savepoint of their "
-                    "own (transaction.atomic()) inside an EXACTLY_ONCE handler."
+                    f"database {using!r} was marked for rollback, aborted or rolled back by the "
+                    "server (a database error caught inside it, a deadlock, or "
+                    "set_rollback(True)); nothing it wrote was committed, so the message is "
+                    "retried. Catch database errors in a savepoint of their own "
+                    "(transaction.atomic()) inside an EXACTLY_ONCE handler, and let a "
+                    "deadlock propagate."
                 )
             return result
     except _Refused:

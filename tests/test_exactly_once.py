@@ -186,6 +186,64 @@ def test_a_handler_that_caught_an_error_aborting_its_transaction_is_retried_not_
     assert effects(database) == [message_id]
 
 
+@pytest.mark.parametrize("database", database_params(("mariadb",)))
+def test_a_handler_that_caught_a_deadlock_is_retried_not_acked(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """Regression: MariaDB rolls a deadlock's victim back whole; the handler caught the error
+    and returned, its later statements (none here) ran in a new transaction, and that one
+    committed without the processed record or the handler's earlier write: acked, with
+    nothing committed."""
+    queue = exactly_once()
+    message_id = queue.send("x")
+    message = deliver(queue)
+    first, second = (Effect.objects.using(database).create(message_id=n).pk for n in "ab")
+    update = f"UPDATE {Effect._meta.db_table} SET message_id = message_id WHERE id = %s"
+    handler_holds_first, other_holds_second = threading.Event(), threading.Event()
+    other_errors: list[BaseException] = []
+
+    def other() -> None:
+        """Holds the second row, then waits for the first: heavier (more rows written),
+        so InnoDB picks the handler's transaction as the deadlock's victim."""
+        try:
+            short_lock_waits(database)
+            with transaction.atomic(using=database):
+                for n in range(50):
+                    Effect.objects.using(database).create(message_id=f"heavy{n}")
+                with connections[database].cursor() as cursor:
+                    cursor.execute(update, [second])
+                    other_holds_second.set()
+                    assert handler_holds_first.wait(10)
+                    cursor.execute(update, [first])
+        except BaseException as error:
+            other_errors.append(error)
+        finally:
+            connections.close_all()
+
+    def deadlocks(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        with connections[database].cursor() as cursor:
+            cursor.execute(update, [first])
+            handler_holds_first.set()
+            assert other_holds_second.wait(10)
+            time.sleep(0.3)  # the other transaction waits for the first row by now
+            with suppress(DatabaseError):
+                cursor.execute(update, [second])
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    short_lock_waits(database)
+    try:
+        verdict = call_handler(deadlocks, message).verdict
+    finally:
+        thread.join(30)
+    assert other_errors == []
+    assert verdict is Verdict.NACK
+    assert message_id not in effects(database)
+    assert call_handler(writer(database), message).verdict is Verdict.ACK
+    assert message_id in effects(database)
+
+
 def test_two_deliveries_running_at_once_run_the_handler_once(
     exactly_once: Callable[..., Queue], database: str
 ) -> None:
