@@ -164,6 +164,57 @@ def test_a_second_signal_exits_at_once(
     assert stored.state == "unack"  # comes back through its deadline
 
 
+@pytest.fixture
+def second_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.close()
+
+
+def test_a_signal_after_max_messages_is_the_first_and_lets_running_handlers_finish(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    second_server: RedisServer,
+    settings: Any,
+) -> None:
+    """--max-messages reached starts the graceful stop, but is no signal: the first SIGTERM
+    after it still lets the running handler finish and commits its ack.
+
+    Two queues, as a handler can only still run when --max-messages is reached if two
+    consumers each fetched within the quota before either fetch came back: the second
+    queue's fetch is held up by a CLIENT PAUSE of its server while the first queue's
+    consumer fetches."""
+    settings.DELAYQUEUES = {
+        "default": {"URL": redis_server.url, "NACK_REDELIVERY_DELAY": 0},
+        "second": {"URL": second_server.url, "NACK_REDELIVERY_DELAY": 0},
+    }
+    first, second = get_queue("default"), get_queue("second")
+    worker = spawn(
+        workers,
+        redis_server.url,
+        *("--max-messages", "1", "--concurrency", "2"),
+        DQ_TEST_SECOND_REDIS_URL=second_server.url,
+    )
+    worker.wait_for_line("queue 'second'")
+    time.sleep(0.3)  # both consumers' first fetches found nothing
+    started = time.monotonic()
+    slow = second.send({"do": "sleep", "seconds": 1.5}, delay=0.4)
+    # Its fetch, due at 0.4 s, waits for the pause's end, at 1.5 s.
+    second_server.client().execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+    time.sleep(max(0.9 - (time.monotonic() - started), 0))
+    fast = first.send({"do": "sleep", "seconds": 1.2})  # acked at 2.1 s: --max-messages
+    worker.wait_for_line("(--max-messages); stopping")
+    assert [e["id"] for e in read_log("second") if e["event"] == "start"] == [slow]
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=20) == 0, worker.output
+    assert "second stop request" not in worker.output
+    assert [e["id"] for e in events("acked")] == [fast]
+    assert [e["id"] for e in read_log("second") if e["event"] == "acked"] == [slow]
+    assert second.peek(slow) is None
+    assert "stopped: 2 handled, 0 failed." in worker.output
+
+
 def test_kill_9_mid_handler_loses_nothing(
     workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
 ) -> None:

@@ -16,3 +16,10 @@ DELAYQUEUES = {
         "SHARDS": int(os.environ.get("DQ_TEST_SHARDS", "1")),
     }
 }
+if "DQ_TEST_SECOND_REDIS_URL" in os.environ:
+    # A second queue, on a server of its own, for a worker of two consumers.
+    DELAYQUEUES["second"] = {
+        "URL": os.environ["DQ_TEST_SECOND_REDIS_URL"],
+        "HANDLER": "tests.worker_handlers.handle",
+        "NACK_REDELIVERY_DELAY": 0,
+    }

@@ -1,10 +1,11 @@
 """The worker: consumers for the chosen queues, one shared pool of handler threads, and the
 two-step shutdown.
 
-First stop request (SIGTERM, SIGINT, ``--max-messages`` reached): stop fetching, hand back
-what was fetched but not started, let running handlers finish for up to ``grace`` seconds,
-commit their verdicts, exit. Second request: leave at once; deliveries still running come back
-through their deadline.
+First stop request (SIGTERM, SIGINT, a reload), or ``--max-messages`` reached: stop fetching,
+hand back what was fetched but not started, let running handlers finish for up to ``grace``
+seconds, commit their verdicts, exit. Second request: leave at once; deliveries still running
+come back through their deadline. Reaching ``--max-messages`` is no request: the first signal
+after it still waits for the running handlers.
 """
 
 import logging
@@ -59,6 +60,8 @@ class Worker:
         self.started_at = time.time()
         self._started_monotonic = time.monotonic()
         self.stopping = threading.Event()
+        # Set by the first stop request; not by --max-messages, which only stops gracefully.
+        self.stop_requested = threading.Event()
         self.abandoning = threading.Event()
         self.pool = HandlerPool(concurrency, on_slot_freed=self._wake_starved_consumers)
         # Created before the consumers, which report to it.
@@ -91,7 +94,7 @@ class Worker:
         self.summarize()
         if reached and not self.stopping.is_set():
             logger.info("handled %d messages (--max-messages); stopping", self.handled)
-            self.request_stop()
+            self._stop_gracefully()
 
     def summarize(self) -> None:
         """Log what was handled since the last summary line, if anything was and the last
@@ -166,10 +169,16 @@ class Worker:
     # Running and stopping
 
     def request_stop(self) -> None:
-        """First call: stop gracefully. A second call (the second signal) leaves at once."""
-        if self.stopping.is_set():
+        """First call: stop gracefully. A second call (the second signal) leaves at once.
+        A graceful stop that --max-messages started counts as no call: the next one is the
+        first, and the running handlers still get their grace."""
+        if self.stop_requested.is_set():
             logger.warning("second stop request: leaving now; running deliveries come back later")
             self.abandoning.set()
+        self.stop_requested.set()
+        self._stop_gracefully()
+
+    def _stop_gracefully(self) -> None:
         self.stopping.set()
         for consumer in self.consumers:
             consumer.wake()

@@ -295,7 +295,8 @@ class Command(OwnProcessCommand):
     @contextmanager
     def _signals(self, worker: Worker) -> Iterator[None]:
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            if worker.stopping.is_set():
+            # A stop that --max-messages began is no signal: this one is then the first.
+            if worker.stop_requested.is_set():
                 worker.request_stop()
                 raise SystemExit(1)
             logger_name = signal.Signals(signum).name
