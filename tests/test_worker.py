@@ -778,6 +778,51 @@ def test_a_worker_whose_handler_outlasts_the_slack_fetches_only_for_free_threads
     assert max(in_flight) == 2, in_flight  # the blocker and the one starting
 
 
+def test_a_hand_back_wakes_another_queues_consumer_waiting_for_room(
+    redis_server: RedisServer, settings: Any, unblock: threading.Event
+) -> None:
+    """Room in the shared pool freed by a hand-back, not by a thread, is room all the same:
+    the consumer of another queue that found none is woken to fetch. (Both queues log to
+    the same server.)"""
+    options = {"URL": redis_server.url, "HANDLER": "tests.worker_handlers.handle"}
+    settings.DELAYQUEUES = {
+        "default": {**options, "MAX_CONSUME_DURATION": 5},  # slack: 0.5 s
+        "other": {**options, "MAX_CONSUME_DURATION": 30},  # slack: 1 s
+    }
+    first, other = get_queue("default"), get_queue("other")
+    # No heartbeat and no idle re-check (see _no_safety_net) to wake the consumers.
+    worker = Worker(
+        [(first, handle), (other, handle)], concurrency=2, batch_size=8, heartbeat_interval=3600
+    )
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        # Fast handlers first: both queues' batches grow to 8.
+        warm_up = [*first.send_many([{"n": n} for n in range(20)])]
+        warm_up += other.send_many([{"n": n} for n in range(20)])
+        wait_for(lambda: len(events("done")) == 40, what="the warm-up")
+        # Both threads blocked, six more fetched ahead behind them: the pool holds the
+        # other queue's batch, so its consumer finds no room for what is sent to it now.
+        first.send_many([{"do": "block"}] * 8)
+        wait_for(lambda: first.stats()["unack"] == 8, what="the first queue's fetch")
+        waiting = other.send_many([{"n": n} for n in range(3)])
+        time.sleep(0.1)
+        assert other.stats()["unack"] == 0  # none fetched
+        # At the slack the six go back; two threads stay blocked, and the other queue's
+        # consumer may fetch again: it must be told.
+        wait_for(lambda: first.stats()["unack"] == 2, what="the hand-back")
+        wait_for(lambda: other.stats()["unack"] == 3, timeout=2, what="the other queue's fetch")
+        unblock.set()
+        wait_for(
+            lambda: set(waiting) <= {e["id"] for e in events("done")},
+            what="the other queue's messages handled",
+        )
+    finally:
+        unblock.set()
+        worker.request_stop()
+        runner.join(timeout=10)
+
+
 def test_a_hung_handler_is_logged_while_it_runs_and_shown_in_the_heartbeat(
     worker_queue: Callable[..., Queue],
     running_worker: Callable[..., Worker],

@@ -103,7 +103,8 @@ class QueueConsumer(threading.Thread):
         # now: the loop fetches then, not at once (a fetch now would only learn that time).
         # Cleared just before a fetch, which sees whatever was announced until then.
         self._announced_ms = math.inf
-        # True while this consumer waits for a free handler thread (shared by all queues).
+        # True while this consumer waits for room in the pool (shared by all queues): a
+        # handler thread done, or buffered jobs handed back, wakes it.
         self.starved = False
         self._next_beat = 0.0
         self._next_expiry = 0.0
@@ -314,11 +315,12 @@ class QueueConsumer(threading.Thread):
         if not self._woken and now < next_fetch:
             return next_fetch - now
         self._woken = False
-        # Say so before looking: a thread freed after the look then wakes us.
+        # Say so before looking: room freed after the look then wakes us.
         self.starved = True
         stale = self._release_stale_buffer()
         if self._room() <= 0:
-            # The pool is full enough: a handler thread finishing wakes us.
+            # The pool is full enough: a handler thread finishing, or a hand-back (of any
+            # queue's buffered jobs), wakes us.
             return IDLE_RECHECK_SECONDS
         # Commit what is done before fetching more: the quota counts it. The fetch below
         # sees what the commit changed, so the commit need not call for another look.

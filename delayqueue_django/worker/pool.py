@@ -41,10 +41,11 @@ class Running:
 
 
 class HandlerPool:
-    def __init__(self, concurrency: int, on_slot_freed: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, concurrency: int, on_room_freed: Callable[[], None] = lambda: None) -> None:
         self.concurrency = concurrency
-        # Told whenever a thread frees up: consumers of other queues may be waiting for one.
-        self.on_slot_freed = on_slot_freed
+        # Told whenever what the pool holds shrinks (a thread done with a job, buffered jobs
+        # taken back): consumers of any queue may be waiting for room to fetch.
+        self.on_room_freed = on_room_freed
         self._jobs: deque[Job] = deque()
         # What each thread runs, by the thread's number.
         self._running: dict[int, Running] = {}
@@ -87,7 +88,9 @@ class HandlerPool:
         self, consumer: "QueueConsumer", fetched_before: float | None = None
     ) -> list[Message]:
         """Remove and return the consumer's buffered messages: all of them, or those fetched
-        before ``fetched_before`` (time.monotonic())."""
+        before ``fetched_before`` (time.monotonic()). The room they leave is told as a
+        thread's is: no thread may free up for long (they are all busy, or these would have
+        started), and other queues' consumers may be waiting for it."""
         with self._lock:
             taken = []
             for job in self._jobs:
@@ -99,6 +102,8 @@ class HandlerPool:
             if taken:
                 chosen = {id(job) for job in taken}
                 self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
+        if taken:
+            self.on_room_freed()
         return [job.message for job in taken]
 
     def close(self) -> None:
@@ -139,4 +144,4 @@ class HandlerPool:
                     del self._running[slot]
             # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
-            self.on_slot_freed()
+            self.on_room_freed()

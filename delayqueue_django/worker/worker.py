@@ -63,7 +63,7 @@ class Worker:
         # Set by the first stop request; not by --max-messages, which only stops gracefully.
         self.stop_requested = threading.Event()
         self.abandoning = threading.Event()
-        self.pool = HandlerPool(concurrency, on_slot_freed=self._wake_starved_consumers)
+        self.pool = HandlerPool(concurrency, on_room_freed=self._wake_starved_consumers)
         # Created before the consumers, which report to it.
         self.outages = Outages()
         self.consumers = [QueueConsumer(self, queue, handler) for queue, handler in queues]
