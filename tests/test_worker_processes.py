@@ -200,7 +200,7 @@ def test_a_signal_after_max_messages_is_the_first_and_lets_running_handlers_fini
     started = time.monotonic()
     slow = second.send({"do": "sleep", "seconds": 1.5}, delay=0.4)
     # Its fetch, due at 0.4 s, waits for the pause's end, at 1.5 s.
-    second_server.client().execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+    second_server.client().client_pause(1500, all=False)
     time.sleep(max(0.9 - (time.monotonic() - started), 0))
     fast = first.send({"do": "sleep", "seconds": 1.2})  # acked at 2.1 s: --max-messages
     worker.wait_for_line("(--max-messages); stopping")
