@@ -279,6 +279,39 @@ def test_a_layout_new_on_the_register_is_announced_and_read_at_once(
         subscription.close()
 
 
+def test_a_layout_is_registered_and_announced_in_one_call(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    """The register's SADD and the announcement's PUBLISH, both on shard 0, are one call:
+    a process dying between two calls would have registered the layout unannounced, for
+    the workers to find only at their next reading of the register."""
+    queue = with_shards(settings, redis_server.url, 2)
+    base = sharded(queue).base
+    base.stats()  # the version check and the library's load, before the counting
+    client: Any = redis_server.client()  # (redis-py's pubsub and monitor are untyped)
+    marker = redis_server.client()
+    marker.echo("connected")  # its connection's handshake before the counting too
+    listener = client.pubsub()
+    listener.subscribe(base.keys.wakeup_channel)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    with client.monitor() as monitor:
+        base.add_layout(4)
+        base.add_layout(4)  # on the register already: nothing to announce
+        marker.echo("done")
+        seen = []
+        while (command := monitor.next_command())["command"] != "ECHO done":
+            seen.append((command["client_type"], command["command"].split()[0]))
+
+    assert [name for kind, name in seen if kind != "lua"] == ["FCALL", "FCALL"], seen
+    assert [name for kind, name in seen if kind == "lua"] == ["SADD", "PUBLISH", "SADD"], seen
+    assert base.layouts() == {4}
+    heard = listener.get_message(timeout=5)
+    assert heard is not None
+    assert int(heard["data"]) == LAYOUTS_CHANGED
+    assert listener.get_message(timeout=0.2) is None
+    listener.close()
+
+
 def test_a_slow_register_read_does_not_undo_a_newer_one(settings: Any, monkeypatch: Any) -> None:
     """Two threads read the register (the listener on LAYOUTS_CHANGED, the fetch loop when
     its recheck is due). The one that read first, before layout 4 was registered, must not

@@ -244,7 +244,8 @@ class ShardStore(Store, Protocol):
 
     def add_layout(self, layout: int) -> None:
         """Register a layout before writing to its shards (shard 0 only). One new on the
-        register is announced on the wake-up channel as a due time of LAYOUTS_CHANGED."""
+        register is announced on the wake-up channel as a due time of LAYOUTS_CHANGED, in
+        the same atomic step: never one without the other."""
         ...
 
     def retire_layout(self, layout: int) -> bool:

@@ -41,6 +41,7 @@ logger = logging.getLogger("delayqueue_django.engine")
 
 SCRIPT_NAMES = (
     "ack",
+    "add_layout",
     "add_totals",
     "claim_exhausted",
     "confirm_exhausted",

@@ -441,8 +441,13 @@ class RedisStore:
         return {int(layout) for layout in self.client.smembers(self.keys.key("layouts"))}
 
     def add_layout(self, layout: int) -> None:
-        if self.client.sadd(self.keys.key("layouts"), layout):
-            self.client.publish(self._channel, LAYOUTS_CHANGED)
+        # One function, not SADD then PUBLISH: a process dying between those two calls
+        # registered the layout without telling the workers.
+        self._run(
+            "add_layout",
+            [self._channel, layout, LAYOUTS_CHANGED],
+            extra_keys=[self.keys.key("layouts")],
+        )
 
     def retire_layout(self, layout: int) -> bool:
         return bool(self.client.srem(self.keys.key("layouts"), layout))
