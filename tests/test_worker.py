@@ -698,6 +698,31 @@ def test_verdicts_that_arrive_while_a_commit_is_under_way_share_the_next_one(
     assert len(acks) <= 2, acks
 
 
+def test_a_verdict_that_completes_what_the_worker_holds_is_committed_at_once(
+    redis_worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+    unblock: threading.Event,
+) -> None:
+    """At a trickle the wait for other verdicts to share a commit would only make each ack
+    late (and cost Redis a cold call): a verdict that leaves nothing else in hand goes at
+    once. While another delivery is still running, verdicts still wait for it."""
+    from delayqueue_django.worker import consumer
+
+    monkeypatch.setattr(consumer, "VERDICT_FLUSH_SECONDS", 30)
+    queue = redis_worker_queue()
+    running_worker(queue, concurrency=2, batch_size=2)
+    queue.send({"n": "alone"})
+    wait_for(lambda: queue.stats()["acked_total"] == 1, timeout=5, what="the lone ack")
+
+    queue.send_many([{"do": "block"}, {"n": "quick"}])
+    wait_for(lambda: len(events("done")) == 2, what="the quick one handled")
+    time.sleep(0.3)  # a commit of the quick one alone would have landed by now
+    assert queue.stats()["acked_total"] == 1  # it waits for the running one
+    unblock.set()
+    wait_for(lambda: queue.stats()["acked_total"] == 3, timeout=5, what="both acked together")
+
+
 def test_a_stale_buffered_message_is_handed_back_not_started(
     worker_queue: Callable[..., Queue], running_worker: Callable[..., Worker]
 ) -> None:

@@ -68,7 +68,8 @@ class QueueConsumer(threading.Thread):
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
-        self._first_outcome_at = 0.0  # time.monotonic() of the oldest uncommitted verdict
+        # time.monotonic() by which the uncommitted verdicts are to be committed
+        self._verdicts_due_at = 0.0
         # Verdicts taken for committing, one round trip each, in order; a commit that failed
         # stays first in line (see _send_commits). Only this consumer's thread touches it.
         self._commits: deque[verdicts.Commit] = deque()
@@ -131,16 +132,24 @@ class QueueConsumer(threading.Thread):
 
     def report(self, outcome: Outcome) -> None:
         """A handler thread is done with a message: its verdict is committed within
-        VERDICT_FLUSH_SECONDS. (The freed thread wakes this consumer separately, through
-        the pool, if it was waiting for room to fetch.)"""
+        VERDICT_FLUSH_SECONDS, or at once when it completes what this consumer holds. (The
+        freed thread wakes this consumer separately, through the pool, if it was waiting
+        for room to fetch.)"""
         with self._lock:
             self._outcomes.append(outcome)
             waiting = len(self._outcomes)
+            now = time.monotonic()
             if waiting == 1:
-                self._first_outcome_at = time.monotonic()
-        if waiting == 1 or waiting == self._batch_limit:
+                self._verdicts_due_at = now + VERDICT_FLUSH_SECONDS
+            # Every delivery in hand has its verdict (at a trickle, the one message): no
+            # other verdict could join them in the wait, which would only delay the ack.
+            complete = waiting >= self._in_flight
+            if complete:
+                self._verdicts_due_at = now
+        if waiting == 1 or waiting == self._batch_limit or complete:
             # Only the first verdict wakes the loop, to time the commit; a full batch goes
-            # at once. Waking for each one would cost a round trip per message.
+            # at once, and so do verdicts that nothing else can join. Waking for each one
+            # would cost a round trip per message.
             self._event.set()
 
     def has_room(self) -> bool:
@@ -302,7 +311,7 @@ class QueueConsumer(threading.Thread):
             deadline = min([deadline, *(at for at in retries if at > now)])
         with self._lock:
             if self._outcomes:
-                deadline = min(deadline, self._first_outcome_at + VERDICT_FLUSH_SECONDS)
+                deadline = min(deadline, self._verdicts_due_at)
         self._event.wait(timeout=max(min(seconds, deadline - time.monotonic()), 0.0))
         self._event.clear()
 
@@ -568,7 +577,7 @@ class QueueConsumer(threading.Thread):
         with self._lock:
             outcomes: list[Outcome] = []
             if self._outcomes:
-                due = self._first_outcome_at + VERDICT_FLUSH_SECONDS
+                due = self._verdicts_due_at
                 if (
                     force
                     or self._commits
