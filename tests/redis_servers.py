@@ -368,9 +368,11 @@ class RedisSentinel:
         _wait_until(promoted, f"the sentinel to fail {self.service} over", timeout=timeout)
         return self.current_master()
 
-    def wait_until_replicated(self, timeout: float = 30) -> None:
+    def wait_until_replicated(self, timeout: float = 60) -> None:
         """Until every live server but the master replicates it (a master that was failed
-        over and restarted must first be turned into a replica by the sentinel)."""
+        over and restarted must first be turned into a replica by the sentinel, on its own
+        timers: about 10 s after the restart, and it once took over 30 s on a loaded
+        machine)."""
         master = self.current_master()
         for server in self.servers:
             if server.process is None or server is master:
