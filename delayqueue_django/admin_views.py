@@ -40,6 +40,7 @@ logger = logging.getLogger("delayqueue_django.admin")
 
 PAGE_SIZE = 50
 PREVIEW_BYTES = 300
+MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page was read)
 THROUGHPUT_MINUTES = 15
 COUNT_NAMES = ("pending", "ready", "unack", "retry", "garbage")
 
@@ -306,14 +307,23 @@ class QueueViews:
         if name not in ACTIONS:
             messages.error(request, "Choose an action.")
             return HttpResponseRedirect(back)
-        label, permission, _ = ACTIONS[name]
+        label, permission, states = ACTIONS[name]
         self._require(request, permission)
+        # The state the user saw the messages in: an action leaves alone those that have
+        # moved on since. Requeue and deliver now act on one state only, so theirs goes
+        # without saying; a delete must say it.
+        state = request.POST.get("state") or (states[0] if len(states) == 1 else "")
+        if state not in states:
+            messages.error(
+                request, "The form does not say which messages you saw. Reload the page."
+            )
+            return HttpResponseRedirect(back)
         ids = [i for i in request.POST.getlist("ids") if i][: PAGE_SIZE * 2]
         if not ids:
             messages.warning(request, "No messages were selected.")
             return HttpResponseRedirect(back)
         try:
-            done = self._perform(queue, name, ids)
+            done = self._perform(queue, name, ids, state)
         except RedisError as error:
             messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
             return HttpResponseRedirect(back)
@@ -325,17 +335,18 @@ class QueueViews:
             ",".join(ids),
             done,
         )
-        messages.success(
-            request, f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
-        )
+        text = f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
+        if done < len(ids):
+            text += f" The others were no longer {state}."
+        messages.success(request, text)
         return HttpResponseRedirect(back)
 
-    def _perform(self, queue: Queue, name: str, ids: list[str]) -> int:
+    def _perform(self, queue: Queue, name: str, ids: list[str], state: str) -> int:
         if name == "requeue":
             return len(queue.requeue(ids))
         if name == "deliver_now":
             return len(queue.deliver_now(ids))
-        return sum(queue.delete(message_id) is not None for message_id in ids)
+        return sum(queue.delete(message_id, state=state) is not None for message_id in ids)
 
     def schedule_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         """Pause or resume a schedule (POST, change permission)."""
@@ -369,40 +380,56 @@ class QueueViews:
         self._require(request, "delete")
         queue = self._queue(queue_name)
         if request.method == "POST":
-            try:
-                purged = queue.purge_garbage()
-            except RedisError as error:
-                messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
-            else:
-                logger.info(
-                    "admin action=purge queue=%s user=%s purged=%d",
-                    queue_name,
-                    request.user.get_username(),
-                    purged,
-                )
-                messages.success(
-                    request, f"Purged {purged} dead letter(s) from queue {queue_name!r}."
-                )
-            return HttpResponseRedirect(self._url("detail", queue_name) + "?state=garbage")
+            return self._purge_shown(request, queue)
+        garbage: int | None = None
+        buried_before: int | None = None
+        error_text = ""
         try:
             stats = queue.stats()
         except RedisError as error:
-            garbage, error_text = None, str(error)
+            error_text = str(error)
         else:
-            garbage, error_text = stats["garbage"], ""
             if stats["shards_down"]:
                 # A purge goes through every shard: it would stop at the first one down.
-                garbage = None
                 error_text = f"{stats['shards_down']} of its shards cannot be reached"
+            else:
+                garbage, buried_before = stats["garbage"], stats["server_time_ms"]
         context = self._context(
             request,
             f"Purge dead letters of {queue_name}",
             queue=queue,
             garbage=garbage,
+            buried_before=buried_before,
             redis_error=error_text,
             queue_url=self._url("detail", queue_name) + "?state=garbage",
         )
         return TemplateResponse(request, "admin/delayqueue_django/purge.html", context)
+
+    def _purge_shown(self, request: HttpRequest, queue: Queue) -> HttpResponse:
+        """The purge confirmed: only the dead letters its page counted, those buried before
+        it read the count (Redis's clock, ms); any buried since are left for another look."""
+        try:
+            shown_at = int(request.POST.get("buried_before", ""))
+        except ValueError:
+            shown_at = -1
+        if not 0 <= shown_at < MAX_TIME_MS:
+            messages.error(
+                request, "The form does not say which dead letters you saw. Reload the page."
+            )
+            return HttpResponseRedirect(self._url("purge", queue.name))
+        try:
+            purged = queue.purge_garbage(buried_before_ms=shown_at)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue.name!r}: {error}")
+        else:
+            logger.info(
+                "admin action=purge queue=%s user=%s purged=%d",
+                queue.name,
+                request.user.get_username(),
+                purged,
+            )
+            messages.success(request, f"Purged {purged} dead letter(s) from queue {queue.name!r}.")
+        return HttpResponseRedirect(self._url("detail", queue.name) + "?state=garbage")
 
     # JSON for monitoring
 

@@ -32,6 +32,7 @@ from delayqueue_django.encoding import (
 )
 from delayqueue_django.engine import (
     BURY,
+    STATES,
     Delivery,
     NackOutcome,
     NewMessage,
@@ -698,9 +699,15 @@ class Queue:
         return self.store.peek(_check_id(message_id))
 
     @_reaching_redis
-    def delete(self, message_id: str) -> str | None:
-        """Delete a message from whatever state it is in; returns that state or None."""
-        return self.store.remove(_check_id(message_id), include_in_flight_and_dead=True)
+    def delete(self, message_id: str, *, state: str | None = None) -> str | None:
+        """Delete a message from whatever state it is in, or only if it is in ``state``
+        (one of pending, ready, unack, retry, garbage: the state an operator saw it in);
+        returns the state it left, or None."""
+        if state is not None and state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
+        return self.store.remove(
+            _check_id(message_id), include_in_flight_and_dead=True, only_from=state
+        )
 
     @_reaching_redis
     def requeue(self, message_ids: Sequence[str]) -> list[str]:
@@ -712,9 +719,13 @@ class Queue:
         """Pending messages made due now."""
         return self.store.promote([_check_id(i) for i in message_ids])
 
-    def purge_garbage(self) -> int:
-        """Delete every dead letter; returns how many."""
-        return self._drop_garbage(older_than_ms=None, keep_unannounced=False)
+    def purge_garbage(self, *, buried_before_ms: int | None = None) -> int:
+        """Delete every dead letter, or only those buried before ``buried_before_ms`` (on
+        Redis's clock, as ``stats()["server_time_ms"]``: those an operator was shown);
+        returns how many."""
+        return self._drop_garbage(
+            older_than_ms=None, keep_unannounced=False, buried_before_ms=buried_before_ms
+        )
 
     def expire_garbage(self) -> int:
         """Delete dead letters older than GARBAGE_RETENTION whose exhaustion was announced."""
@@ -724,7 +735,13 @@ class Queue:
         return self._drop_garbage(older_than_ms=retention, keep_unannounced=True)
 
     @_reaching_redis
-    def _drop_garbage(self, *, older_than_ms: int | None, keep_unannounced: bool) -> int:
+    def _drop_garbage(
+        self,
+        *,
+        older_than_ms: int | None,
+        keep_unannounced: bool,
+        buried_before_ms: int | None = None,
+    ) -> int:
         """In calls of GARBAGE_DROP_BATCH, each bounded; the dead letters one keeps (still
         unannounced) are passed over by the next, so they never hide those behind them."""
         total, kept = 0, 0
@@ -734,6 +751,7 @@ class Queue:
                 limit=GARBAGE_DROP_BATCH,
                 keep_unannounced=keep_unannounced,
                 offset=kept,
+                buried_before_ms=buried_before_ms,
             )
             total += dropped
             kept += kept_now

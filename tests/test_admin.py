@@ -1,6 +1,7 @@
 """The admin pages: permissions, CSRF, actions, escaping, Redis down, a million messages."""
 
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -125,7 +126,7 @@ def test_actions_need_the_change_or_delete_permission(
 ) -> None:
     message_id = bury(queue)
     response = client_for(users[user]).post(
-        url("action", "default"), {"action": action, "ids": [message_id]}
+        url("action", "default"), {"action": action, "ids": [message_id], "state": "garbage"}
     )
     assert response.status_code == (302 if allowed else 403)
     assert (states_of(queue, message_id) == ["garbage"]) is not allowed
@@ -162,12 +163,16 @@ def test_every_action_is_protected_against_csrf(
     before = queue.peek(message_id)
     client = client_for(users["superuser"], enforce_csrf_checks=True)
     path = url("purge", "default") if action == "purge" else url("action", "default")
-    data = {} if action == "purge" else {"action": action, "ids": [message_id]}
+    state = "pending" if later else "garbage"
+    data = (
+        {"buried_before": str(queue.stats()["server_time_ms"] + 1)}
+        if action == "purge"
+        else {"action": action, "ids": [message_id], "state": state}
+    )
 
     assert client.post(path, data).status_code == 403
     assert queue.peek(message_id) == before
 
-    state = "pending" if later else "garbage"
     page = url("purge", "default") if action == "purge" else url("detail", "default")
     token = csrf_token(client, f"{page}?state={state}")
     assert client.post(path, {**data, "csrfmiddlewaretoken": token}).status_code == 302
@@ -207,7 +212,9 @@ def test_deliver_now_and_delete(users: dict[str, User | None], queue: Queue) -> 
 
     doomed = queue.send({"n": 2}, delay=3600)
     response = client.post(
-        url("action", "default"), {"action": "delete", "ids": [doomed]}, follow=True
+        url("action", "default"),
+        {"action": "delete", "ids": [doomed], "state": "pending"},
+        follow=True,
     )
     assert "Delete: 1 of 1 message(s)" in response.content.decode()
     assert queue.peek(doomed) is None
@@ -218,10 +225,13 @@ def test_purge_asks_first_then_deletes_every_dead_letter(
 ) -> None:
     for _ in range(3):
         bury(queue)
+    time.sleep(0.005)  # (a burial in the millisecond the page reads is kept)
     client = client_for(users["deleter"])
     page = client.get(url("purge", "default")).content.decode()
     assert "Delete all 3 dead letter(s)" in page
-    response = client.post(url("purge", "default"), follow=True)
+    found = re.search(r'name="buried_before" value="(\d+)"', page)
+    assert found is not None
+    response = client.post(url("purge", "default"), {"buried_before": found.group(1)}, follow=True)
     assert "Purged 3 dead letter(s)" in response.content.decode()
     assert queue.stats()["garbage"] == 0
 
@@ -246,7 +256,9 @@ def test_an_unknown_action_or_no_selection_changes_nothing(
         url("action", "default"), {"action": "explode", "ids": [message_id]}, follow=True
     )
     assert "Choose an action." in page.content.decode()
-    page = client.post(url("action", "default"), {"action": "delete"}, follow=True)
+    page = client.post(
+        url("action", "default"), {"action": "delete", "state": "garbage"}, follow=True
+    )
     assert "No messages were selected." in page.content.decode()
     assert states_of(queue, message_id) == ["garbage"]
 
@@ -691,3 +703,63 @@ def test_a_shard_that_cannot_be_reached_leaves_a_page_of_the_others_figures_mark
     purge = client_for(users["deleter"]).get(url("purge", "default")).content.decode()
     assert "2 of its shards cannot be reached" in purge
     assert "Yes, purge them" not in purge
+
+
+def test_delete_acts_only_on_messages_still_in_the_state_the_user_saw(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    dead = bury(queue)
+    waiting = queue.send("soon")
+    client = client_for(users["superuser"])
+    # The user sees each in its state; meanwhile, another operator requeues the dead
+    # letter, and a worker takes both.
+    queue.requeue([dead])
+    assert {message.id for message in fetch_when_due(queue, count=10)} == {dead, waiting}
+    response = client.post(
+        url("action", "default"),
+        {"action": "delete", "ids": [dead], "state": "garbage"},
+        follow=True,
+    )
+    assert queue.peek(dead) is not None
+    assert "Delete: 0 of 1 message(s)" in response.content.decode()
+    assert "no longer garbage" in response.content.decode()
+    client.post(
+        url("action", "default"), {"action": "delete", "ids": [waiting], "state": "pending"}
+    )
+    assert states_of(queue, waiting) == ["unack"]
+
+    # The forms say which state the user saw.
+    for path, state in (
+        (url("detail", "default") + "?state=unack", "unack"),
+        (url("message", "default", dead), "unack"),
+    ):
+        assert f'name="state" value="{state}"' in client.get(path).content.decode()
+
+    # A form that does not say which state the user saw deletes nothing.
+    page = client.post(url("action", "default"), {"action": "delete", "ids": [dead]}, follow=True)
+    assert "Reload the page" in page.content.decode()
+    assert queue.peek(dead) is not None
+
+
+def test_purge_deletes_only_the_dead_letters_the_user_was_asked_about(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    seen = bury(queue)
+    time.sleep(0.005)  # (a burial in the millisecond the page reads is kept)
+    client = client_for(users["deleter"])
+    page = client.get(url("purge", "default")).content.decode()
+    assert "Delete all 1 dead letter(s)" in page
+    found = re.search(r'name="buried_before" value="(\d+)"', page)
+    assert found is not None
+    time.sleep(0.005)  # (the later burials fall in a later millisecond of Redis's clock)
+    later = bury(queue)
+    response = client.post(url("purge", "default"), {"buried_before": found.group(1)}, follow=True)
+    assert "Purged 1 dead letter(s)" in response.content.decode()
+    assert queue.peek(seen) is None
+    assert states_of(queue, later) == ["garbage"]
+
+    # A form that does not say when the user looked purges nothing.
+    for odd in ({}, {"buried_before": "-1"}, {"buried_before": "1" + "0" * 30}):
+        response = client.post(url("purge", "default"), odd, follow=True)
+        assert "Reload the page" in response.content.decode()
+        assert states_of(queue, later) == ["garbage"]

@@ -136,6 +136,20 @@ def test_delete_removes_a_message_from_any_state(queue: Queue) -> None:
     assert queue.stats()["unannounced"] == 0
 
 
+def test_delete_from_a_state_leaves_a_message_that_has_moved_on(queue: Queue) -> None:
+    # (The admin deletes from the state the operator saw a message in.)
+    dead = bury_one(queue)
+    assert queue.delete(dead, state="pending") is None
+    queue.requeue([dead])
+    fetch_when_due(queue)
+    assert queue.delete(dead, state="garbage") is None
+    assert states_of(queue, dead) == ["unack"]
+    assert queue.delete(dead, state="unack") == "unack"
+    assert queue.peek(dead) is None
+    with pytest.raises(ValueError, match="state must be one of"):
+        queue.delete(dead, state="lost")
+
+
 def test_requeue_gives_a_dead_letter_a_fresh_retry_budget(queue: Queue) -> None:
     message_id = queue.send("again", retry_count=1)
     for _ in range(2):
@@ -180,6 +194,17 @@ def test_purge_garbage_deletes_every_dead_letter(configure: Callable[..., Queue]
     assert (stats["garbage"], stats["unannounced"]) == (0, 0)
     # Payloads and meta records go too: peek finds nothing at all (a sample of ids).
     assert [queue.peek(message_id) for message_id in ids[::50]] == [None] * 50
+
+
+def test_purge_garbage_buried_before_a_time_keeps_later_burials(queue: Queue) -> None:
+    # (The admin's purge: those buried before its confirmation page read the count.)
+    seen = bury_one(queue)
+    time.sleep(0.005)
+    shown_at = queue.stats()["server_time_ms"]
+    later = bury_one(queue)
+    assert queue.purge_garbage(buried_before_ms=shown_at) == 1
+    assert queue.peek(seen) is None
+    assert states_of(queue, later) == ["garbage"]
 
 
 def test_retention_expires_only_announced_dead_letters_past_their_time(

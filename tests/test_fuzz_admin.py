@@ -88,6 +88,7 @@ def test_message_pages_never_fail(
 @FUZZ
 @given(
     action=st.sampled_from(["requeue", "deliver_now", "delete", ""]) | st.text(max_size=10),
+    state=words | st.text(max_size=10),
     picks=st.lists(st.integers(0, 6), max_size=3),
     odd_ids=st.lists(st.text(max_size=20), max_size=3),
     next_url=st.sampled_from(["", "/admin/", "https://evil.example/", "//evil.example"])
@@ -97,6 +98,7 @@ def test_actions_never_fail_nor_corrupt_the_queue(
     client: Client,
     busy: tuple[Queue, list[str]],
     action: str,
+    state: str,
     picks: list[int],
     odd_ids: list[str],
     next_url: str,
@@ -104,7 +106,7 @@ def test_actions_never_fail_nor_corrupt_the_queue(
     queue, ids = busy
     url = reverse("admin:delayqueue_django_queue_action", args=["default"])
     chosen = [ids[i] for i in picks] + odd_ids
-    data: dict[str, Any] = {"action": action, "ids": chosen, "next": next_url}
+    data: dict[str, Any] = {"action": action, "state": state, "ids": chosen, "next": next_url}
     response = client.post(url, _text_only(data))
     assert response.status_code == 302
     assert not response["Location"].startswith(("https://evil", "//evil"))

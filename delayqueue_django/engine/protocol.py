@@ -68,8 +68,15 @@ class Store(Protocol):
         times). ``forget``: ids relayed before whose outbox rows are now deleted for good;
         an id never forgotten is forgotten ``keep_ms`` after its relay."""
 
-    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
-        """Remove a message; returns the state it left, or None if nothing was removed."""
+    def remove(
+        self,
+        message_id: str,
+        *,
+        include_in_flight_and_dead: bool = False,
+        only_from: str | None = None,
+    ) -> str | None:
+        """Remove a message; returns the state it left, or None if nothing was removed.
+        With ``only_from``, only a message in that state is removed."""
 
     # Consumers
 
@@ -127,13 +134,21 @@ class Store(Protocol):
         """Make pending messages due now."""
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+        self,
+        *,
+        older_than_ms: int | None,
+        limit: int,
+        keep_unannounced: bool,
+        offset: int = 0,
+        buried_before_ms: int | None = None,
     ) -> tuple[int, int]:
         """Delete dead letters (all, or buried at least older_than_ms ago), oldest first,
         examining at most ``limit`` after passing over the oldest ``offset`` candidates (those
         earlier calls kept). With ``keep_unannounced``, one whose exhaustion is still to be
-        announced is kept. Returns how many were deleted and how many kept: fewer than
-        ``limit`` in all means no candidate is left."""
+        announced is kept. With ``buried_before_ms`` (the store's clock), instead of
+        ``older_than_ms``, only those buried before that time are candidates. Returns how
+        many were deleted and how many kept: fewer than ``limit`` in all means no candidate
+        is left."""
 
     def stats(self) -> dict[str, int]: ...
 

@@ -396,9 +396,17 @@ class ShardedStore:
                 replies[position] = due
         return replies
 
-    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+    def remove(
+        self,
+        message_id: str,
+        *,
+        include_in_flight_and_dead: bool = False,
+        only_from: str | None = None,
+    ) -> str | None:
         return self.shard_for(message_id).remove(
-            message_id, include_in_flight_and_dead=include_in_flight_and_dead
+            message_id,
+            include_in_flight_and_dead=include_in_flight_and_dead,
+            only_from=only_from,
         )
 
     # Consumers
@@ -752,7 +760,13 @@ class ShardedStore:
         return promoted
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+        self,
+        *,
+        older_than_ms: int | None,
+        limit: int,
+        keep_unannounced: bool,
+        offset: int = 0,
+        buried_before_ms: int | None = None,
     ) -> tuple[int, int]:
         """Every shard to its end, each in calls of ``limit`` that pass over what the
         shard's earlier calls kept. The caller's ``offset`` counts over all shards, which
@@ -767,6 +781,7 @@ class ShardedStore:
                     limit=limit,
                     keep_unannounced=keep_unannounced,
                     offset=kept,
+                    buried_before_ms=buried_before_ms,
                 )
                 dropped += dropped_now
                 kept += kept_now

@@ -294,14 +294,21 @@ class RedisStore:
             raise send_error(error, self.keys.queue) from None
         return [None if int(due) < 0 else int(due) for reply in replies for due in reply[:-1]]
 
-    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+    def remove(
+        self,
+        message_id: str,
+        *,
+        include_in_flight_and_dead: bool = False,
+        only_from: str | None = None,
+    ) -> str | None:
         """Remove a message; returns the state it left, or None if nothing was removed.
 
         By default only a waiting message (pending, ready, retry) is removed: that is a
-        cancel, after which the message is never delivered.
+        cancel, after which the message is never delivered. With ``only_from``, only a
+        message in that state is removed.
         """
         mode = "delete" if include_in_flight_and_dead else "cancel"
-        return removed_state(self._run("remove", [_wire(message_id), mode]))
+        return removed_state(self._run("remove", [_wire(message_id), mode, only_from or ""]))
 
     # Consumers
 
@@ -471,12 +478,22 @@ class RedisStore:
         return [_id(message_id) for message_id in promoted]
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+        self,
+        *,
+        older_than_ms: int | None,
+        limit: int,
+        keep_unannounced: bool,
+        offset: int = 0,
+        buried_before_ms: int | None = None,
     ) -> tuple[int, int]:
-        """Delete dead letters (all, or buried at least older_than_ms ago), examining at most
-        limit after the oldest ``offset``; returns how many were deleted and how many kept."""
+        """Delete dead letters (all, buried at least older_than_ms ago, or buried before
+        buried_before_ms), examining at most limit after the oldest ``offset``; returns how
+        many were deleted and how many kept."""
         age = -1 if older_than_ms is None else older_than_ms
-        dropped, kept, _ = self._run("drop_garbage", [age, limit, int(keep_unannounced), offset])
+        before = -1 if buried_before_ms is None else buried_before_ms
+        dropped, kept, _ = self._run(
+            "drop_garbage", [age, limit, int(keep_unannounced), offset, before]
+        )
         return int(dropped), int(kept)
 
     def stats(self) -> dict[str, int]:

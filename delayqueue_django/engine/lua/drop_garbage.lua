@@ -12,15 +12,19 @@
   ARGV[2]  limit, the most ids examined in this call
   ARGV[3]  "1" to keep messages whose exhaustion is still unannounced, "0" to drop them too
   ARGV[4]  offset: how many of the oldest candidates to pass over (kept by earlier calls)
+  ARGV[5]  buried_before_ms: instead of older_than_ms, drop only those buried before this
+           time (Redis clock, ms), or -1: a purge of the dead letters an operator was shown
 
   Returns {dropped, kept, warnings}: how many were deleted, and how many examined were
   kept. Fewer than `limit` examined in all means there are no more candidates.
 ]]
 
 local older_than_ms, limit, keep_unannounced = tonumber(args[1]), tonumber(args[2]), args[3]
-local offset = tonumber(args[4])
+local offset, buried_before = tonumber(args[4]), tonumber(args[5] or '-1')
 local ids
-if older_than_ms < 0 then
+if buried_before >= 0 then
+  ids = call('ZRANGE', garbage, '-inf', '(' .. int(buried_before), 'BYSCORE', 'LIMIT', offset, limit)
+elseif older_than_ms < 0 then
   ids = call('ZRANGE', garbage, offset, offset + limit - 1)
 else
   local cutoff = now_ms() - older_than_ms

@@ -8,24 +8,30 @@
   KEYS: the queue's key layout (see _prelude.lua).
   ARGV[1]  id
   ARGV[2]  mode, "cancel" or "delete"
+  ARGV[3]  only from this state (optional): the one an operator saw it in, so that a
+           message that moved on meanwhile (requeued, handed out) is left alone
 
   Returns {state, warnings}: the state it was removed from, or "" if nothing was removed.
   LREM on ready and retry is bounded: fetch keeps those lists short (stage_limit).
 ]]
 
-local id, mode = args[1], args[2]
+local id, mode, only = args[1], args[2], args[3] or ''
+
+local function from(state)
+  return only == '' or only == state
+end
 
 local removed = ''
-if call('ZREM', pending, id) == 1 then
+if from('pending') and call('ZREM', pending, id) == 1 then
   removed = 'pending'
-elseif call('LREM', ready, 1, id) == 1 then
+elseif from('ready') and call('LREM', ready, 1, id) == 1 then
   removed = 'ready'
-elseif call('LREM', retry, 1, id) == 1 then
+elseif from('retry') and call('LREM', retry, 1, id) == 1 then
   removed = 'retry'
 elseif mode == 'delete' then
-  if call('ZREM', garbage, id) == 1 then
+  if from('garbage') and call('ZREM', garbage, id) == 1 then
     removed = 'garbage'
-  elseif call('ZREM', unack, id) == 1 then
+  elseif from('unack') and call('ZREM', unack, id) == 1 then
     removed = 'unack'
   end
 end

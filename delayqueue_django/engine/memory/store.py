@@ -176,20 +176,30 @@ class MemoryStore:
                 self._wake(min(written))
             return dues
 
-    def remove(self, message_id: str, *, include_in_flight_and_dead: bool = False) -> str | None:
+    def remove(
+        self,
+        message_id: str,
+        *,
+        include_in_flight_and_dead: bool = False,
+        only_from: str | None = None,
+    ) -> str | None:
         with self.server.lock:
             state = self._state()
             removed = None
-            if state.pending.remove(message_id):
+
+            def from_(name: str) -> bool:
+                return only_from is None or only_from == name
+
+            if from_("pending") and state.pending.remove(message_id):
                 removed = "pending"
-            elif _remove_first(state.ready, message_id):
+            elif from_("ready") and _remove_first(state.ready, message_id):
                 removed = "ready"
-            elif _remove_first(state.retry, message_id):
+            elif from_("retry") and _remove_first(state.retry, message_id):
                 removed = "retry"
             elif include_in_flight_and_dead:
-                if state.garbage.remove(message_id):
+                if from_("garbage") and state.garbage.remove(message_id):
                     removed = "garbage"
-                elif state.unack.remove(message_id):
+                elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
                 _forget(state, message_id)
@@ -506,11 +516,20 @@ class MemoryStore:
             return promoted
 
     def drop_garbage(
-        self, *, older_than_ms: int | None, limit: int, keep_unannounced: bool, offset: int = 0
+        self,
+        *,
+        older_than_ms: int | None,
+        limit: int,
+        keep_unannounced: bool,
+        offset: int = 0,
+        buried_before_ms: int | None = None,
     ) -> tuple[int, int]:
         with self.server.lock:
             state = self._state()
-            if older_than_ms is None or older_than_ms < 0:
+            if buried_before_ms is not None:
+                # (scores are whole ms: "before" is "at most one ms less")
+                candidates = state.garbage.upto(buried_before_ms - 1, offset + limit)[offset:]
+            elif older_than_ms is None or older_than_ms < 0:
                 candidates = state.garbage.page(offset, limit)
             else:
                 cutoff = self._now() - older_than_ms
