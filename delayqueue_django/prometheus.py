@@ -17,7 +17,8 @@ of the others, and its counters and histograms are left out of the scrape (a sum
 a shard would look like a counter reset, and its return like a burst).
 
 The view answers a request carrying ``Authorization: Bearer <DELAYQUEUE_METRICS_TOKEN>``,
-or from a logged-in staff user allowed to view queues in the admin.
+or from a logged-in staff user allowed to view queues in the admin (the view or the change
+permission, as there).
 """
 
 import hmac
@@ -52,7 +53,8 @@ except ImportError:
     ) from None
 
 TOKEN_SETTING = "DELAYQUEUE_METRICS_TOKEN"
-PERMISSION = "delayqueue_django.view_queue"
+# Either lets one view the queues, as in the admin.
+PERMISSIONS = ("delayqueue_django.view_queue", "delayqueue_django.change_queue")
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
 # stats() total -> (metric name without _total, help)
@@ -206,7 +208,12 @@ def _allowed(request: HttpRequest) -> bool:
     if token and scheme.lower() == "bearer" and given:
         return hmac.compare_digest(given.encode(), str(token).encode())
     user: Any = request.user if hasattr(request, "user") else None
-    return bool(user and user.is_active and user.is_staff and user.has_perm(PERMISSION))
+    return bool(
+        user
+        and user.is_active
+        and user.is_staff
+        and any(user.has_perm(permission) for permission in PERMISSIONS)
+    )
 
 
 @never_cache

@@ -763,3 +763,21 @@ def test_purge_deletes_only_the_dead_letters_the_user_was_asked_about(
         response = client.post(url("purge", "default"), odd, follow=True)
         assert "Reload the page" in response.content.decode()
         assert states_of(queue, later) == ["garbage"]
+
+
+def test_the_change_permission_lets_one_view_as_elsewhere_in_the_admin(queue: Queue) -> None:
+    message_id = queue.send({"n": 1}, delay=60)
+    client = client_for(make_user("editor", "change_queue"))
+    assert url("changelist") in client.get(reverse("admin:index")).content.decode()
+    for path in (
+        url("changelist"),
+        url("detail", "default"),
+        url("message", "default", message_id),
+        url("json"),
+        url("queue_json", "default"),
+    ):
+        assert client.get(path).status_code == 200, path
+    response = client.post(
+        url("action", "default"), {"action": "deliver_now", "ids": [message_id], "state": "pending"}
+    )
+    assert response.status_code == 302

@@ -116,10 +116,10 @@ def test_a_queue_whose_redis_is_down_reports_up_zero(
     assert ("delayqueue_messages", (("queue", "other"), ("state", "pending"))) not in samples
 
 
-def login(permission: bool, staff: bool = True) -> Client:
+def login(permission: bool, staff: bool = True, codename: str = "view_queue") -> Client:
     user = User.objects.create_user(f"watcher{User.objects.count()}", is_staff=staff)
     if permission:
-        user.user_permissions.add(Permission.objects.get(codename="view_queue"))
+        user.user_permissions.add(Permission.objects.get(codename=codename))
     client = Client()
     client.force_login(user)
     return client
@@ -130,7 +130,11 @@ def test_the_endpoint_needs_the_token_or_a_staff_user_allowed_to_view_queues() -
     assert Client().get("/metrics/").headers["WWW-Authenticate"].startswith("Bearer")
     assert Client().get("/metrics/", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert Client().get("/metrics/", headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
-    assert scrape(login(permission=True))  # staff with the view permission, no token
+    # Staff with the view permission, no token (scrape() would send it).
+    assert login(permission=True).get("/metrics/").status_code == 200
+    # The change permission lets one view, as in the admin.
+    assert login(permission=True, codename="change_queue").get("/metrics/").status_code == 200
+    assert login(permission=True, codename="delete_queue").get("/metrics/").status_code == 403
     assert login(permission=False).get("/metrics/").status_code == 403
     assert login(permission=True, staff=False).get("/metrics/").status_code == 403
     assert (
