@@ -5,11 +5,14 @@ tick with them."""
 import threading
 from typing import Any
 
+import pytest
 import redis
 
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.records import Tick, parse_tick_id, tick_id
+from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.definition import Schedule
 from tests.helpers import fetch_when_due, states_of, store_time_ms
 
 FP, OTHER_FP = "aa11", "bb22"
@@ -235,4 +238,17 @@ def test_the_run_time_api_on_every_backend(queue: Queue) -> None:
     assert pending_ids(queue) == [changed.next_id]
     assert queue.schedules.remove("poll")
     assert pending_ids(queue) == []
+    assert queue.schedules.all() == []
+
+
+def test_an_interval_whose_ticks_no_datetime_holds_is_refused(queue: Queue) -> None:
+    # Every 31,700 years: the first tick would be in the year 33658.
+    with pytest.raises(InvalidSchedule, match=r"every=.*at most 50 years"):
+        queue.schedules.add("far", every=1e12, payload=1)
+    assert (queue.schedules.all(), pending_ids(queue)) == ([], [])
+    # Stored so by another version: passed over, not a crash of every listing.
+    far = Schedule("far", None, 10**15, "UTC", "1", source="api")
+    queue.store.define_schedule(
+        "far", far.to_json(), far.fingerprint, expect="any", start_ms=0, first=None
+    )
     assert queue.schedules.all() == []

@@ -142,14 +142,22 @@ def test_a_changed_definition_has_another_fingerprint(settings: Any) -> None:
             {"poll": {"EVERY": 0.5}},
             (
                 "E044",
-                f"{WHERE}['poll']['EVERY'] must be at least one second (a number or a timedelta), not 0.5.",
+                f"{WHERE}['poll']['EVERY'] must be at least one second and at most 50 years (a number or a timedelta), not 0.5.",
             ),
         ),
         (
             {"poll": {"EVERY": "5m"}},
             (
                 "E044",
-                f"{WHERE}['poll']['EVERY'] must be at least one second (a number or a timedelta), not '5m'.",
+                f"{WHERE}['poll']['EVERY'] must be at least one second and at most 50 years (a number or a timedelta), not '5m'.",
+            ),
+        ),
+        (
+            # Its ticks would soon be past the year 9999, which no datetime holds.
+            {"poll": {"EVERY": 1e12}},
+            (
+                "E044",
+                f"{WHERE}['poll']['EVERY'] must be at least one second and at most 50 years (a number or a timedelta), not 1000000000000.0.",
             ),
         ),
         (

@@ -26,6 +26,10 @@ DEFAULT_MISSED = "once"
 DEFAULT_MISSED_AFTER_MS = 60_000
 # Ticks closer together than this are not what a delay queue's schedules are for.
 SHORTEST_EVERY_MS = 1000
+# Ticks further apart than this are not either, and their times would soon pass the year
+# 9999, which no datetime holds (the API's next_run, a task's run_after): the bound a cron
+# expression has too (cronsim looks 50 years ahead).
+LONGEST_EVERY_MS = 50 * 365 * 86_400_000
 
 OPTIONS = (
     "CRON",
@@ -113,7 +117,10 @@ class Schedule:
             raise InvalidSchedule("exactly one of cron and every_ms")
         if self.cron is not None:
             _cron_problem(self.cron, _zone(self.time_zone))
-        elif not (isinstance(self.every_ms, int) and self.every_ms >= SHORTEST_EVERY_MS):
+        elif not (
+            isinstance(self.every_ms, int)
+            and SHORTEST_EVERY_MS <= self.every_ms <= LONGEST_EVERY_MS
+        ):
             raise InvalidSchedule(f"every_ms {self.every_ms!r}")
         if self.missed not in MISSED_POLICIES or not isinstance(self.missed_after_ms, int):
             raise InvalidSchedule(f"missed {self.missed!r}, {self.missed_after_ms!r}")
@@ -300,10 +307,10 @@ def build(
             )
         zone_name = "UTC"
         every_ms = _duration_ms(every)
-        if every_ms is None or every_ms < SHORTEST_EVERY_MS:
+        if every_ms is None or not SHORTEST_EVERY_MS <= every_ms <= LONGEST_EVERY_MS:
             raise InvalidSchedule(
-                f"{subject.option('EVERY')} must be at least one second (a number or a "
-                f"timedelta), not {every!r}.",
+                f"{subject.option('EVERY')} must be at least one second and at most 50 years "
+                f"(a number or a timedelta), not {every!r}.",
                 "E044",
             )
     missed = options.get("MISSED", DEFAULT_MISSED)
