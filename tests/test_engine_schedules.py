@@ -170,6 +170,28 @@ def test_pausing_removes_the_waiting_tick_and_resuming_writes_the_next(queue: Qu
     assert store.resume_schedule("other", 0, None).status == "missing"
 
 
+def test_pausing_or_removing_takes_out_the_due_tick_not_handed_out_yet(queue: Queue) -> None:
+    # Workers write each tick as the one before falls due, so that one may still wait,
+    # behind a backlog: it must not fire once its schedule is paused or removed.
+    store = queue.store
+    stops = [
+        lambda: store.pause_schedule("nightly", 2500),
+        lambda: store.remove_schedule("nightly"),
+    ]
+    for stop in stops:
+        define(store, start_ms=1000, first=tick(2000))
+        store.write_tick("nightly", FP, tick(3000))
+        assert pending_ids(queue) == ["tick:nightly:2000", "tick:nightly:3000"]
+        stop()
+        assert pending_ids(queue) == []
+        store.remove_schedule("nightly")
+    # A change leaves it: it fell due under the old definition, which it runs.
+    define(store, start_ms=1000, first=tick(2000))
+    store.write_tick("nightly", FP, tick(3000))
+    define(store, fingerprint=OTHER_FP, start_ms=2500, first=tick(4000))
+    assert pending_ids(queue) == ["tick:nightly:2000", "tick:nightly:4000"]
+
+
 def test_removing_takes_the_waiting_tick_along(queue: Queue) -> None:
     store = queue.store
     define(store, start_ms=1000, first=tick(2000))

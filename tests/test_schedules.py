@@ -183,6 +183,23 @@ def test_a_paused_schedule_fires_nothing_and_resumes_from_the_next_tick(settings
     assert minutes == [1, 2, 11, 12, 13]
 
 
+def test_a_due_tick_still_waiting_when_paused_fires_nothing(settings: Any) -> None:
+    start = datetime(2024, 5, 6, 12, tzinfo=UTC)
+    with on_memory(settings, start) as queues:
+        queue = get_queue()
+        queue.schedules.add("poll", every=60, payload="p")
+        runner = ScheduleRunner(queue)
+        queues.advance(61)
+        runner.run_due(ms(queues.now))  # 12:01 falls due: 12:02 is written
+        # Paused before a fetch took the 12:01 tick (the queue was busy, say).
+        queue.schedules.pause("poll")
+        assert queue.list_messages("pending") == []
+        queues.advance(120)
+        runner.run_due(ms(queues.now))
+        handle_due(queue, runner)
+    assert handled == []
+
+
 def test_a_schedule_changed_at_run_time_fires_on_the_new_cron_only(settings: Any) -> None:
     start = datetime(2024, 5, 6, 12, tzinfo=UTC)
     with on_memory(settings, start) as queues:

@@ -164,8 +164,9 @@ class Schedules:
         return self.get(name)
 
     def pause(self, name: str) -> ScheduleInfo:
-        """Fire nothing until resumed: the waiting tick is removed (a tick already handed
-        out runs to its end)."""
+        """Fire nothing until resumed: the ticks not handed out yet are removed (the
+        waiting one, and one that fell due but waits behind others); a tick already handed
+        out runs to its end."""
         now, _, _ = self._read(name)
         self._expect(self.queue.store.pause_schedule(name, now), name)
         return self.get(name)
@@ -179,7 +180,7 @@ class Schedules:
         return self.get(name)
 
     def remove(self, name: str) -> bool:
-        """Remove a schedule and its waiting tick; False if there was none. A schedule
+        """Remove a schedule and its ticks not handed out yet; False if there was none. A schedule
         declared in settings comes back when a worker starts: remove it from settings."""
         return self.queue.store.remove_schedule(name).status == "removed"
 

@@ -42,7 +42,9 @@
     resume  "resumed", or "missing"
     remove  "removed" (with its waiting tick), "missing", or "stale" (another fingerprint)
   A waiting tick is one never handed out (pending or ready, attempt 0). A tick handed out
-  has fired: it stays, and the cursor stays at or past its time.
+  has fired: it stays, and the cursor stays at or past its time. Pause and remove also
+  take out the tick before the latest if it still waits (due, behind a backlog: workers
+  write a tick as the one before falls due); a put leaves it, due under its definition.
   Publishes a written tick's time when it is earlier than every pending message's.
 ]]
 
@@ -107,19 +109,32 @@ local function write_tick(at)
   cursor, tick = at, at
 end
 
--- Takes out the tick the schedule waits on, if it was never handed out. Returns 0, or the
--- time of a tick that has fired (handed out, retried, dead or done), which no later tick
--- may take again: the floor of the cursor.
-local function drop_waiting_tick()
-  if tick == 0 then
-    return 0
-  end
-  local id = tick_id(tick)
+-- Takes out the tick at `at` if it was never handed out; true if it did.
+local function take_out(at)
+  local id = tick_id(at)
   local _, attempt = read_meta(id)
   if (attempt or 0) == 0 and (call('ZREM', pending, id) == 1
       or call('LREM', ready, 1, id) == 1) then
     call('HDEL', payloads, id)
     call('HDEL', metas, id)
+    return true
+  end
+  return false
+end
+
+-- Takes out the tick the schedule waits on, if it was never handed out; with `due_too`
+-- (pause, remove) the one before it as well: workers write a tick as the one before falls
+-- due, so that one can still wait, behind a backlog. Returns 0, or the time of a tick that
+-- has fired (handed out, retried, dead or done), which no later tick may take again: the
+-- floor of the cursor.
+local function drop_waiting_tick(due_too)
+  if tick == 0 then
+    return 0
+  end
+  if due_too and previous > 0 then
+    take_out(previous)
+  end
+  if take_out(tick) then
     tick = 0
     return 0
   end
@@ -153,7 +168,7 @@ if op == 'put' then
   if known == fingerprint then
     return reply('unchanged')
   end
-  cursor = math.max(start, drop_waiting_tick())
+  cursor = math.max(start, drop_waiting_tick(false))
   known = fingerprint
   if first > cursor and not paused then
     write_tick(first)
@@ -171,7 +186,7 @@ if not known then
 end
 
 if op == 'pause' then
-  cursor = math.max(start, drop_waiting_tick())
+  cursor = math.max(start, drop_waiting_tick(true))
   paused = true
   save()
   return reply('paused')
@@ -193,7 +208,7 @@ if op == 'remove' then
   if fingerprint ~= '' and known ~= fingerprint then
     return reply('stale')
   end
-  drop_waiting_tick()
+  drop_waiting_tick(true)
   redis.call('HDEL', schedules, name)
   redis.call('HDEL', schedule_ticks, name)
   return reply('removed')

@@ -721,7 +721,7 @@ class MemoryStore:
                 return _schedule_reply("unchanged", record, now)
             if record is None:
                 record = state.schedule_ticks[name] = TickRecord(fingerprint)
-            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record))
+            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record, due_too=False))
             record.fingerprint = fingerprint
             if first is not None and first.at_ms > record.cursor and not record.paused:
                 self._write_tick(state, name, record, first)
@@ -733,7 +733,7 @@ class MemoryStore:
             record = state.schedule_ticks.get(name)
             if record is None:
                 return _schedule_reply("missing", None, now)
-            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record))
+            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record, due_too=True))
             record.paused = True
             return _schedule_reply("paused", record, now)
 
@@ -759,7 +759,7 @@ class MemoryStore:
                 return _schedule_reply("removed" if found else "missing", None, now)
             if fingerprint and record.fingerprint != fingerprint:
                 return _schedule_reply("stale", record, now)
-            _drop_waiting_tick(state, name, record)
+            _drop_waiting_tick(state, name, record, due_too=True)
             del state.schedule_ticks[name]
             state.schedules.pop(name, None)
             return _schedule_reply("removed", record, now)
@@ -850,18 +850,27 @@ def _replayed_due(state: QueueState, message_id: str, now: int) -> int:
     return meta.due if meta is not None and meta.due > 0 else now
 
 
-def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord) -> int:
-    """Take out the tick the schedule waits on if it was never handed out; else return the
-    time of the tick that fired, the floor of the cursor (schedule.lua)."""
-    if record.tick == 0:
-        return 0
-    message_id = tick_id(name, record.tick)
+def _take_out(state: QueueState, message_id: str) -> bool:
+    """Take out a tick if it was never handed out; True if it was (schedule.lua)."""
     meta = state.metas.get(message_id)
     if (meta is None or meta.attempt == 0) and (
         state.pending.remove(message_id) or _remove_first(state.ready, message_id)
     ):
         state.payloads.pop(message_id, None)
         state.metas.pop(message_id, None)
+        return True
+    return False
+
+
+def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord, *, due_too: bool) -> int:
+    """Take out the tick the schedule waits on if it was never handed out (with ``due_too``,
+    the one before it as well, which may still wait behind a backlog); else return the time
+    of the tick that fired, the floor of the cursor (schedule.lua)."""
+    if record.tick == 0:
+        return 0
+    if due_too and record.previous > 0:
+        _take_out(state, tick_id(name, record.previous))
+    if _take_out(state, tick_id(name, record.tick)):
         record.tick = 0
         return 0
     fired = record.tick
