@@ -160,29 +160,32 @@ def test_pausing_removes_the_waiting_tick_and_resuming_writes_the_next(queue: Qu
     [record] = store.read_schedules()[1]
     assert record.paused
 
-    resumed = store.resume_schedule("nightly", 5000, tick(6000))
+    # Resumed with a tick of another definition (it changed since the caller read it):
+    # refused, and still paused.
+    stale = store.resume_schedule("nightly", OTHER_FP, 5000, tick(6000, '"old"'))
+    assert (stale.status, stale.cursor_ms, pending_ids(queue)) == ("stale", 1500, [])
+    resumed = store.resume_schedule("nightly", FP, 5000, tick(6000))
     assert (resumed.status, resumed.cursor_ms, resumed.tick_ms) == ("resumed", 6000, 6000)
     # Resuming a running schedule changes nothing: its cursor and tick stay.
-    again = store.resume_schedule("nightly", 7000, tick(8000))
+    again = store.resume_schedule("nightly", FP, 7000, tick(8000))
     assert (again.status, again.cursor_ms) == ("resumed", 6000)
     assert pending_ids(queue) == ["tick:nightly:6000"]
     assert store.pause_schedule("other", 0).status == "missing"
-    assert store.resume_schedule("other", 0, None).status == "missing"
+    assert store.resume_schedule("other", FP, 0, None).status == "missing"
 
 
 def test_pausing_or_removing_takes_out_the_due_tick_not_handed_out_yet(queue: Queue) -> None:
     # Workers write each tick as the one before falls due, so that one may still wait,
     # behind a backlog: it must not fire once its schedule is paused or removed.
     store = queue.store
-    stops = [
-        lambda: store.pause_schedule("nightly", 2500),
-        lambda: store.remove_schedule("nightly"),
-    ]
-    for stop in stops:
+    for pause in (True, False):
         define(store, start_ms=1000, first=tick(2000))
         store.write_tick("nightly", FP, tick(3000))
         assert pending_ids(queue) == ["tick:nightly:2000", "tick:nightly:3000"]
-        stop()
+        if pause:
+            store.pause_schedule("nightly", 2500)
+        else:
+            store.remove_schedule("nightly")
         assert pending_ids(queue) == []
         store.remove_schedule("nightly")
     # A change leaves it: it fell due under the old definition, which it runs.

@@ -200,6 +200,32 @@ def test_a_due_tick_still_waiting_when_paused_fires_nothing(settings: Any) -> No
     assert handled == []
 
 
+def test_a_resume_racing_a_change_writes_the_new_definitions_tick(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = datetime(2024, 5, 6, 12, tzinfo=UTC)
+    with on_memory(settings, start):
+        queue = get_queue()
+        schedules = queue.schedules
+        schedules.add("poll", every=60, payload="old")
+        schedules.pause("poll")
+        read = schedules._read
+
+        def read_then_changed_elsewhere(name: str) -> Any:
+            found = read(name)
+            monkeypatch.undo()
+            # Another process changes it between this read and the resume's write.
+            queue.schedules.change("poll", every=3600, payload="new")
+            return found
+
+        monkeypatch.setattr(schedules, "_read", read_then_changed_elsewhere)
+        resumed = schedules.resume("poll")
+        hour = f"tick:poll:{ms(start + timedelta(hours=1))}"
+        assert (resumed.paused, resumed.next_id) == (False, hour)
+        assert [entry.id for entry in queue.list_messages("pending")] == [hour]
+        assert queue.peek(hour).payload == '"new"'  # type: ignore[union-attr]
+
+
 def test_a_schedule_changed_at_run_time_fires_on_the_new_cron_only(settings: Any) -> None:
     start = datetime(2024, 5, 6, 12, tzinfo=UTC)
     with on_memory(settings, start) as queues:

@@ -197,8 +197,11 @@ class Store(Protocol):
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
         """Pause a schedule: its waiting tick is removed and none is written."""
 
-    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
-        """Resume a paused schedule from ``start_ms``, with ``first`` as its next tick."""
+    def resume_schedule(
+        self, name: str, fingerprint: str, start_ms: int, first: Tick | None
+    ) -> ScheduleReply:
+        """Resume a paused schedule from ``start_ms``, with ``first`` as its next tick;
+        "stale" (still paused) if its definition is not the one of ``fingerprint``."""
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         """Remove a schedule (only with this fingerprint, if given) and its waiting tick."""

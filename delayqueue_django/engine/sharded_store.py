@@ -871,8 +871,10 @@ class ShardedStore:
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
         return self.base.pause_schedule(name, start_ms)
 
-    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
-        return self.base.resume_schedule(name, start_ms, first)
+    def resume_schedule(
+        self, name: str, fingerprint: str, start_ms: int, first: Tick | None
+    ) -> ScheduleReply:
+        return self.base.resume_schedule(name, fingerprint, start_ms, first)
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self.base.remove_schedule(name, fingerprint)

@@ -616,8 +616,12 @@ class RedisStore:
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
         return self._schedule("pause", name, start_ms=start_ms)
 
-    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
-        return self._schedule("resume", name, start_ms=start_ms, tick=first)
+    def resume_schedule(
+        self, name: str, fingerprint: str, start_ms: int, first: Tick | None
+    ) -> ScheduleReply:
+        return self._schedule(
+            "resume", name, fingerprint=fingerprint, start_ms=start_ms, tick=first
+        )
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self._schedule("remove", name, fingerprint=fingerprint)

@@ -173,10 +173,17 @@ class Schedules:
 
     def resume(self, name: str) -> ScheduleInfo:
         """Fire again, from the next tick after now; the ticks of the pause are not owed."""
-        now, _, schedule = self._read(name)
-        at = schedule.next_after(now)
-        first = None if at is None else self._tick(schedule, at, now)
-        self._expect(self.queue.store.resume_schedule(name, now, first), name)
+        while True:
+            now, record, schedule = self._read(name)
+            at = schedule.next_after(now)
+            first = None if at is None else self._tick(schedule, at, now)
+            fingerprint = record.fingerprint or ""
+            reply = self.queue.store.resume_schedule(name, fingerprint, now, first)
+            # "stale": changed since the read, so the first tick is the old definition's:
+            # read it again.
+            if reply.status != "stale":
+                break
+        self._expect(reply, name)
         return self.get(name)
 
     def remove(self, name: str) -> bool:

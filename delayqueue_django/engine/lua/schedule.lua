@@ -18,7 +18,8 @@
   ARGV[1]  op: "tick", "put", "pause", "resume" or "remove"
   ARGV[2]  wake-up channel
   ARGV[3]  name
-  ARGV[4]  fingerprint (tick and put; remove: only a schedule with this one, "" any)
+  ARGV[4]  fingerprint (tick, put and resume; remove: only a schedule with this one, ""
+           any)
   ARGV[5]  definition JSON (put)
   ARGV[6]  expect (put): "any"; "new", refused if the schedule exists; "existing", refused
            if it does not
@@ -39,7 +40,8 @@
             "unchanged" (the same fingerprint: the definition's text is rewritten, its
             ticks and pause kept); "exists" or "missing" (refused, see expect)
     pause   "paused" (its waiting tick removed), or "missing"
-    resume  "resumed", or "missing"
+    resume  "resumed"; "stale" (paused, and another fingerprint: the first tick given is
+            the old definition's, and the schedule stays paused); or "missing"
     remove  "removed" (with its waiting tick), "missing", or "stale" (another fingerprint)
   A waiting tick is one never handed out (pending or ready, attempt 0). A tick handed out
   has fired: it stays, and the cursor stays at or past its time. Pause and remove also
@@ -193,7 +195,9 @@ if op == 'pause' then
 end
 
 if op == 'resume' then
-  if paused then
+  if paused and known ~= fingerprint then
+    return reply('stale')
+  elseif paused then
     paused = false
     cursor = math.max(start, cursor)
     if first > cursor then

@@ -737,12 +737,16 @@ class MemoryStore:
             record.paused = True
             return _schedule_reply("paused", record, now)
 
-    def resume_schedule(self, name: str, start_ms: int, first: Tick | None) -> ScheduleReply:
+    def resume_schedule(
+        self, name: str, fingerprint: str, start_ms: int, first: Tick | None
+    ) -> ScheduleReply:
         with self.server.lock:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
             if record is None:
                 return _schedule_reply("missing", None, now)
+            if record.paused and record.fingerprint != fingerprint:
+                return _schedule_reply("stale", record, now)
             if record.paused:
                 record.paused = False
                 record.cursor = max(start_ms, record.cursor)
