@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from delayqueue_django import get_queue
 from delayqueue_django.engine import sharded_store
+from delayqueue_django.engine.records import ScheduleFailure
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.queue import Queue
@@ -555,6 +556,19 @@ def test_the_queue_page_lists_the_schedules_and_pauses_and_resumes_them(
     assert not queue.schedules.get("poll").paused
     response = changer.post(action, {"name": "gone", "action": "pause"}, follow=True)
     assert "has no schedule named &#x27;gone&#x27;" in response.content.decode()
+
+
+def test_the_queue_page_shows_a_failing_schedule_and_why(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    info = queue.schedules.add("poll", every=300, payload=1)
+    since = datetime(2024, 5, 6, 12, tzinfo=UTC)
+    failure = ScheduleFailure("RuntimeError: <no> payload", round(since.timestamp() * 1000))
+    reply = queue.store.report_schedule_failure("poll", info.schedule.fingerprint, failure)
+    assert reply.status == "failed"
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    assert 'class="dq-error">failing since May 6, 2024' in page
+    assert "RuntimeError: &lt;no&gt; payload" in page
 
 
 def test_a_queue_without_schedules_says_how_to_add_them(

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from delayqueue_django.engine import Store
-from delayqueue_django.engine.records import Tick, parse_tick_id, tick_id
+from delayqueue_django.engine.records import ScheduleFailure, Tick, parse_tick_id, tick_id
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.definition import Schedule
@@ -277,3 +277,28 @@ def test_an_interval_whose_ticks_no_datetime_holds_is_refused(queue: Queue) -> N
         "far", far.to_json(), far.fingerprint, expect="any", start_ms=0, first=None
     )
     assert queue.schedules.all() == []
+
+
+def test_a_failure_is_kept_until_a_tick_is_written_or_the_definition_changes(
+    queue: Queue,
+) -> None:
+    store = queue.store
+    failure = ScheduleFailure("E049: no backend", 1234)
+    assert store.report_schedule_failure("nightly", FP, failure).status == "missing"
+    define(store, start_ms=1000)
+    assert store.report_schedule_failure("nightly", OTHER_FP, failure).status == "stale"
+    assert store.report_schedule_failure("nightly", FP, failure).status == "failed"
+    [record] = store.read_schedules()[1]
+    assert record.failure == failure
+    assert define(store, start_ms=1000).status == "unchanged"
+    assert store.read_schedules()[1][0].failure == failure
+    store.write_tick("nightly", FP, tick(2000))
+    assert store.read_schedules()[1][0].failure is None
+
+    store.report_schedule_failure("nightly", FP, failure)
+    define(store, OTHER_FP, start_ms=3000)  # changed: the failure was the old definition's
+    assert store.read_schedules()[1][0].failure is None
+    store.report_schedule_failure("nightly", OTHER_FP, failure)
+    store.remove_schedule("nightly")
+    define(store, OTHER_FP, start_ms=3000)
+    assert store.read_schedules()[1][0].failure is None

@@ -41,8 +41,9 @@ class QueueKeys:
 
     @property
     def schedule_keys(self) -> list[str]:
-        """The extra KEYS of the schedule scripts: definitions, and where ticks stand."""
-        return [self.key("schedules"), self.key("schedule_ticks")]
+        """The extra KEYS of the schedule scripts: definitions, where ticks stand, and why
+        a schedule's ticks could not be written."""
+        return [self.key("schedules"), self.key("schedule_ticks"), self.key("schedule_failures")]
 
     @property
     def wakeup_channel(self) -> str:

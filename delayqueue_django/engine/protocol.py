@@ -15,6 +15,7 @@ from delayqueue_django.engine.records import (
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleFailure,
     ScheduleListing,
     ScheduleReply,
     StoredMessage,
@@ -205,6 +206,13 @@ class Store(Protocol):
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         """Remove a schedule (only with this fingerprint, if given) and its waiting tick."""
+
+    def report_schedule_failure(
+        self, name: str, fingerprint: str, failure: ScheduleFailure
+    ) -> ScheduleReply:
+        """Record why a worker cannot write the ticks of the schedule of this fingerprint
+        (read back with it); "stale" or "missing" if it has another one or none. Kept until
+        a tick of it is written, or it is changed or removed."""
 
     # Task results (delayqueue_django.tasks)
 

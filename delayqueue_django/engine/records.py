@@ -8,9 +8,9 @@ STATES = ("pending", "ready", "unack", "retry", "garbage")
 # A nack with this delay buries the message at once, whatever its retry budget.
 BURY = -1
 
-# Lua holds numbers as doubles, exact up to 2**53: the scripts read a meta record with a
-# larger field as damaged (they would round it, and "%d" writes some back negative), and
-# so does Python (_prelude.lua's parse_meta).
+# Lua holds numbers as doubles, exact up to 2**53: the scripts read a meta record or a
+# schedule's tick record with a larger field as damaged (they would round it, and "%d"
+# writes some back negative), and so does Python (_prelude.lua's parse_meta).
 LARGEST_META_NUMBER = 2**53 - 1
 
 
@@ -199,6 +199,30 @@ class ScheduleRecord:
     # it (ms, 0 if none).
     tick_ms: int = 0
     previous_ms: int = 0
+    # Why a worker could not write its ticks (see ScheduleFailure), None while none failed.
+    failure: "ScheduleFailure | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFailure:
+    """A schedule whose ticks a worker could not write (its task's queue has no Tasks
+    backend, its stored definition is unreadable, ...): why, and since when (ms). Kept until a
+    tick of it is written, its definition is changed, or it is removed."""
+
+    reason: str
+    since_ms: int
+
+
+# The longest reason a failure keeps: enough for an exception's message.
+LONGEST_FAILURE_REASON = 500
+
+
+def parse_schedule_failure(raw: str | None) -> ScheduleFailure | None:
+    """A failure as schedule.lua stores it, "since:reason"; None if there is none, or it is
+    unreadable (a foreign write: nothing to show)."""
+    since, _, reason = (raw or "").partition(":")
+    numbers = meta_numbers([since]) if since else None
+    return None if numbers is None else ScheduleFailure(reason, numbers[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +240,25 @@ class ScheduleReply:
 ScheduleListing = tuple[int, list[ScheduleRecord]]
 
 
-def parse_schedule_record(name: str, definition: str | None, raw: str | None) -> ScheduleRecord:
-    """A schedule from its definition and its "fingerprint:paused:cursor:tick:previous"
-    record; an unreadable record reads as missing, as schedule.lua takes it."""
+def parse_schedule_record(
+    name: str, definition: str | None, raw: str | None, failure: str | None = None
+) -> ScheduleRecord:
+    """A schedule from its definition, its "fingerprint:paused:cursor:tick:previous" record
+    and its failure; an unreadable record (a number past LARGEST_META_NUMBER too) reads as
+    missing, as schedule.lua takes it."""
     parts = raw.split(":") if raw is not None else []
     numbers = meta_numbers(parts[2:]) if len(parts) == 5 and parts[1] in ("0", "1") else None
     fingerprint = parts[0] if numbers is not None else ""
     if numbers is None or not all(c in "0123456789abcdefABCDEF" for c in fingerprint):
         return ScheduleRecord(name, definition, None)
     cursor, tick, previous = numbers
-    return ScheduleRecord(name, definition, fingerprint, parts[1] == "1", cursor, tick, previous)
+    return ScheduleRecord(
+        name,
+        definition,
+        fingerprint,
+        parts[1] == "1",
+        cursor,
+        tick,
+        previous,
+        parse_schedule_failure(failure),
+    )

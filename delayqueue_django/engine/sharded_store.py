@@ -57,6 +57,7 @@ from delayqueue_django.engine.records import (
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleFailure,
     ScheduleListing,
     ScheduleReply,
     StoredMessage,
@@ -878,6 +879,11 @@ class ShardedStore:
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self.base.remove_schedule(name, fingerprint)
+
+    def report_schedule_failure(
+        self, name: str, fingerprint: str, failure: ScheduleFailure
+    ) -> ScheduleReply:
+        return self.base.report_schedule_failure(name, fingerprint, failure)
 
     def write_result(
         self,

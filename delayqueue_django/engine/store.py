@@ -23,12 +23,14 @@ from delayqueue_django.engine.errors import (
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
+    LONGEST_FAILURE_REASON,
     STATES,
     Delivery,
     ExhaustedClaim,
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleFailure,
     ScheduleListing,
     ScheduleReply,
     StoredMessage,
@@ -566,9 +568,12 @@ class RedisStore:
         now, flat, _ = self._run("schedules", [], extra_keys=self.keys.schedule_keys)
         records = [
             parse_schedule_record(
-                _id(flat[i]), _optional_shown(flat[i + 1]), _optional_shown(flat[i + 2])
+                _id(flat[i]),
+                _optional_shown(flat[i + 1]),
+                _optional_shown(flat[i + 2]),
+                _optional_shown(flat[i + 3]),
             )
-            for i in range(0, len(flat), 3)
+            for i in range(0, len(flat), 4)
         ]
         return int(now), records
 
@@ -625,6 +630,17 @@ class RedisStore:
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self._schedule("remove", name, fingerprint=fingerprint)
+
+    def report_schedule_failure(
+        self, name: str, fingerprint: str, failure: ScheduleFailure
+    ) -> ScheduleReply:
+        return self._schedule(
+            "fail",
+            name,
+            fingerprint=fingerprint,
+            definition=failure.reason[:LONGEST_FAILURE_REASON],
+            start_ms=failure.since_ms,
+        )
 
     # Task results (delayqueue_django.tasks): a hash per result, beside the queue's keys,
     # living ttl_seconds after its last change (or until deleted, with None).

@@ -42,6 +42,10 @@ class ScheduleInfo:
     next_run: datetime | None
     next_id: str | None
     last_run: datetime | None
+    # Why a worker cannot write its ticks (its task's queue has no Tasks backend, say), and
+    # since when; None while it fires. Cleared once a tick of it is written, or it is changed.
+    failure: str | None = None
+    failing_since: datetime | None = None
 
     @property
     def source(self) -> str:
@@ -69,6 +73,8 @@ def describe(record: ScheduleRecord, schedule: Schedule, now: int) -> ScheduleIn
         next_run=None if record.paused else _as_datetime(upcoming),
         next_id=None if written is None else tick_id(record.name, written),
         last_run=_as_datetime(last),
+        failure=None if record.failure is None else record.failure.reason,
+        failing_since=None if record.failure is None else _as_datetime(record.failure.since_ms),
     )
 
 

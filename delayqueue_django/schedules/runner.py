@@ -12,6 +12,12 @@ starts more than ``MISSED_AFTER`` after its time. The schedule's ``MISSED`` poli
 what happens to them: ``skip`` them all, run ``once`` for all of them, or run ``all``. The
 worker applies it twice: when it catches up (which ticks it writes) and when a tick is
 handed out late (whether the handler runs: see ``guard``).
+
+Each schedule is handled on its own: one that fails for a reason of its own (a TASK whose
+queue no Tasks backend carries, a stored definition no longer readable, any exception
+building its tick) is logged, recorded in the store for the admin and ``schedules.all()``
+to show, and tried again later, while the queue's other schedules go on firing. Only a
+Redis error (an outage) stops the whole pass.
 """
 
 import functools
@@ -25,9 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from delayqueue_django.encoding import encode_payload
-from delayqueue_django.engine.records import ScheduleRecord, Tick, parse_tick_id
+from delayqueue_django.engine.records import (
+    ScheduleFailure,
+    ScheduleRecord,
+    Tick,
+    parse_tick_id,
+)
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.message import Message
 from delayqueue_django.schedules.definition import SETTINGS, Schedule
@@ -45,6 +57,12 @@ RETRY_MS = 1_000
 # Ticks written per schedule in one turn while catching up (MISSED "all"); the next turn
 # goes on at once.
 CATCH_UP_BATCH = 100
+# A schedule that fails is tried again after FAILED_RETRY_MS, then after twice as long each
+# time, up to FAILED_RETRY_MAX_MS. It is logged when it starts failing, when the reason
+# changes, and every FAILURE_LOG_MS while it goes on (not at every try).
+FAILED_RETRY_MS = 5_000
+FAILED_RETRY_MAX_MS = 300_000
+FAILURE_LOG_MS = 900_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,8 @@ class Known:
     paused: bool
     cursor_ms: int
     tick_ms: int
+    # Its tick record is missing or unreadable (damage): the next turn defines it afresh.
+    damaged: bool = False
 
     @property
     def act_at_ms(self) -> float:
@@ -65,6 +85,21 @@ class Known:
         if self.paused or self.fingerprint != self.schedule.fingerprint:
             return math.inf
         return self.cursor_ms if self.tick_ms > 0 else -math.inf
+
+
+@dataclass
+class Failing:
+    """A schedule this worker could not handle: why, since when (ms, the store's clock), and
+    when to try again."""
+
+    fingerprint: str
+    reason: str
+    since_ms: int
+    tries: int
+    retry_at_ms: float
+    logged_at_ms: float = -math.inf
+    # Recorded in the store (report_schedule_failure) since it was last logged.
+    reported: bool = False
 
 
 def tick_payload(schedule: Schedule, queue: str, at_ms: int, now_ms: int) -> str:
@@ -116,9 +151,9 @@ class ScheduleRunner:
         self._retry_at = -math.inf
         # The latest store clock a reply showed: the clock is at least there.
         self._now_ms = 0
-        # Schedules that cannot fire, by name and fingerprint: reported once each, and
-        # tried again once their definition changes.
-        self._broken: set[tuple[str, str]] = set()
+        # Schedules that failed, by name: passed over until their retry time, or until their
+        # definition changes (another fingerprint).
+        self._failing: dict[str, Failing] = {}
 
     def schedules(self) -> list[Known]:
         with self._lock:
@@ -128,8 +163,9 @@ class ScheduleRunner:
 
     def run_due(self, now_estimate_ms: float) -> float:
         """Do what is due (the settings' sync first, a refresh, the ticks) and return when
-        to be called next, on the store's clock (ms). Raises what the store raises; the
-        next try then waits RETRY_MS."""
+        to be called next, on the store's clock (ms). Raises what the store raises (Redis
+        errors); the next try then waits RETRY_MS. Any other error is one schedule's: it is
+        passed over (see _failed) and the others go on."""
         with self._lock:
             now = max(now_estimate_ms, self._now_ms)
             if now < self._retry_at:
@@ -144,19 +180,22 @@ class ScheduleRunner:
             for name in list(self._known):
                 self._catch_up(name, now)
             self._retry_at = -math.inf
-            # Not the broken ones: _catch_up passes over them, and their time, long past,
-            # would have the consumer call again at once, forever (a busy loop).
-            upcoming = [
-                known.act_at_ms
-                for name, known in self._known.items()
-                if (name, known.fingerprint) not in self._broken
-            ]
-            return min([self._refresh_at, *upcoming])
+            return min([self._refresh_at, *map(self._act_at_ms, self._known.values())])
+
+    def _act_at_ms(self, known: Known) -> float:
+        """When to act on a schedule: a failing one at its retry time, not at its tick's,
+        long past, which would have the consumer call again at once, forever."""
+        failing = self._failing.get(known.schedule.name)
+        if failing is None or failing.fingerprint != known.fingerprint:
+            return known.act_at_ms
+        return max(known.act_at_ms, failing.retry_at_ms)
 
     def _sync_settings(self) -> None:
         """The queue's SCHEDULES into the store: new and changed ones put (a changed one's
         waiting tick replaced), ones no longer in settings removed; unchanged ones, and
-        every schedule added at run time, left as they are."""
+        every schedule added at run time, left as they are. A schedule whose first tick
+        cannot be built is put without it (and reported failing): the admin shows it, and
+        the workers try its ticks again later."""
         now, records = self.queue.store.read_schedules()
         self._seen(now)
         stored = {record.name: record for record in records}
@@ -164,31 +203,43 @@ class ScheduleRunner:
         for schedule in declared.values():
             record = stored.get(schedule.name)
             if record is None or record.definition != schedule.to_json():
-                reply = self.queue.store.define_schedule(
-                    schedule.name,
-                    schedule.to_json(),
-                    schedule.fingerprint,
-                    expect="any",
-                    start_ms=now,
-                    first=self._first_tick(schedule, now),
-                )
-                logger.info(
-                    "schedule %s of queue %s from settings: %s (%s)",
-                    schedule.name,
-                    self.queue.name,
-                    reply.status,
-                    schedule.describe(),
-                )
+                put = functools.partial(self._put, schedule, now)
+                self._isolated(schedule.name, schedule.fingerprint, now, put)
         for record in records:
-            if record.name in declared or record.fingerprint is None:
+            if record.name in declared or record.definition is None:
                 continue
             if _source(record) == SETTINGS:
-                self.queue.store.remove_schedule(record.name, record.fingerprint)
+                # Any fingerprint ("") if its tick record is damaged: not to be defined afresh.
+                self.queue.store.remove_schedule(record.name, record.fingerprint or "")
                 logger.info(
                     "schedule %s of queue %s is no longer in settings: removed",
                     record.name,
                     self.queue.name,
                 )
+
+    def _put(self, schedule: Schedule, now: int) -> None:
+        """Put a schedule declared in settings."""
+        try:
+            first, problem = self._first_tick(schedule, now), None
+        except Exception as error:  # reported once the schedule is stored
+            first, problem = None, error
+        reply = self.queue.store.define_schedule(
+            schedule.name,
+            schedule.to_json(),
+            schedule.fingerprint,
+            expect="any",
+            start_ms=now,
+            first=first,
+        )
+        logger.info(
+            "schedule %s of queue %s from settings: %s (%s)",
+            schedule.name,
+            self.queue.name,
+            reply.status,
+            schedule.describe(),
+        )
+        if problem is not None:
+            self._failed(schedule.name, schedule.fingerprint, problem, now)
 
     def _first_tick(self, schedule: Schedule, now: int) -> Tick | None:
         at = schedule.next_after(now)
@@ -204,37 +255,58 @@ class ScheduleRunner:
         self._refresh_at = now + REFRESH_MS
         known = {}
         for record in records:
-            if record.definition is None or record.fingerprint is None:
-                continue  # half a schedule (a foreign write): nothing to follow
+            if record.definition is None:
+                continue  # the tick record of a removed schedule: nothing to follow
             try:
                 schedule = Schedule.from_json(record.name, record.definition)
-            except InvalidSchedule as error:
-                self._report_broken(record.name, record.fingerprint, str(error))
+            except Exception as error:  # a foreign write, or an older version's
+                self._failed(record.name, record.fingerprint or "", error, now)
+                continue
+            if record.fingerprint is None:
+                # Its tick record is missing, or unreadable as schedule.lua reads it.
+                known[record.name] = Known(schedule, schedule.fingerprint, False, 0, 0, True)
                 continue
             known[record.name] = Known(
                 schedule, record.fingerprint, record.paused, record.cursor_ms, record.tick_ms
             )
         self._known = known
+        # Failures of schedules since removed are forgotten.
+        names = {record.name for record in records}
+        self._failing = {name: f for name, f in self._failing.items() if name in names}
 
     def _catch_up(self, name: str, now: float) -> None:
+        known = self._known.get(name)
+        if known is not None and self._act_at_ms(known) <= now:
+            self._isolated(name, known.fingerprint, now, lambda: self._write_ticks(name, now))
+
+    def _isolated(self, name: str, fingerprint: str, now: float, step: Callable[[], None]) -> None:
+        """One schedule's step: an error of its own is that schedule's failure, the others
+        go on; a Redis error (Redis away, out of memory) is everyone's, and stops the pass."""
+        try:
+            step()
+        except RedisError:
+            raise
+        except Exception as error:
+            self._failed(name, fingerprint, error, now)
+
+    def _write_ticks(self, name: str, now: float) -> None:
         for _ in range(CATCH_UP_BATCH):
             known = self._known.get(name)
-            if known is None or known.act_at_ms > now or (name, known.fingerprint) in self._broken:
+            if known is None or known.act_at_ms > now:
                 return
+            if known.damaged:
+                self._define_afresh(known, int(now))
+                continue
             schedule = known.schedule
             at = self._next_tick(schedule, known.cursor_ms, now)
             if at is None:
                 # A cron that never fires again: nothing to write, ever.
                 self._known[name] = replace(known, paused=True)
                 return
-            try:
-                tick = self._tick(schedule, at)
-            except InvalidSchedule as error:
-                self._report_broken(name, known.fingerprint, str(error))
-                return
-            reply = self.queue.store.write_tick(name, known.fingerprint, tick)
+            reply = self.queue.store.write_tick(name, known.fingerprint, self._tick(schedule, at))
             self._seen(reply.now_ms)
             if reply.status in ("written", "behind"):
+                self._recovered(name)
                 self._known[name] = replace(known, cursor_ms=reply.cursor_ms, tick_ms=reply.tick_ms)
             elif reply.status == "paused":
                 self._known[name] = replace(known, paused=True)
@@ -256,14 +328,78 @@ class ScheduleRunner:
             return schedule.next_after(int(now) - schedule.missed_after_ms - 1)
         return at
 
+    def _define_afresh(self, known: Known, now: int) -> None:
+        """A schedule whose tick record is damaged (missing, or unreadable: a number past
+        2**53, say) is defined again from its definition, as new from now: the store takes
+        it so too (schedule.lua), and would otherwise fire nothing."""
+        schedule = known.schedule
+        logger.warning(
+            "schedule %s of queue %s has a damaged tick record (missing or unreadable): "
+            "defined again, its ticks from now on",
+            schedule.name,
+            self.queue.name,
+        )
+        reply = self.queue.store.define_schedule(
+            schedule.name,
+            schedule.to_json(),
+            schedule.fingerprint,
+            expect="existing",
+            start_ms=now,
+            first=self._first_tick(schedule, now),
+        )
+        self._seen(reply.now_ms)
+        if reply.status == "defined":
+            self._recovered(schedule.name)
+            self._known[schedule.name] = replace(
+                known, cursor_ms=reply.cursor_ms, tick_ms=reply.tick_ms, damaged=False
+            )
+        else:  # "unchanged" (another worker did it first), "missing" (removed meanwhile)
+            self._refresh_at = -math.inf
+            self._known.pop(schedule.name, None)
+
     def _seen(self, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
 
-    def _report_broken(self, name: str, fingerprint: str, problem: str) -> None:
-        if (name, fingerprint) not in self._broken:
-            self._broken.add((name, fingerprint))
+    def _failed(self, name: str, fingerprint: str, error: Exception, now: float) -> None:
+        """A schedule failed: tried again after a backoff; logged (and recorded in the store,
+        for the admin and ``schedules.all()``) as it starts failing, as its reason changes,
+        and every FAILURE_LOG_MS while it lasts."""
+        reason = _reason(error)
+        before = self._failing.get(name)
+        if before is None or before.fingerprint != fingerprint:
+            before = Failing(fingerprint, reason, int(now), 0, -math.inf)
+        tries = before.tries + 1
+        backoff = min(FAILED_RETRY_MS * 2 ** min(tries - 1, 16), FAILED_RETRY_MAX_MS)
+        failing = replace(before, reason=reason, tries=tries, retry_at_ms=now + backoff)
+        self._failing[name] = failing
+        if reason != before.reason or now - before.logged_at_ms >= FAILURE_LOG_MS:
+            failing.logged_at_ms, failing.reported = now, False
             logger.error(
-                "schedule %s of queue %s fires nothing: %s", name, self.queue.name, problem
+                "schedule %s of queue %s fails (tried %d time(s) since %s; passed over, tried "
+                "again in %d s, while the queue's other schedules go on): %s",
+                name,
+                self.queue.name,
+                tries,
+                _moment(failing.since_ms).isoformat(),
+                backoff // 1000,
+                reason,
+                exc_info=None if isinstance(error, InvalidSchedule) else error,
+            )
+        if not failing.reported and fingerprint:
+            self.queue.store.report_schedule_failure(
+                name, fingerprint, ScheduleFailure(reason, failing.since_ms)
+            )
+            failing.reported = True
+
+    def _recovered(self, name: str) -> None:
+        failing = self._failing.pop(name, None)
+        if failing is not None:
+            logger.info(
+                "schedule %s of queue %s fires again (it failed %d time(s): %s)",
+                name,
+                self.queue.name,
+                failing.tries,
+                failing.reason,
             )
 
     # Running ticks
@@ -327,6 +463,14 @@ class ScheduleRunner:
                     )
                 known = self._known.get(name)
             return None if known is None else known.schedule
+
+
+def _reason(error: Exception) -> str:
+    """A failure as the admin shows it: an InvalidSchedule says it all; another error is
+    named by its type too (a KeyError's message alone is just the key)."""
+    if isinstance(error, InvalidSchedule):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def _source(record: ScheduleRecord) -> str | None:

@@ -15,16 +15,21 @@
       tick         ms of the latest tick written since the schedule was defined, changed
                    or paused, 0 if none
       previous     ms of the tick written before that one, 0 if none
-  ARGV[1]  op: "tick", "put", "pause", "resume" or "remove"
+      (a record that does not read so, or with a number past 2^53, is damage: the
+      schedule is taken for new, as Python's parse_schedule_record takes it)
+    KEYS[13] schedule_failures  hash  name -> "since:reason": a worker could not write
+      the schedule's ticks since that ms, for that reason (op "fail"); removed when a tick
+      is written, the definition changes or the schedule is removed
+  ARGV[1]  op: "tick", "put", "pause", "resume", "remove" or "fail"
   ARGV[2]  wake-up channel
   ARGV[3]  name
-  ARGV[4]  fingerprint (tick, put and resume; remove: only a schedule with this one, ""
-           any)
-  ARGV[5]  definition JSON (put)
+  ARGV[4]  fingerprint (tick, put, resume and fail; remove: only a schedule with this one,
+           "" any)
+  ARGV[5]  definition JSON (put); the reason (fail)
   ARGV[6]  expect (put): "any"; "new", refused if the schedule exists; "existing", refused
            if it does not
   ARGV[7]  start ms (put, pause, resume): the caller's reading of the clock. A schedule
-           changed, paused or resumed owes no tick up to it
+           changed, paused or resumed owes no tick up to it. fail: since when it fails
   ARGV[8]  tick ms: the tick to write (tick), or the first tick of the new definition
            (put) or of the resumed schedule (resume), 0 for none; written only if it is
            later than the cursor
@@ -43,6 +48,8 @@
     resume  "resumed"; "stale" (paused, and another fingerprint: the first tick given is
             the old definition's, and the schedule stays paused); or "missing"
     remove  "removed" (with its waiting tick), "missing", or "stale" (another fingerprint)
+    fail    "failed" (recorded), "stale" (another fingerprint: the failure is the old
+            definition's) or "missing"
   A waiting tick is one never handed out (pending or ready, attempt 0). A tick handed out
   has fired: it stays, and the cursor stays at or past its time. Pause and remove also
   take out the tick before the latest if it still waits (due, behind a backlog: workers
@@ -54,10 +61,10 @@ local op, channel, name = args[1], args[2], args[3]
 local fingerprint, definition, expect = args[4], args[5], args[6]
 local start, first = tonumber(args[7]) or 0, tonumber(args[8]) or 0
 local budget, payload = tonumber(args[9]) or 0, args[10]
-local schedules, schedule_ticks = keys[11], keys[12]
+local schedules, schedule_ticks, schedule_failures = keys[11], keys[12], keys[13]
 
 local now = now_ms()
-for _, key in ipairs({schedules, schedule_ticks}) do
+for _, key in ipairs({schedules, schedule_ticks, schedule_failures}) do
   local actual = redis.call('TYPE', key)['ok']
   if actual ~= 'none' and actual ~= 'hash' then
     table.insert(warnings, {key, 'held a ' .. actual .. ' instead of a hash; renamed to ' ..
@@ -69,9 +76,11 @@ local known, paused, cursor, tick, previous = nil, false, 0, 0, 0
 local raw = redis.call('HGET', schedule_ticks, name)
 if raw then
   local f, p, c, t, pr = string.match(raw, '^(%x*):([01]):(%d+):(%d+):(%d+)$')
-  if f then
+  c, t, pr = tonumber(c), tonumber(t), tonumber(pr)
+  local largest = LARGEST_META_NUMBER
+  if f and c <= largest and t <= largest and pr <= largest then
     known, paused = f, p == '1'
-    cursor, tick, previous = tonumber(c), tonumber(t), tonumber(pr)
+    cursor, tick, previous = c, t, pr
   else
     table.insert(warnings, {schedule_ticks, 'field ' .. name .. ' is unreadable; the ' ..
       'schedule is taken for new'})
@@ -157,6 +166,7 @@ if op == 'tick' then
   end
   write_tick(first)
   save()
+  redis.call('HDEL', schedule_failures, name)
   return reply('written')
 end
 
@@ -176,12 +186,14 @@ if op == 'put' then
     write_tick(first)
   end
   save()
+  redis.call('HDEL', schedule_failures, name)
   return reply('defined')
 end
 
 if not known then
   if op == 'remove' and exists then
     redis.call('HDEL', schedules, name)
+    redis.call('HDEL', schedule_failures, name)
     return reply('removed')
   end
   return reply('missing')
@@ -215,7 +227,16 @@ if op == 'remove' then
   drop_waiting_tick(true)
   redis.call('HDEL', schedules, name)
   redis.call('HDEL', schedule_ticks, name)
+  redis.call('HDEL', schedule_failures, name)
   return reply('removed')
+end
+
+if op == 'fail' then
+  if known ~= fingerprint then
+    return reply('stale')
+  end
+  redis.call('HSET', schedule_failures, name, int(start) .. ':' .. definition)
+  return reply('failed')
 end
 
 return redis.error_reply('unknown schedule op ' .. op)

@@ -1,16 +1,17 @@
 --[[
   schedules: every schedule of the queue, as schedule.lua keeps them, read atomically.
 
-  KEYS: the queue's key layout (see _prelude.lua), then KEYS[11] schedules and KEYS[12]
-  schedule_ticks (see schedule.lua).
+  KEYS: the queue's key layout (see _prelude.lua), then KEYS[11] schedules, KEYS[12]
+  schedule_ticks and KEYS[13] schedule_failures (see schedule.lua).
   ARGV: none.
 
-  Returns {now, {name, definition, record, ...}, warnings}, by name; a definition or
-  record that is missing reads as false. A key of the wrong type reads as empty, with a
+  Returns {now, {name, definition, record, failure, ...}, warnings}, by name; a
+  definition, record or failure that is missing reads as false (a failure without either
+  of the others is not listed). A key of the wrong type reads as empty, with a
   warning (schedule.lua renames it aside).
 ]]
 
-local schedules, schedule_ticks = keys[11], keys[12]
+local schedules, schedule_ticks, schedule_failures = keys[11], keys[12], keys[13]
 local now = now_ms()
 
 local function read(key)
@@ -28,6 +29,7 @@ local function read(key)
 end
 
 local definitions, records = read(schedules), read(schedule_ticks)
+local failures = read(schedule_failures)
 local names = {}
 for name in pairs(definitions) do
   table.insert(names, name)
@@ -44,5 +46,6 @@ for _, name in ipairs(names) do
   table.insert(flat, name)
   table.insert(flat, definitions[name] or false)
   table.insert(flat, records[name] or false)
+  table.insert(flat, failures[name] or false)
 end
 return {int(now), flat, warnings}

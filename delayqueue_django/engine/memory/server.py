@@ -15,7 +15,7 @@ from typing import Any
 
 from delayqueue_django.engine.memory.clock import Clock, ManualClock, SystemClock
 from delayqueue_django.engine.memory.scored import ScoredSet
-from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.records import NewMessage, ScheduleFailure
 
 
 @dataclass(slots=True)
@@ -63,9 +63,11 @@ class QueueState:
     # fetcher -> the reply to its last named ack or nack request that changed something:
     # (request, reply, expiry ms); see "Lost replies" in _prelude.lua.
     commits: dict[str, tuple[str, Any, int]] = field(default_factory=dict)
-    # schedule name -> definition (JSON), and where its ticks stand.
+    # schedule name -> definition (JSON), where its ticks stand, and why a worker could not
+    # write them (ScheduleFailure).
     schedules: dict[str, str] = field(default_factory=dict)
     schedule_ticks: dict[str, TickRecord] = field(default_factory=dict)
+    schedule_failures: dict[str, ScheduleFailure] = field(default_factory=dict)
     # Ids written by relay from a database outbox -> when (see relay.lua).
     relayed: ScoredSet = field(default_factory=ScoredSet)
     # The layouts registered as possibly holding messages (see engine.sharded_store).

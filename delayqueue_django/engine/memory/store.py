@@ -29,12 +29,14 @@ from delayqueue_django.engine.memory.server import (
     TickRecord,
 )
 from delayqueue_django.engine.records import (
+    LONGEST_FAILURE_REASON,
     STATES,
     Delivery,
     ExhaustedClaim,
     FetchResult,
     NackOutcome,
     NewMessage,
+    ScheduleFailure,
     ScheduleListing,
     ScheduleRecord,
     ScheduleReply,
@@ -679,6 +681,7 @@ class MemoryStore:
                         record.cursor,
                         record.tick,
                         record.previous,
+                        state.schedule_failures.get(name),
                     )
                 )
             return self._now(), records
@@ -696,6 +699,7 @@ class MemoryStore:
             if tick.at_ms <= record.cursor:
                 return _schedule_reply("behind", record, now)
             self._write_tick(state, name, record, tick)
+            state.schedule_failures.pop(name, None)
             return _schedule_reply("written", record, now)
 
     def define_schedule(
@@ -725,6 +729,7 @@ class MemoryStore:
             record.fingerprint = fingerprint
             if first is not None and first.at_ms > record.cursor and not record.paused:
                 self._write_tick(state, name, record, first)
+            state.schedule_failures.pop(name, None)
             return _schedule_reply("defined", record, now)
 
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
@@ -760,13 +765,30 @@ class MemoryStore:
             record = state.schedule_ticks.get(name)
             if record is None:
                 found = state.schedules.pop(name, None) is not None
+                if found:
+                    state.schedule_failures.pop(name, None)
                 return _schedule_reply("removed" if found else "missing", None, now)
             if fingerprint and record.fingerprint != fingerprint:
                 return _schedule_reply("stale", record, now)
             _drop_waiting_tick(state, name, record, due_too=True)
             del state.schedule_ticks[name]
             state.schedules.pop(name, None)
+            state.schedule_failures.pop(name, None)
             return _schedule_reply("removed", record, now)
+
+    def report_schedule_failure(
+        self, name: str, fingerprint: str, failure: ScheduleFailure
+    ) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None:
+                return _schedule_reply("missing", None, now)
+            if record.fingerprint != fingerprint:
+                return _schedule_reply("stale", record, now)
+            reason = failure.reason[:LONGEST_FAILURE_REASON]
+            state.schedule_failures[name] = ScheduleFailure(reason, failure.since_ms)
+            return _schedule_reply("failed", record, now)
 
     def _write_tick(self, state: QueueState, name: str, record: TickRecord, tick: Tick) -> None:
         """The tick as a message due at its time, and the cursor moved to it (schedule.lua's
