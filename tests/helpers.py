@@ -4,6 +4,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from django.db import connections
 
 from delayqueue_django.engine import STATES, RedisStore
@@ -76,3 +77,16 @@ def send_what_reaches_redis(queue: Queue, count: int) -> int:
             continue
         sent += 1
     return sent
+
+
+def asked_for_stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tags of the shards whose stats are asked of Redis from now on, in order."""
+    asked: list[str] = []
+    real = RedisStore.stats
+
+    def stats(store: RedisStore) -> dict[str, int]:
+        asked.append(store.keys.tag)
+        return real(store)
+
+    monkeypatch.setattr(RedisStore, "stats", stats)
+    return asked

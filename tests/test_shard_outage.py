@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from delayqueue_django import get_queue
-from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.engine.sharded_store import ShardedStore, parts
 from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
 from delayqueue_django.queue import Queue
-from tests.helpers import wait_for
+from tests.helpers import asked_for_stats, wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer
 from tests.test_worker_processes import WorkerProcess, events
 from tests.worker_handlers import LOG_KEY
@@ -156,19 +155,6 @@ def test_a_held_commit_is_tried_again_once_its_shard_is_back(
         assert time.monotonic() - back < 10
     finally:
         worker.stop()
-
-
-def asked_for_stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The tags of the shards whose stats are asked of Redis from now on, in order."""
-    asked: list[str] = []
-    real = RedisStore.stats
-
-    def stats(store: RedisStore) -> dict[str, int]:
-        asked.append(store.keys.tag)
-        return real(store)
-
-    monkeypatch.setattr(RedisStore, "stats", stats)
-    return asked
 
 
 def test_stats_add_up_the_shards_that_answer_and_count_those_down(

@@ -10,8 +10,8 @@ import redis
 from django.db import transaction
 
 import delayqueue_django as delayqueue
-from delayqueue_django.engine import RedisStore
 from delayqueue_django.exceptions import DelayQueueError, QueueTimedOut, QueueUnavailable
+from tests.helpers import asked_for_stats
 from tests.redis_servers import RedisServer, free_port
 
 
@@ -111,14 +111,7 @@ def test_stats_of_shards_on_a_redis_that_does_not_answer_wait_out_one_timeout_no
     }
     queue = delayqueue.get_queue()
     assert queue.stats()["shards_down"] == 0  # connected, layouts read
-    asked: list[str] = []
-    real = RedisStore.stats
-
-    def stats(store: RedisStore) -> dict[str, int]:
-        asked.append(store.keys.tag)
-        return real(store)
-
-    monkeypatch.setattr(RedisStore, "stats", stats)
+    asked = asked_for_stats(monkeypatch)
     redis_server.client().client_pause(500)
     # Every shard on the one server: none could be read, which raises as ever.
     with pytest.raises(QueueTimedOut):
