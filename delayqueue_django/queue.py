@@ -694,9 +694,18 @@ class Queue:
         return self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
 
     @_reaching_redis
-    def peek(self, message_id: str) -> StoredMessage | None:
-        """Where a message is and what it holds, or None if the queue does not know it."""
-        return self.store.peek(_check_id(message_id))
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """Where a message is and what it holds, or None if the queue does not know it.
+
+        The payload comes whole by default. With ``preview_bytes``, a longer one is cut in
+        Redis to at most that many bytes, on a UTF-8 character boundary, as
+        [`list_messages`][delayqueue_django.queue.Queue.list_messages] cuts its previews: the
+        rest never leaves Redis. ``payload_size`` is the whole payload's size either way, so
+        ``payload_size > preview_bytes`` says it was cut.
+        """
+        if preview_bytes is not None and preview_bytes < 0:
+            raise ValueError(f"preview_bytes must be >= 0 or None (got {preview_bytes})")
+        return self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
 
     @_reaching_redis
     def delete(self, message_id: str, *, state: str | None = None) -> str | None:

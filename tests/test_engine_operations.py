@@ -89,6 +89,22 @@ def test_list_cuts_long_payloads_on_a_character_boundary(queue: Queue) -> None:
     assert entry.payload_size == len(('"' + "é" * 100 + '"').encode())
 
 
+def test_peek_cuts_a_long_payload_on_a_character_boundary_when_asked(queue: Queue) -> None:
+    message_id = queue.send("é" * 100)
+    whole = queue.peek(message_id)
+    assert whole is not None
+    assert whole.payload == '"' + "é" * 100 + '"'
+    # 10 bytes end inside the fifth character: it is left out, not split.
+    cut = queue.peek(message_id, preview_bytes=10)
+    assert cut is not None
+    assert cut.payload == '"' + "é" * 4
+    assert cut.payload_size == whole.payload_size == 202
+    assert queue.peek(message_id, preview_bytes=202) == whole
+    assert queue.peek(message_id, preview_bytes=0).payload == ""  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="preview_bytes"):
+        queue.peek(message_id, preview_bytes=-1)
+
+
 def test_list_rejects_unknown_states_and_bad_ranges(queue: Queue) -> None:
     with pytest.raises(ValueError, match="unknown state 'done'"):
         queue.list_messages("done")

@@ -170,8 +170,9 @@ class Store(Protocol):
     ) -> list[StoredMessage]:
         """One page of the messages in ``state``, in queue order."""
 
-    def peek(self, message_id: str) -> StoredMessage | None:
-        """Where a message is and what it holds, or None if the queue does not know it."""
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """Where a message is and what it holds, or None if the queue does not know it; its
+        payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
 
     # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
 

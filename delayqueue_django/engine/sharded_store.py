@@ -843,8 +843,8 @@ class ShardedStore:
             merged.sort(key=lambda message: message.score_ms or 0)
         return merged[offset : offset + limit]
 
-    def peek(self, message_id: str) -> StoredMessage | None:
-        return self.shard_for(message_id).peek(message_id)
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        return self.shard_for(message_id).peek(message_id, preview_bytes=preview_bytes)
 
     # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,
     # written with its schedule's record); a task's result with its message.

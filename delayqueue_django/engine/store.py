@@ -551,13 +551,14 @@ class RedisStore:
             for i in range(0, len(flat), 5)
         ]
 
-    def peek(self, message_id: str) -> StoredMessage | None:
-        """Where a message is and what it holds, or None if the queue does not know it."""
-        state, score, payload, meta, unannounced, _ = self._run("peek", [_wire(message_id)])
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """Where a message is and what it holds, or None if the queue does not know it; its
+        payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
+        args = [_wire(message_id)] if preview_bytes is None else [_wire(message_id), preview_bytes]
+        state, score, payload, size, meta, unannounced, _ = self._run("peek", args)
         state = _text(state)
         if not state and payload is None and meta is None:
             return None
-        size = 0 if payload is None else len(payload)
         return _stored(
             message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
         )

@@ -236,6 +236,35 @@ local function unwrap(stored)
   return tonumber(budget), tonumber(due), string.sub(stored, #budget + #due + 4)
 end
 
+-- The first `limit` bytes at most of `text`, cut on a UTF-8 character boundary so that a
+-- cut never splits a character (list's previews, peek's limit): bytes that are not UTF-8
+-- are cut as they come. Cutting here, in Redis, keeps the rest of a large payload off the
+-- wire.
+local function utf8_prefix(text, limit)
+  if string.len(text) <= limit then
+    return text
+  end
+  local cut = limit
+  -- Step back over continuation bytes (10xxxxxx) to the lead byte of the last character.
+  local lead = cut
+  while lead > 0 and lead > cut - 3 do
+    local byte = string.byte(text, lead)
+    if byte < 0x80 or byte >= 0xC0 then
+      break
+    end
+    lead = lead - 1
+  end
+  if lead > 0 then
+    local byte = string.byte(text, lead)
+    local width = 1
+    if byte >= 0xF0 then width = 4 elseif byte >= 0xE0 then width = 3 elseif byte >= 0xC0 then width = 2 end
+    if lead + width - 1 > cut then
+      cut = lead - 1
+    end
+  end
+  return string.sub(text, 1, cut)
+end
+
 -- The meta record of a message never handed out, made from its stored payload (false when
 -- it is missing); nil when the payload carries no budget.
 local function first_meta(stored)

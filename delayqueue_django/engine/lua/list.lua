@@ -6,7 +6,7 @@
   ARGV[1]  state: pending, ready, unack, retry or garbage
   ARGV[2]  offset, ARGV[3] limit
   ARGV[4]  preview_bytes: payloads longer than this are cut to at most this many bytes,
-          on a UTF-8 character boundary
+          on a UTF-8 character boundary (utf8_prefix)
 
   Returns {entries, warnings}; entries is a flat list of
     id, score (due time, deadline or burial time in ms; -1 for the lists),
@@ -17,31 +17,6 @@
 local state, offset, limit = args[1], tonumber(args[2]), tonumber(args[3])
 local preview_bytes = tonumber(args[4])
 
--- Cut on a UTF-8 character boundary, so the preview is still valid text.
-local function preview(text)
-  if string.len(text) <= preview_bytes then
-    return text
-  end
-  local cut = preview_bytes
-  -- Step back over continuation bytes (10xxxxxx) to the lead byte of the last character.
-  local lead = cut
-  while lead > 0 and lead > cut - 3 do
-    local byte = string.byte(text, lead)
-    if byte < 0x80 or byte >= 0xC0 then
-      break
-    end
-    lead = lead - 1
-  end
-  if lead > 0 then
-    local byte = string.byte(text, lead)
-    local width = 1
-    if byte >= 0xF0 then width = 4 elseif byte >= 0xE0 then width = 3 elseif byte >= 0xC0 then width = 2 end
-    if lead + width - 1 > cut then
-      cut = lead - 1
-    end
-  end
-  return string.sub(text, 1, cut)
-end
 local foreign = foreign_keys()
 local key = ({pending = pending, ready = ready, unack = unack, retry = retry,
               garbage = garbage})[state]
@@ -65,7 +40,7 @@ if key and not foreign[key] and limit > 0 then
       if stored then
         local _, _, body = unwrap(stored)
         size = string.len(body)
-        payload = preview(body)
+        payload = utf8_prefix(body, preview_bytes)
       end
     end
     local meta = false

@@ -642,7 +642,7 @@ class MemoryStore:
                 for message_id, score in entries
             ]
 
-    def peek(self, message_id: str) -> StoredMessage | None:
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
         with self.server.lock:
             queue = self._state()
             for name, scored in (
@@ -652,12 +652,18 @@ class MemoryStore:
             ):
                 score = scored.score(message_id)
                 if score is not None:
-                    return _stored(queue, message_id, name, score, peeked=True)
+                    return _stored(
+                        queue, message_id, name, score, peeked=True, preview_bytes=preview_bytes
+                    )
             for name, staged in (("ready", queue.ready), ("retry", queue.retry)):
                 if message_id in staged:
-                    return _stored(queue, message_id, name, None, peeked=True)
+                    return _stored(
+                        queue, message_id, name, None, peeked=True, preview_bytes=preview_bytes
+                    )
             if message_id in queue.payloads or message_id in queue.metas:
-                return _stored(queue, message_id, "unknown", None, peeked=True)
+                return _stored(
+                    queue, message_id, "unknown", None, peeked=True, preview_bytes=preview_bytes
+                )
             return None
 
     # Schedules (schedule.lua, schedules.lua)
@@ -976,8 +982,8 @@ def _stored(
     preview_bytes: int | None = None,
     peeked: bool = False,
 ) -> StoredMessage:
-    """What list.lua (a preview of the payload) or peek.lua (all of it, and whether an
-    exhaustion is still to be announced) return about one message."""
+    """What list.lua (a preview of the payload) or peek.lua (all of it or a preview, and
+    whether an exhaustion is still to be announced) return about one message."""
     payload = state.payloads.get(message_id)
     size = 0 if payload is None else len(payload.encode("utf-8"))
     if payload is not None and preview_bytes is not None and size > preview_bytes:
