@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, register_converter
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from delayqueue_django.admin_views import QueueViews
 from delayqueue_django.models import Queue
@@ -64,6 +64,11 @@ class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 "<str:queue_name>/messages/<delayqueue_message_id:message_id>/",
                 wrap(views.message),
                 name="delayqueue_django_queue_message",
+            ),
+            path(
+                "<str:queue_name>/payloads/<delayqueue_message_id:message_id>/",
+                wrap(require_safe(views.payload)),
+                name="delayqueue_django_queue_payload",
             ),
             path(
                 "<str:queue_name>/action/",

@@ -5,6 +5,7 @@ many messages a queue holds: counts in one script, lists by range with a limit."
 import json
 import logging
 import math
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import content_disposition_header
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
@@ -40,6 +42,16 @@ logger = logging.getLogger("delayqueue_django.admin")
 
 PAGE_SIZE = 50
 PREVIEW_BYTES = 300
+# The message page shows at most this much of a payload, cut in Redis (peek's
+# preview_bytes): MAX_PAYLOAD_BYTES may be up to 512 MiB, and the whole of such a payload
+# would cross the wire, fill the web process and make a page of its size. 64 KiB is still
+# far more than one reads on a page, and costs a page about what a list page of previews
+# does; the whole payload is a download (the payload view).
+MESSAGE_PAYLOAD_BYTES = 64 * 1024
+# A payload is shown indented only while its indented form stays within this many
+# characters: indenting nests each level two spaces deeper on every line under it, so a
+# short payload nested deep could otherwise still make a page of megabytes.
+INDENTED_CHARS = 4 * MESSAGE_PAYLOAD_BYTES
 MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page was read)
 THROUGHPUT_MINUTES = 15
 COUNT_NAMES = ("pending", "ready", "unack", "retry", "garbage")
@@ -58,14 +70,31 @@ def as_datetime(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def pretty_payload(text: str | None) -> str:
+def pretty_payload(text: str | None, max_chars: int = INDENTED_CHARS) -> str:
+    """The payload indented, or as stored when it is no JSON this process can decode or
+    its indented form would be longer than ``max_chars`` (given up on as soon as it is)."""
     if text is None:
         return ""
+    encoder = json.JSONEncoder(indent=2, ensure_ascii=False, sort_keys=True)
+    parts, length = [], 0
     try:
-        value = decode_payload(text)
-        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+        for part in encoder.iterencode(decode_payload(text)):
+            length += len(part)
+            if length > max_chars:
+                return text
+            parts.append(part)
     except (ValueError, RecursionError):  # shown as stored when it cannot be pretty-printed
         return text
+    return "".join(parts)
+
+
+def binary_size(size: int) -> str:
+    """A size in bytes as people read it: "900 bytes", "64.0 KiB", "6.0 MiB"."""
+    if size < 1024:
+        return f"{size} bytes"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 class QueueViews:
@@ -281,11 +310,14 @@ class QueueViews:
         self._require(request, "view")
         queue = self._queue(queue_name)
         try:
-            stored = queue.peek(message_id)
+            stored = queue.peek(message_id, preview_bytes=MESSAGE_PAYLOAD_BYTES)
         except RedisError as error:
             return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
         if stored is None:
             raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
+        # peek cut it iff it is longer (payload_size counts the whole payload): a cut one is
+        # shown as it came, as no JSON can be made of a part of it.
+        cut = stored.payload is not None and stored.payload_size > MESSAGE_PAYLOAD_BYTES
         actions = [
             (key, label)
             for key, (label, permission, states) in ACTIONS.items()
@@ -297,12 +329,34 @@ class QueueViews:
             queue=queue,
             stored=stored,
             when=as_datetime(stored.score_ms),
-            payload=pretty_payload(stored.payload),
+            payload=stored.payload if cut else pretty_payload(stored.payload),
+            cut=cut,
+            shown_kib=MESSAGE_PAYLOAD_BYTES // 1024,
+            whole_size=binary_size(stored.payload_size),
+            download_url=self._url("payload", queue_name, message_id),
             actions=actions,
             action_url=self._url("action", queue_name),
             queue_url=self._url("detail", queue_name) + f"?state={stored.state}",
         )
         return TemplateResponse(request, "admin/delayqueue_django/message.html", context)
+
+    def payload(self, request: HttpRequest, queue_name: str, message_id: str) -> HttpResponse:
+        """The whole payload as a file to download (GET, view permission): byte for byte as
+        sent (without a trace context, as peek gives it), not indented. It is read whole
+        into this process once, as peek reads it; nothing is changed."""
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        try:
+            stored = queue.peek(message_id)
+        except RedisError as error:
+            return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
+        if stored is None or stored.payload is None:
+            raise Http404(f"Queue {queue_name!r} has no payload for message {message_id!r}.")
+        response = HttpResponse(stored.payload.encode("utf-8"), content_type="application/json")
+        response["Content-Disposition"] = content_disposition_header(
+            True, _download_name(queue_name, message_id)
+        )
+        return response
 
     # Actions (POST only; CSRF is checked by the middleware)
 
@@ -495,6 +549,12 @@ def _call_arguments(args: list[Any], kwargs: dict[str, Any]) -> str:
     shown += [f"{key}={json.dumps(value)}" for key, value in kwargs.items()]
     text = ", ".join(shown)
     return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _download_name(queue_name: str, message_id: str) -> str:
+    """A file name for a payload: ids may hold slashes, line breaks or anything else, which
+    no file name (nor header) should."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{queue_name}-{message_id}") + ".json"
 
 
 def _page_number(raw: str | None, pages: int) -> int:

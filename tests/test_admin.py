@@ -1,5 +1,7 @@
 """The admin pages: permissions, CSRF, actions, escaping, Redis down, a million messages."""
 
+import html
+import json
 import re
 import time
 from collections.abc import Callable
@@ -12,13 +14,15 @@ from django.test import Client
 from django.urls import reverse
 
 from delayqueue_django import get_queue
-from delayqueue_django.engine import sharded_store
+from delayqueue_django.admin_views import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
+from delayqueue_django.engine import NewMessage, sharded_store
 from delayqueue_django.engine.records import ScheduleFailure
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 from tests.backends import SHARDED_BACKENDS
+from tests.conftest import MEMORY_URL, queue_settings
 from tests.helpers import fetch_when_due, redis_store, send_what_reaches_redis, states_of
 from tests.redis_servers import RedisClusterServers
 
@@ -99,6 +103,7 @@ def test_viewing_needs_the_view_permission(
         url("changelist"),
         url("detail", "default"),
         url("message", "default", message_id),
+        url("payload", "default", message_id),
         url("json"),
         url("queue_json", "default"),
     ):
@@ -787,6 +792,7 @@ def test_the_change_permission_lets_one_view_as_elsewhere_in_the_admin(queue: Qu
         url("changelist"),
         url("detail", "default"),
         url("message", "default", message_id),
+        url("payload", "default", message_id),
         url("json"),
         url("queue_json", "default"),
     ):
@@ -795,3 +801,126 @@ def test_the_change_permission_lets_one_view_as_elsewhere_in_the_admin(queue: Qu
         url("action", "default"), {"action": "deliver_now", "ids": [message_id], "state": "pending"}
     )
     assert response.status_code == 302
+
+
+# Large payloads: the message page shows a bounded part, the whole is a download.
+
+# A message page around its payload, HTML and all (about 10 KB) with room to spare.
+PAGE_FRAME = 30_000
+
+
+@pytest.fixture(params=["redis", "memory"])
+def roomy_queue(request: pytest.FixtureRequest, settings: Any) -> Queue:
+    """The default queue on Redis or in memory, taking payloads of up to 8 MiB."""
+    url = MEMORY_URL if request.param == "memory" else settings.DELAYQUEUES["default"]["URL"]
+    settings.DELAYQUEUES = queue_settings(url, MAX_PAYLOAD_BYTES=8 * 1024 * 1024)
+    return get_queue()
+
+
+def shown_payload(page: str) -> str:
+    """The text of the page's payload block, unescaped."""
+    match = re.search(r'<pre class="dq-payload">(.*?)</pre>', page, re.DOTALL)
+    assert match is not None, "no payload block"
+    return html.unescape(match.group(1))
+
+
+def compact(value: Any) -> str:
+    """A payload's text as send stores it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_a_large_payload_is_shown_cut_with_a_note_on_a_page_of_bounded_size(
+    users: dict[str, User | None], roomy_queue: Queue
+) -> None:
+    value = {"blob": "x" * (6 * 1024 * 1024), "tail": "<end>"}
+    message_id = roomy_queue.send(value)
+    response = client_for(users["viewer"]).get(url("message", "default", message_id))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert len(response.content) < MESSAGE_PAYLOAD_BYTES + PAGE_FRAME
+    assert "Showing the first 64 KiB of 6.0 MiB." in page
+    assert shown_payload(page) == compact(value)[:MESSAGE_PAYLOAD_BYTES]
+    assert url("payload", "default", message_id) in page
+
+
+def test_the_download_gives_the_whole_payload_as_sent_and_changes_nothing(
+    users: dict[str, User | None], roomy_queue: Queue
+) -> None:
+    value = {"text": "é€😀<&>" * 100_000, "n": [1, 2.5, None, True]}
+    message_id = roomy_queue.send(value, delay=60)
+    before = roomy_queue.peek(message_id)
+    client = client_for(users["viewer"])
+    response = client.get(url("payload", "default", message_id))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
+    assert response["Content-Disposition"] == f'attachment; filename="default-{message_id}.json"'
+    assert response.content == compact(value).encode()
+    assert roomy_queue.peek(message_id) == before
+    assert client.post(url("payload", "default", message_id)).status_code == 405
+    assert client.get(url("payload", "default", "nope")).status_code == 404
+
+
+def test_the_download_of_an_odd_id_has_a_plain_file_name(users: dict[str, User | None]) -> None:
+    message_id = 'a/b c"é\n'
+    get_queue().store.send([NewMessage(message_id, "[1]", 3)])
+    response = client_for(users["viewer"]).get(url("payload", "default", message_id))
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == 'attachment; filename="default-a_b_c___.json"'
+    assert response.content == b"[1]"
+
+
+@pytest.mark.parametrize("size", [1000, MESSAGE_PAYLOAD_BYTES])
+def test_a_payload_up_to_the_limit_is_shown_whole_and_indented_with_a_download(
+    users: dict[str, User | None], roomy_queue: Queue, size: int
+) -> None:
+    padding = size - len(compact({"b": "", "a": 1}))
+    value = {"b": "y" * padding, "a": 1}
+    assert len(compact(value).encode()) == size
+    message_id = roomy_queue.send(value)
+    page = client_for(users["viewer"]).get(url("message", "default", message_id)).content.decode()
+    assert shown_payload(page) == json.dumps(value, indent=2, sort_keys=True)
+    assert "Showing the first" not in page
+    assert url("payload", "default", message_id) in page
+
+
+def test_a_cut_inside_a_character_is_made_before_it(
+    users: dict[str, User | None], roomy_queue: Queue
+) -> None:
+    # '"' then 2-byte characters: byte 65536 is the first half of one.
+    message_id = roomy_queue.send("é" * 40_000)
+    response = client_for(users["viewer"]).get(url("message", "default", message_id))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Showing the first 64 KiB of 78.1 KiB." in page
+    assert shown_payload(page) == '"' + "é" * (MESSAGE_PAYLOAD_BYTES // 2 - 1)
+
+
+def test_a_payload_not_utf8_is_shown_cut_as_escapes(users: dict[str, User | None]) -> None:
+    queue = get_queue()
+    store = redis_store(queue)
+    # Written past the scripts, as only a foreign client could: a lead byte where the cut
+    # falls, and bytes that are no UTF-8 at all.
+    payload = b'"' + b"\xff" * (MESSAGE_PAYLOAD_BYTES - 2) + b"\xe2\x82" + b"\xfe" * 1000 + b'"'
+    store.client.zadd(store.keys.key("pending"), {"bad": 0})
+    store.client.hset(store.keys.key("payload"), "bad", payload)
+    response = client_for(users["viewer"]).get(url("message", "default", "bad"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Showing the first 64 KiB of 65.0 KiB." in page
+    assert shown_payload(page) == '"' + "\\xff" * (MESSAGE_PAYLOAD_BYTES - 2)
+
+
+def test_a_short_payload_nested_deep_is_shown_as_stored_not_indented_past_a_bound(
+    users: dict[str, User | None], roomy_queue: Queue
+) -> None:
+    # 20 KB of JSON whose indented form is about 2 MB: each level indents every line
+    # under it two spaces more.
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep]
+    value = [deep] * 100
+    assert len(json.dumps(value, indent=2)) > 4 * INDENTED_CHARS
+    message_id = roomy_queue.send(value)
+    response = client_for(users["viewer"]).get(url("message", "default", message_id))
+    assert len(response.content) < INDENTED_CHARS + PAGE_FRAME
+    assert shown_payload(response.content.decode()) == compact(value)
