@@ -1,7 +1,8 @@
 """System checks for DELAYQUEUES. Static: they never contact Redis, so ``migrate`` and
 ``check`` work with Redis down."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django.apps import AppConfig
@@ -10,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from delayqueue_django import conf, handlers
+from delayqueue_django import outbox as outbox_table
 from delayqueue_django.exceptions import QueueConfigurationError
 
 
@@ -150,7 +152,8 @@ def check_outbox_tables(
     **kwargs: Any,
 ) -> list[CheckMessage]:
     """``check --database ALIAS`` (and ``migrate``): the tables of the outbox and of the
-    processed ids exist where queues using them write, i.e. the migration was applied."""
+    processed ids exist where queues using them write, i.e. the migration was applied
+    (W030); and no outbox holds rows of a queue DELAYQUEUES no longer has (W031)."""
     from delayqueue_django.models import OutboxMessage, ProcessedMessage
 
     configs, problems = conf.parse(conf.raw_setting())
@@ -158,23 +161,22 @@ def check_outbox_tables(
         return []
     needed: dict[str, set[str]] = {}
     if any(config.outbox for config in configs.values()):
-        try:
-            outbox_databases = conf.outbox_databases()
-        except QueueConfigurationError:
-            outbox_databases = []  # check_outbox_databases reports it
-        for alias in outbox_databases:
+        for alias in _outbox_databases():
             needed.setdefault(alias, set()).add(OutboxMessage._meta.db_table)
     for config in configs.values():
         if config.exactly_once is not None:
             needed.setdefault(config.exactly_once, set()).add(ProcessedMessage._meta.db_table)
     messages: list[CheckMessage] = []
-    for alias in sorted(set(needed) & set(databases)):
+    outbox_databases = _outbox_databases()
+    for alias in sorted((set(needed) | set(outbox_databases)) & set(databases)):
         try:
             with connections[alias].cursor() as cursor:
                 tables = set(connections[alias].introspection.table_names(cursor))
+            if alias in outbox_databases and OutboxMessage._meta.db_table in tables:
+                messages += _stranded_rows(alias, configs)
         except DatabaseError:
             continue  # a database that cannot be reached is not this check's finding
-        missing = sorted(needed[alias] - tables)
+        missing = sorted(needed.get(alias, set()) - tables)
         if missing:
             messages.append(
                 Warning(
@@ -186,3 +188,31 @@ def check_outbox_tables(
                 )
             )
     return messages
+
+
+def _outbox_databases() -> list[str]:
+    try:
+        return conf.outbox_databases()
+    except QueueConfigurationError:
+        return []  # check_outbox_databases reports it
+
+
+def _stranded_rows(alias: str, configs: Mapping[str, conf.QueueConfig]) -> list[CheckMessage]:
+    """W031: outbox rows of a queue no longer in DELAYQUEUES (renamed or removed with rows
+    still waiting): no relay reads them, and no report counts them."""
+    from delayqueue_django.models import OutboxMessage
+
+    stranded = outbox_table.stranded(alias, configs)
+    if not stranded:
+        return []
+    oldest = datetime.fromtimestamp(min(at for _, at in stranded.values()) / 1000, UTC)
+    queues = ", ".join(f"{name!r} ({count})" for name, (count, _) in stranded.items())
+    return [
+        Warning(
+            f"database {alias!r} holds outbox rows of queues not in DELAYQUEUES: {queues}, "
+            f"the oldest written {oldest:%Y-%m-%d %H:%M:%S} UTC. No relay sends them.",
+            hint="Configure those queues again (a relay then sends their rows), or delete the "
+            f"rows: DELETE FROM {OutboxMessage._meta.db_table} WHERE queue = '...'.",
+            id="delayqueue_django.W031",
+        )
+    ]

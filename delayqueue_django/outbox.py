@@ -14,7 +14,7 @@ that; a time already past when it reaches Redis means due at once.
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -107,6 +107,22 @@ def waiting(queue_name: str) -> dict[str, int]:
         if found["oldest"] is not None:
             oldest = found["oldest"] if oldest is None else min(oldest, found["oldest"])
     return {"outbox": count, "outbox_age_ms": 0 if oldest is None else max(now_ms() - oldest, 0)}
+
+
+def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, int]]:
+    """The outbox rows on ``alias`` whose queue is not among ``configured``: no relay sends
+    them (a relay reads only its own queues' rows). By queue name: how many, and when the
+    oldest was written (ms since the epoch). One aggregate query."""
+    from delayqueue_django.models import OutboxMessage
+
+    found = (
+        OutboxMessage.objects.using(alias)
+        .exclude(queue__in=list(configured))
+        .values("queue")
+        .annotate(count=Count("id"), oldest=Min("written_ms"))
+        .order_by("queue")
+    )
+    return {row["queue"]: (row["count"], row["oldest"]) for row in found}
 
 
 def payload_of(queue_name: str, message_id: str) -> str | None:

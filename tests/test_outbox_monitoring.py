@@ -151,6 +151,32 @@ def test_a_missing_migration_is_a_warning_with_the_command_to_run(settings: Any)
     assert checks.check_outbox_tables(databases=["default"]) == []
 
 
+@pytest.mark.django_db
+def test_outbox_rows_of_a_queue_no_longer_configured_are_reported(settings: Any) -> None:
+    """A queue renamed or removed with rows still in the outbox: no relay reads them (each
+    reads its own queues'), and no report counts them; the database check (which migrate
+    runs on every deploy) names them."""
+    url = settings.DELAYQUEUES["default"]["URL"]
+    settings.DELAYQUEUES = {
+        "default": {"URL": url, "OUTBOX": True},
+        "emails": {"URL": url, "OUTBOX": True},
+    }
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    delayqueue.get_queue("emails").send_many(["a", "b"])
+    delayqueue.get_queue().send("kept")
+    assert checks.check_outbox_tables(databases=["default"]) == []
+
+    settings.DELAYQUEUES = {"default": {"URL": url, "OUTBOX": True}}  # "emails" removed
+    [found] = checks.check_outbox_tables(databases=["default"])
+    assert found.id == "delayqueue_django.W031"
+    assert "database 'default' holds outbox rows of queues not in DELAYQUEUES: 'emails' (2)" in (
+        found.msg
+    )
+    assert "DELETE FROM delayqueue_outbox WHERE queue" in found.hint
+    # Static checks (no database given) never look.
+    assert checks.check_outbox_tables(databases=None) == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_relay_on_a_database_not_migrated_warns_once_and_waits(
     caplog: pytest.LogCaptureFixture,
