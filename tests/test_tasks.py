@@ -41,6 +41,7 @@ from delayqueue_django.tasks.compat import (
 from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
 from tests.task_app import tasks
+from tests.task_app.models import Effect
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
 # The installed framework's package of backends, and its backend that runs a task at once.
@@ -248,6 +249,33 @@ def test_aenqueue_and_aget_result(tasks_queue: Callable[..., Queue]) -> None:
     work()
     result.refresh()
     assert result.return_value == 42
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("options", [{}, {"SEND_ON_COMMIT": True}, {"OUTBOX": True}])
+def test_aenqueue_announces_in_the_sync_world_on_every_kind_of_queue(
+    tasks_queue: Callable[..., Queue], settings: Any, options: dict[str, Any]
+) -> None:
+    # Before: on a SEND_ON_COMMIT or OUTBOX queue, aenqueue raised SynchronousOnlyOperation
+    # after the message was sent (a caller retrying it sent it twice); and task_enqueued's
+    # sync receivers ran in the event loop, where the ORM refuses to.
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    tasks_queue(**options)
+    counted: list[int] = []
+
+    def receiver(sender: Any, task_result: TaskResult[..., Any], **_: Any) -> None:
+        counted.append(Effect.objects.count())
+
+    task_enqueued.connect(receiver, weak=False)
+    try:
+        result = asyncio.run(tasks.add.aenqueue(20, 22))
+    finally:
+        task_enqueued.disconnect(receiver)
+
+    assert counted == [0]
+    assert refreshed(result).status == TaskResultStatus.READY
+    work()
+    assert refreshed(result).return_value == 42
 
 
 def test_results_expire_after_result_ttl_or_never(

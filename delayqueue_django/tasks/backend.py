@@ -13,6 +13,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, ParamSpec, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
 from django.utils import timezone
@@ -87,7 +88,16 @@ class DelayQueueBackend(BaseTaskBackend):
         queue = get_queue(task.queue_name)
         call = self._call(task, args, kwargs)
         message_id = await queue.asend(call.to_payload(), at=task.run_after)
-        return self._enqueued(queue, task, message_id, call)
+        if self._announced_on_commit(queue):
+            # The transaction, and the commit hook asend left the message in, belong to the
+            # sync thread: the announcement waits for that commit too, so it is set there.
+            enqueued = sync_to_async(self._enqueued, thread_sensitive=True)
+            return await enqueued(queue, task, message_id, call)
+        result = build_result(task, message_id, call, {})
+        # Sync receivers in a thread, as for the framework's own backends (whose aenqueue
+        # is enqueue in a thread): one may use the ORM.
+        await task_enqueued.asend(sender=type(self), task_result=result)
+        return result
 
     def _call(self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskCall:
         run_after = task.run_after
@@ -107,13 +117,17 @@ class DelayQueueBackend(BaseTaskBackend):
     ) -> TaskResult[P, R]:
         result = build_result(task, message_id, call, {})
         announce = partial(task_enqueued.send, sender=type(self), task_result=result)
-        if queue.config.send_on_commit or queue.config.outbox:
+        if self._announced_on_commit(queue):
             # The message exists (in Redis, or in the outbox for the relay to bring there)
             # when the transaction commits: say so only then.
             transaction.on_commit(announce)
         else:
             announce()
         return result
+
+    @staticmethod
+    def _announced_on_commit(queue: Queue) -> bool:
+        return queue.config.send_on_commit or queue.config.outbox
 
     # Results
 
