@@ -92,6 +92,7 @@ def redis_tasks_queue(settings: Any, redis_server: RedisServer) -> Callable[...,
 def _fresh_calls() -> None:
     tasks.calls.clear()
     tasks.flaky_failures_left["n"] = 0
+    tasks.unimportable_exits["exit"] = False
 
 
 @pytest.fixture
@@ -368,6 +369,32 @@ def test_anything_but_a_task_of_this_backend_is_refused_and_dead_lettered(
     assert stored.state == "garbage"  # at once, whatever the retries left
     assert reason in caplog.text
     assert queue.store.read_result(message_id) == {}
+
+
+@pytest.mark.parametrize(
+    ("exits", "reason"), [(False, "RuntimeError: SHOP_API_KEY is not set"), (True, "SystemExit: 3")]
+)
+def test_a_task_module_that_raises_on_import_is_refused_at_once(
+    tasks_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture, exits: bool, reason: str
+) -> None:
+    # Before: anything but ImportError escaped the lookup, so the message was retried
+    # (RETRY_COUNT times, a traceback each), the exhaustion receiver failed on it too, and
+    # get_result raised it.
+    tasks.unimportable_exits["exit"] = exits
+    queue = tasks_queue(RETRY_COUNT=5)
+    message_id = queue.send(raw_task_message(task="tests.task_app.unimportable.job"))
+
+    work()
+
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert (stored.state, stored.attempt) == ("garbage", 1)
+    assert f"'tests.task_app.unimportable.job' cannot be imported: {reason}" in caplog.text
+    assert "unimportable.py" in caplog.text  # where the import failed, with its traceback
+    assert "signal receiver" not in caplog.text
+    assert queue.store.read_result(message_id) == {}
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(message_id)
 
 
 def test_a_task_whose_last_delivery_timed_out_is_recorded_as_failed(

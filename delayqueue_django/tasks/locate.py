@@ -36,6 +36,13 @@ def locate_task(path: str) -> Task[..., Any]:
         found = import_string(path)
     except ImportError as error:
         raise UnknownTask(f"{path!r} cannot be imported: {error}") from None
+    except (Exception, SystemExit) as error:
+        # Importing runs the module's code, which may raise anything (a setting missing in
+        # this environment, a sys.exit()): a task that cannot be had all the same. The
+        # cause stays attached, for the worker to log where the import failed.
+        raise UnknownTask(
+            f"{path!r} cannot be imported: {type(error).__name__}: {error}"
+        ) from error
     if not isinstance(found, Task):
         raise UnknownTask(f"{path!r} is a {type(found).__name__}, not a task; refusing to run it")
     if found.module_path != path:

@@ -49,6 +49,13 @@ def run_task(message: Message) -> None:
     try:
         call, backend, task = _task_of(message.payload, message.queue)
     except NOT_A_TASK as error:
+        if error.__cause__ is not None:  # the task's module raised as it was imported
+            logger.error(
+                "the task of message id=%s queue=%s failed to import",
+                message.id,
+                message.queue,
+                exc_info=error.__cause__,
+            )
         # Bury at once: retrying cannot make a message into a task.
         raise Reject(f"refusing to run message {message.id} as a task: {error}") from None
 

@@ -10,6 +10,8 @@ from delayqueue_django.tasks.compat import TaskContext, task
 calls: list[tuple[str, Any]] = []
 # How many more times ``flaky`` fails before it succeeds.
 flaky_failures_left = {"n": 0}
+# Whether importing ``unimportable`` calls sys.exit() rather than raising RuntimeError.
+unimportable_exits = {"exit": False}
 
 
 @task
