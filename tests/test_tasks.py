@@ -199,6 +199,31 @@ def test_failed_runs_are_retried_under_the_queue_rules_and_each_attempt_recorded
     assert get_queue("default").stats()["garbage"] == 1
 
 
+def test_a_task_that_raises_reject_fails_at_once_with_its_own_error(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    # Before: recorded READY (retries were left), then, its message buried, recorded FAILED
+    # by the exhaustion receiver with TaskAbandoned in place of the task's own error.
+    queue = tasks_queue(RETRY_COUNT=3)
+    result = tasks.rejects.enqueue("refund window closed")
+
+    work()
+
+    result.refresh()
+    assert tasks.calls == [("rejects", "refund window closed")]
+    assert result.status == TaskResultStatus.FAILED
+    assert result.finished_at is not None
+    assert [error.exception_class_path for error in result.errors] == [
+        "delayqueue_django.exceptions.Reject"
+    ]
+    assert "refund window closed" in result.errors[0].traceback
+    assert received[-1] == ("finished", TaskResultStatus.FAILED, 1)
+    assert [entry[0] for entry in received].count("finished") == 1
+    stored = queue.peek(result.id)
+    assert stored is not None
+    assert stored.state == "garbage"
+
+
 def test_a_failure_with_retries_left_goes_back_to_ready(tasks_queue: Callable[..., Queue]) -> None:
     tasks_queue(RETRY_COUNT=3, NACK_REDELIVERY_DELAY=3600)
     tasks.flaky_failures_left["n"] = 1

@@ -82,9 +82,9 @@ def run_task(message: Message) -> None:
         # fail every reader of the result.
         returned = json.dumps(normalize_json(value), separators=(",", ":"))
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
-        _record_failure(
-            backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
-        )
+        # Reject buries the message whatever retries are left: this attempt is its last.
+        last = message.is_last_attempt or isinstance(error, Reject)
+        _record_failure(backend, task, call, message.id, message.attempt, error, last=last)
         raise
     record = records.write(
         message.id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from delayqueue_django.exceptions import Reject
 from delayqueue_django.tasks.compat import TaskContext, task
 
 calls: list[tuple[str, Any]] = []
@@ -67,3 +68,10 @@ def declared_elsewhere() -> None:
 def not_a_task() -> None:
     """A plain function: a message naming it must never get it called."""
     calls.append(("not_a_task", None))
+
+
+@task
+def rejects(reason: str) -> None:
+    """Refuses its call for good: Reject dead-letters the message whatever retries are left."""
+    calls.append(("rejects", reason))
+    raise Reject(reason)
