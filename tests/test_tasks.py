@@ -224,6 +224,23 @@ def test_a_task_that_raises_reject_fails_at_once_with_its_own_error(
     assert stored.state == "garbage"
 
 
+def test_a_backend_with_no_queues_enqueues_nothing(
+    tasks_queue: Callable[..., Queue], settings: Any
+) -> None:
+    # Before: the framework lets a backend with empty QUEUES take any queue_name, so the
+    # task was sent to whatever DELAYQUEUES queue it named, one with a handler of its own
+    # included, whose handler got the task call as its payload (E101 says so, too late).
+    tasks_queue()
+    settings.DELAYQUEUES = {**settings.DELAYQUEUES, "payments": {"URL": "memory://"}}
+    settings.TASKS = {**settings.TASKS, "default": {"BACKEND": BACKEND, "QUEUES": []}}
+    moved = tasks.add.using(queue_name="payments")
+    with pytest.raises(InvalidTask, match=r"TASKS\['default'\]\['QUEUES'\] is empty"):
+        moved.enqueue(1, 2)
+    with pytest.raises(InvalidTask, match=r"TASKS\['default'\]\['QUEUES'\] is empty"):
+        asyncio.run(moved.aenqueue(1, 2))
+    assert get_queue("payments").stats()["pending"] == 0
+
+
 def test_a_failure_with_retries_left_goes_back_to_ready(tasks_queue: Callable[..., Queue]) -> None:
     tasks_queue(RETRY_COUNT=3, NACK_REDELIVERY_DELAY=3600)
     tasks.flaky_failures_left["n"] = 1

@@ -75,8 +75,7 @@ class DelayQueueBackend(BaseTaskBackend):
     def enqueue(
         self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]
     ) -> TaskResult[P, R]:
-        self.validate_task(task)
-        queue = get_queue(task.queue_name)
+        queue = self._queue_for(task)
         call = self._call(task, args, kwargs)
         message_id = queue.send(call.to_payload(), at=task.run_after)
         return self._enqueued(queue, task, message_id, call)
@@ -84,8 +83,7 @@ class DelayQueueBackend(BaseTaskBackend):
     async def aenqueue(
         self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]
     ) -> TaskResult[P, R]:
-        self.validate_task(task)
-        queue = get_queue(task.queue_name)
+        queue = self._queue_for(task)
         call = self._call(task, args, kwargs)
         message_id = await queue.asend(call.to_payload(), at=task.run_after)
         if self._announced_on_commit(queue):
@@ -98,6 +96,17 @@ class DelayQueueBackend(BaseTaskBackend):
         # is enqueue in a thread): one may use the ORM.
         await task_enqueued.asend(sender=type(self), task_result=result)
         return result
+
+    def _queue_for(self, task: Task[P, R]) -> Queue:
+        self.validate_task(task)
+        if not self.queues:
+            # The framework takes empty QUEUES for "any queue"; here that would send the
+            # task to whatever queue it names, one whose handler is not the task runner too.
+            raise InvalidTask(
+                f"TASKS[{self.alias!r}]['QUEUES'] is empty: this backend sends tasks to no "
+                "queue (see check E101)"
+            )
+        return get_queue(task.queue_name)
 
     def _call(self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskCall:
         run_after = task.run_after
