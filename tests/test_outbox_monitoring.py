@@ -172,7 +172,7 @@ def test_outbox_rows_of_a_queue_no_longer_configured_are_reported(settings: Any)
     assert "database 'default' holds outbox rows of queues not in DELAYQUEUES: 'emails' (2)" in (
         found.msg
     )
-    assert "DELETE FROM delayqueue_outbox WHERE queue" in found.hint
+    assert "DELETE FROM delayqueue_outbox WHERE queue" in str(found.hint)
     # Static checks (no database given) never look.
     assert checks.check_outbox_tables(databases=None) == []
 
