@@ -72,6 +72,14 @@ def test_an_unknown_queue_is_a_command_error() -> None:
         check("nope")
 
 
+def test_no_queue_configured_is_a_command_error(settings: Any) -> None:
+    # Checking nothing is no "no problem": exit 1, as the other commands do.
+    settings.DELAYQUEUES = {}
+    with pytest.raises(CommandError, match="DELAYQUEUES defines no queue") as caught:
+        check()
+    assert caught.value.returncode == 1
+
+
 def orphan_payload(queue: Queue, shard: str, message_id: str) -> None:
     """A payload for a message in no state, written into one shard's keys."""
     store = parts(queue.store)[shard]

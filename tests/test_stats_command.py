@@ -135,6 +135,25 @@ def test_bad_arguments_and_unknown_queues_are_command_errors() -> None:
         stats("--watch", "0")
 
 
+def test_no_queue_configured_is_a_command_error_not_a_healthy_probe(settings: Any) -> None:
+    # A probe that looks at nothing must not pass: DELAYQUEUES lost in a deploy would
+    # otherwise read as healthy, --require-workers and all.
+    settings.DELAYQUEUES = {}
+    for args in ((), ("--json",), ("--require-workers", "--max-lag", "60")):
+        with pytest.raises(CommandError, match="DELAYQUEUES defines no queue") as caught:
+            stats(*args)
+        assert caught.value.returncode == 1
+
+
+@pytest.mark.parametrize("verdict", [("--max-lag", "60"), ("--require-workers",)])
+def test_watch_with_an_exit_status_option_is_refused(verdict: tuple[str, ...]) -> None:
+    # --watch ends only when interrupted, and then with 0: a --max-lag or --require-workers
+    # beside it would never be applied.
+    with pytest.raises(CommandError, match="--watch cannot be combined with") as caught:
+        stats("--watch", "1", *verdict)
+    assert caught.value.returncode == 1
+
+
 def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None:
     env = {
         **os.environ,

@@ -49,6 +49,9 @@ class Command(BaseCommand):
             chosen = [registry.get_queue(name) for name in names]
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
+        if not chosen:
+            # Checking nothing is no "no problem" for a script that relies on exit 0.
+            raise CommandError("DELAYQUEUES defines no queue: nothing to check.")
         unreachable, inconsistent = [], []
         try:
             advice = redis_checks.advise(chosen)

@@ -102,11 +102,20 @@ class Command(OwnProcessCommand):
         no_shards: bool,
         **options: Any,
     ) -> None:
+        if watch is not None and (max_lag is not None or require_workers):
+            # A watch ends only when interrupted, with 0: the verdict would never be given.
+            raise CommandError(
+                "--watch cannot be combined with --max-lag or --require-workers: it prints "
+                "until interrupted and never gives a verdict; run the probe without --watch."
+            )
         try:
             names = list(dict.fromkeys(queues)) or registry.queue_names()
             chosen = [registry.get_queue(name) for name in names]
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
+        if not chosen:
+            # A probe that looks at nothing must not pass as healthy.
+            raise CommandError("DELAYQUEUES defines no queue: nothing to show.")
         self.refuse_memory_queues(
             chosen,
             instead="Look at them from that process (the admin, or "
