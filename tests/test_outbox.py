@@ -3,11 +3,12 @@
 import asyncio
 import threading
 import time
+from io import StringIO
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -399,6 +400,23 @@ def test_the_relay_command(database: str) -> None:
     call_command("delayqueue_relay", burst=True, database=[database], stdout=out)
     assert "Relayed 2 messages (0 relayed before), 2 rows." in out.getvalue()
     assert delayqueue.get_queue().stats()["pending"] == 2
+
+
+def test_the_relay_command_in_a_burst_with_redis_down_says_so_in_one_line(
+    database: str, settings: Any
+) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://127.0.0.1:1/0", "OPTIONS": {"retry": None}}}
+    ids = delayqueue.get_queue().send_many(["a", "b"], outbox=True, using=database)
+    with pytest.raises(CommandError, match=r"^outbox relay failed, its rows wait: ") as caught:
+        call_command("delayqueue_relay", burst=True, database=[database], stdout=StringIO())
+    assert caught.value.returncode == 1
+    assert "127.0.0.1:1" in str(caught.value)
+    assert [row.message_id for row in rows(database)] == ids
+
+
+def test_the_relay_command_refuses_an_unknown_database_naming_the_option() -> None:
+    with pytest.raises(CommandError, match=r"--database: no database 'nope' in DATABASES"):
+        call_command("delayqueue_relay", burst=True, database=["nope"], stdout=StringIO())
 
 
 def test_relay_cost_one_statement_and_one_round_trip_per_batch(

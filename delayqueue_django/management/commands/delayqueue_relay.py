@@ -5,7 +5,10 @@ import signal
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
+from redis.exceptions import RedisError
 
 from delayqueue_django import conf, registry
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
@@ -70,10 +73,20 @@ class Command(OwnProcessCommand):
         try:
             names = list(queues) or registry.queue_names()
             chosen = [registry.get_queue(name) for name in dict.fromkeys(names)]
-            aliases = conf.outbox_databases() if databases is None else databases
-            problem = conf.outbox_databases_problem(aliases)
-            if problem is not None:
-                raise QueueConfigurationError(problem.msg)
+            if databases is None:
+                aliases = conf.outbox_databases()
+                problem = conf.outbox_databases_problem(aliases)
+                if problem is not None:
+                    raise QueueConfigurationError(problem.msg)
+            else:
+                aliases = databases
+                unknown = [alias for alias in aliases if alias not in settings.DATABASES]
+                if unknown:
+                    # Named as the option it came from, not as the setting it replaces.
+                    raise QueueConfigurationError(
+                        f"--database: no database {unknown[0]!r} in DATABASES; configured: "
+                        f"{', '.join(map(repr, settings.DATABASES)) or 'none'}"
+                    )
         except (QueueConfigurationError, UnknownQueue) as error:
             raise CommandError(str(error)) from None
         if not chosen or not aliases:
@@ -91,7 +104,12 @@ class Command(OwnProcessCommand):
 
     def _relay(self, relay: OutboxRelay, *, burst: bool, verbosity: int) -> None:
         if burst:
-            taken = relay.drain()
+            try:
+                taken = relay.drain()
+            except (RedisError, DatabaseError) as error:
+                # Rolled back: the rows wait for the next run. One line, no traceback; a
+                # relay run until stopped retries instead (see OutboxRelay.run).
+                raise CommandError(f"outbox relay failed, its rows wait: {error}") from None
             if verbosity >= 1:
                 self.stdout.write(
                     f"Relayed {relay.relayed} messages ({relay.repeated} relayed before), "
