@@ -143,6 +143,19 @@ def test_retire_takes_a_drained_layout_off_the_register_and_refuses_one_that_hol
     assert sorted(parts(queue.store)) == sorted(layout_names(2))
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("1", "a layout is 2 to 128, not 1"),
+        ("129", "a layout is 2 to 128, not 129"),
+        ("four", "'four' is not a whole number"),
+    ],
+)
+def test_retire_names_what_is_wrong_with_the_layout_given(given: str, said: str) -> None:
+    with pytest.raises(CommandError, match=f"argument --retire: {said}$"):
+        call_command("delayqueue_shards", "default", "--retire", given)
+
+
 def test_a_retired_layout_still_in_use_is_registered_again_by_its_sender(
     settings: Any, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

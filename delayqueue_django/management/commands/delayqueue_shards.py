@@ -1,6 +1,7 @@
 """``manage.py delayqueue_shards QUEUE [--retire LAYOUT]``: a queue's layouts and shards, and
 taking a drained layout off the register once a reshard is over."""
 
+import argparse
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -14,9 +15,13 @@ from delayqueue_django.management.own_process import OwnProcessCommand
 
 
 def layout_number(text: str) -> int:
-    layout = int(text)
+    # ArgumentTypeError: argparse shows its words (a ValueError only as "invalid value").
+    try:
+        layout = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not 1 < layout <= MAX_SHARDS:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"a layout is 2 to {MAX_SHARDS}, not {layout}")
     return layout
 
 
