@@ -131,8 +131,11 @@ def test_unreachable_redis_exits_1(settings: Any) -> None:
 def test_bad_arguments_and_unknown_queues_are_command_errors() -> None:
     with pytest.raises(CommandError, match="no queue named 'nope'"):
         stats("nope")
-    with pytest.raises(CommandError, match="must be more than 0 seconds"):
+    with pytest.raises(CommandError, match=r"must be a finite number of seconds > 0, not 0$"):
         stats("--watch", "0")
+    # Not ">= 0", which would have a 0 pass.
+    with pytest.raises(CommandError, match=r"must be a finite number of seconds > 0, not -1$"):
+        stats("--watch", "-1")
 
 
 def test_no_queue_configured_is_a_command_error_not_a_healthy_probe(settings: Any) -> None:

@@ -349,6 +349,8 @@ def test_a_message_sent_at_a_past_time_is_neither_lag_nor_lateness(
         (["--grace", "soon"], "'soon' is not a number of seconds"),
         (["--jitter", "-1"], "must be a finite number of seconds >= 0, not -1"),
         (["--batch-size", "x"], "'x' is not a whole number"),
+        # 0 reads as "no heartbeats"; it was taken as one every 0.1 s.
+        (["--heartbeat", "0"], "must be a finite number of seconds > 0, not 0"),
     ],
 )
 def test_bad_arguments_are_command_errors(

@@ -1,7 +1,6 @@
 """``manage.py delayqueue_stats [QUEUE ...]``: counts, lag and live workers, for terminals,
 scripts and health probes."""
 
-import argparse
 import contextlib
 import json
 import signal
@@ -18,20 +17,16 @@ from delayqueue_django.exceptions import (
     UnknownQueue,
     UnsupportedRedisVersion,
 )
-from delayqueue_django.management.commands.run_delayqueue import non_negative_seconds
+from delayqueue_django.management.commands.run_delayqueue import (
+    non_negative_seconds,
+    positive_seconds,
+)
 from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.monitoring import describe_running, queue_report, running_handlers
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
 UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
 COUNTS = ("pending", "ready", "unack", "retry", "garbage", "due")
-
-
-def positive_seconds(text: str) -> float:
-    value = non_negative_seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
 
 
 @contextlib.contextmanager

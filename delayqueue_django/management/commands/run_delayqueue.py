@@ -49,6 +49,17 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """Seconds for an interval, where 0 would read as "never" but would mean "always"."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
+    return value
+
+
 def describe_connection(queue: Queue) -> str:
     config = queue.config
     if config.redis_alias is not None:
@@ -118,7 +129,7 @@ class Command(OwnProcessCommand):
         )
         parser.add_argument(
             "--heartbeat",
-            type=non_negative_seconds,
+            type=positive_seconds,
             default=10.0,
             help="Seconds between heartbeats published for the admin (default: 10).",
         )
