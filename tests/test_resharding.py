@@ -189,6 +189,23 @@ def test_the_shards_command_shows_live_and_draining_shards(
     assert rows["2.1"][3] == "0"
 
 
+def test_the_shards_command_shows_the_shards_that_answer_while_others_are_down(
+    shards_down: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As the other readers do: a master down hides only its shards, then exit 1.
+    with pytest.raises(CommandError, match=r"Redis cannot be reached for shard\(s\) ") as caught:
+        call_command("delayqueue_shards", "default")
+    assert caught.value.returncode == 1
+    assert ", ".join(shards_down) in str(caught.value)
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert len(rows) == 6
+    for name, row in rows.items():
+        if name in shards_down:
+            assert (row.split()[1], row.split()[3]) == ("live", "unreachable:"), row
+        else:
+            assert row.split()[3:9] == ["0"] * 6, row
+
+
 def test_a_wakeup_subscription_follows_the_shards_fetched_from(settings: Any, url: str) -> None:
     """A worker's wake-ups: once its store drains another layout, the subscription covers
     that layout's shards too, and has the consumer look at once (what was published

@@ -85,10 +85,22 @@ class Command(OwnProcessCommand):
         )
         header = f"{'shard':<8}{'role':<10}{'slot':>6}  " + "".join(f"{s:>12}" for s in HELD)
         self.stdout.write(f"{header}  tag")
+        down: list[str] = []
         for name, shard in parts(store).items():
             role = "live" if name == "0" or parse_name(name)[0] == store.layout else "draining"
-            stats = shard.stats()
+            where = f"{name:<8}{role:<10}{slot_of(shard.keys):>6}  "
+            try:
+                stats = shard.stats()
+            except RedisError as error:
+                # A master down hides its shards only, as in the other readers: the rest
+                # are shown, and the command exits 1 once they are.
+                down.append(name)
+                self.stdout.write(f"{where}unreachable: {error}")
+                continue
             counts = "".join(f"{stats[state]:>12}" for state in HELD)
-            self.stdout.write(
-                f"{name:<8}{role:<10}{slot_of(shard.keys):>6}  {counts}  {shard.keys.tag}"
+            self.stdout.write(f"{where}{counts}  {shard.keys.tag}")
+        if down:
+            raise CommandError(
+                f"queue {store.keys.queue!r}: Redis cannot be reached for shard(s) "
+                f"{', '.join(down)}"
             )
