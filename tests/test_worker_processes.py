@@ -501,6 +501,62 @@ def test_the_worker_carries_on_through_a_redis_restart(
         server.close()
 
 
+def persisted_server() -> RedisServer:
+    """A server whose data outlives a stop and start (an append-only file)."""
+    return RedisServer("--appendonly", "yes")
+
+
+def test_a_burst_run_gives_up_on_a_redis_that_stays_away(
+    workers: list[WorkerProcess], settings: Any
+) -> None:
+    server = persisted_server()
+    try:
+        queue = queue_for(settings, server.url)
+        message_id = queue.send({"n": 1})
+        server.stop()
+        worker = spawn(workers, server.url, "-v", "1", "--burst", "--give-up-after", "2")
+        worker.wait_for_line(f"cannot reach Redis at 127.0.0.1:{server.port}, retrying: ")
+        away = time.monotonic()
+        # Before: it retried until killed.
+        assert worker.wait(timeout=12) == 3
+        assert time.monotonic() - away < 2 + 4
+        line = (
+            f"cannot reach Redis at 127.0.0.1:{server.port} for 2 s: a --burst run gives up; "
+            "the messages stay in Redis"
+        )
+        assert worker.output.count(line) == 1, worker.output
+        assert "still cannot reach" not in worker.output
+        server.start()
+        stored = queue.peek(message_id)
+        assert stored is not None
+        assert stored.state == "pending"  # never fetched: due, as it was sent
+    finally:
+        server.close()
+
+
+def test_a_burst_run_goes_on_when_redis_comes_back_in_time(
+    workers: list[WorkerProcess], settings: Any
+) -> None:
+    server = persisted_server()
+    try:
+        queue = queue_for(settings, server.url)
+        ids = queue.send_many([{"n": 1}, {"n": 2}])
+        server.stop()
+        worker = spawn(workers, server.url, "-v", "1", "--burst", "--give-up-after", "8")
+        worker.wait_for_line(f"cannot reach Redis at 127.0.0.1:{server.port}, retrying: ")
+        server.start()
+        assert worker.wait(timeout=20) == 0, worker.output
+        assert sorted(e["id"] for e in events("done")) == sorted(ids)
+        assert "gives up" not in worker.output
+    finally:
+        server.close()
+
+
+def test_give_up_after_is_refused_without_burst(redis_server: RedisServer) -> None:
+    with pytest.raises(CommandError, match="--give-up-after is for --burst"):
+        call_command("run_delayqueue", give_up_after=5.0)
+
+
 def test_several_worker_processes_share_a_queue_without_duplicates(
     workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
 ) -> None:

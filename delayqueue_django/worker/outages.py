@@ -5,6 +5,10 @@ housekeeping, each wake-up listener), each retrying on its own backoff; a line f
 try would bury the news. So the worker says it once per server: one warning when a server
 stops answering, a reminder every REMIND_SECONDS while it stays away, and one line when it
 answers again. Each try is still logged, at debug level (``-v 2``).
+
+A burst run also gives up on a server it has not reached for ``give_up_after`` seconds: the
+outage is noted in ``gave_up_on`` (instead of a reminder saying it retries), and the worker
+stops.
 """
 
 import logging
@@ -43,11 +47,15 @@ class _Outage:
 class Outages:
     """The servers (by address) a worker cannot reach now; shared by all its threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, give_up_after: float | None = None) -> None:
         self._lock = threading.Lock()
         self._down: dict[str, _Outage] = {}
         # When each server that had been away answered again (time.monotonic()).
         self._back_at: dict[str, float] = {}
+        # None: never give up (a worker run until stopped).
+        self.give_up_after = give_up_after
+        # The first server that failed give_up_after seconds after its outage began.
+        self.gave_up_on: str | None = None
 
     def failed(self, address: str, error: BaseException) -> None:
         """A call to the server at ``address`` failed with ``is_outage(error)``."""
@@ -58,19 +66,20 @@ class Outages:
         with self._lock:
             outage = self._down.get(address)
             if outage is None:
-                self._down[address] = _Outage(since=now, said_at=now if settled else None)
-                if not settled:
-                    return
-            elif outage.said_at is None:
+                outage = self._down[address] = _Outage(since=now, said_at=None)
+            if self._unbearable(address, outage, now):
+                return  # the worker stops, and says why: no "retrying" now
+            if outage.said_at is None:
                 if not settled:
                     return
                 outage.said_at = now
-                outage = None  # said now, as it begins
+                begins = True
             elif now - outage.said_at >= REMIND_SECONDS:
                 outage.said_at = now
+                begins = False
             else:
                 return
-        if outage is None:
+        if begins:
             logger.warning("cannot reach Redis at %s, retrying: %s", address, error)
         else:
             logger.warning(
@@ -79,6 +88,16 @@ class Outages:
                 now - outage.since,
                 error,
             )
+
+    def _unbearable(self, address: str, outage: _Outage, now: float) -> bool:
+        """Whether this failure, ``now``, ends the wait for the server (``give_up_after``
+        seconds after the outage's first failure: a failure proves the server still away,
+        where the time alone would not, the next try may well reach it)."""
+        if self.give_up_after is None or now - outage.since < self.give_up_after:
+            return False
+        if self.gave_up_on is None:
+            self.gave_up_on = address
+        return True
 
     def reached(self, address: str) -> None:
         """A call to the server at ``address`` succeeded."""

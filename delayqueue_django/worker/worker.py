@@ -6,6 +6,10 @@ hand back what was fetched but not started, let running handlers finish for up t
 seconds, commit their verdicts, exit. Second request: leave at once; deliveries still running
 come back through their deadline. Reaching ``--max-messages`` is no request: the first signal
 after it still waits for the running handlers.
+
+A burst run whose Redis stays unreachable for ``give_up_after`` seconds stops as on a first
+request (``gave_up`` names the server): a cron job or a CI step must end, where a worker run
+until stopped waits for Redis however long it takes.
 """
 
 import logging
@@ -32,6 +36,11 @@ logger = logging.getLogger("delayqueue_django.worker")
 SUMMARY_SECONDS = 10.0
 # How often a worker prunes the processed ids of its EXACTLY_ONCE queues.
 PRUNE_PROCESSED_SECONDS = 60.0
+# How long a burst run waits for a Redis it cannot reach before it gives up. Long enough for
+# a Redis restart (loading a dataset of some GB takes tens of seconds) or a failover
+# (Sentinel's default down-after is 30 s, Redis Cluster's node timeout 15 s), which the burst
+# then rides out; short enough that a cron job every few minutes ends before its next run.
+BURST_OUTAGE_SECONDS = 60.0
 
 
 class Worker:
@@ -48,6 +57,7 @@ class Worker:
         heartbeat_interval: float = 10.0,
         relay: bool = True,
         relay_poll: float = RELAY_POLL_SECONDS,
+        give_up_after: float = BURST_OUTAGE_SECONDS,
     ) -> None:
         self.concurrency = concurrency
         self.batch_size = batch_size
@@ -64,8 +74,10 @@ class Worker:
         self.stop_requested = threading.Event()
         self.abandoning = threading.Event()
         self.pool = HandlerPool(concurrency, on_room_freed=self._wake_starved_consumers)
-        # Created before the consumers, which report to it.
-        self.outages = Outages()
+        # Created before the consumers, which report to it. Only a burst run gives up.
+        self.outages = Outages(give_up_after=give_up_after if burst else None)
+        # The Redis (host:port) a burst run stopped waiting for; None if it did not give up.
+        self.gave_up: str | None = None
         self.consumers = [QueueConsumer(self, queue, handler) for queue, handler in queues]
         self._counts_lock = threading.Lock()
         self.handled = 0
@@ -199,6 +211,8 @@ class Worker:
             self.consumers[0].finished.wait(0.1)
             if self.abandoning.is_set():
                 break
+            if self.outages.gave_up_on is not None and not self.stopping.is_set():
+                self._give_up(self.outages.gave_up_on)
             if self.stopping.is_set():
                 stop_requested_at = stop_requested_at or time.monotonic()
                 if time.monotonic() - stop_requested_at > self.grace:
@@ -217,6 +231,13 @@ class Worker:
             consumer.finished.wait(2.0)
         self.pool.close()
         self._stop_database_duties()
+
+    def _give_up(self, address: str) -> None:
+        """A burst run that cannot reach Redis: stop as on a first signal (what it fetched
+        goes back or comes back after its lease, what can be committed is)."""
+        self.gave_up = address
+        logger.info("giving up on Redis at %s (--burst): finishing running handlers", address)
+        self.request_stop()
 
     def _start_database_duties(self) -> None:
         relay = self.relay

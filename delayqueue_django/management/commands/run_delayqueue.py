@@ -27,6 +27,11 @@ from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.relay import RELAY_POLL_SECONDS
+from delayqueue_django.worker.worker import BURST_OUTAGE_SECONDS
+
+# The exit status of a --burst run that gave up on a Redis it could not reach (1 is an
+# error at start or a second signal, 2 a usage error): a cron job or CI step can tell it.
+GAVE_UP = 3
 
 
 def positive_int(text: str) -> int:
@@ -89,6 +94,13 @@ class Command(OwnProcessCommand):
             "--burst",
             action="store_true",
             help="Handle everything due now (retries falling due meanwhile included), then exit 0.",
+        )
+        parser.add_argument(
+            "--give-up-after",
+            type=non_negative_seconds,
+            default=None,
+            help="With --burst: stop and exit 3 once a queue's Redis has been unreachable this "
+            f"many seconds (default: {BURST_OUTAGE_SECONDS:g}).",
         )
         parser.add_argument(
             "--concurrency",
@@ -172,8 +184,14 @@ class Command(OwnProcessCommand):
         checks_at_each_start: bool = False,
         relay: bool = True,
         relay_poll: float = RELAY_POLL_SECONDS,
+        give_up_after: float | None = None,
         **options: Any,
     ) -> None:
+        if give_up_after is not None and not burst:
+            raise CommandError(
+                "--give-up-after is for --burst: a worker run until stopped waits for Redis "
+                "however long it is away."
+            )
         start = partial(
             self._worker_for,
             queues,
@@ -186,6 +204,7 @@ class Command(OwnProcessCommand):
             heartbeat_interval=max(heartbeat, 0.1),
             relay=relay,
             relay_poll=max(relay_poll, 0.01),
+            give_up_after=BURST_OUTAGE_SECONDS if give_up_after is None else give_up_after,
         )
         if not reload:
             self._run(start(), verbosity)
@@ -232,6 +251,12 @@ class Command(OwnProcessCommand):
             self.stdout.write(
                 f"Worker {worker.worker_id} stopped: "
                 f"{worker.handled} handled, {worker.failed} failed."
+            )
+        if worker.gave_up is not None:
+            raise CommandError(
+                f"cannot reach Redis at {worker.gave_up} for {worker.outages.give_up_after:g} s: "
+                "a --burst run gives up; the messages stay in Redis",
+                returncode=GAVE_UP,
             )
 
     def _run_until_reload(self, start: Callable[[], Worker], verbosity: int, checks: bool) -> None:
