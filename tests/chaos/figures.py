@@ -38,8 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--chaos-schedule-seconds",
         type=int,
-        default=12,
-        help="how long the 1-second schedule runs under kill -9 (default: 12; make chaos: 300)",
+        default=8,
+        help="how long the 1-second schedule runs under kill -9 (default: 8; make chaos: 300)",
     )
     group.addoption("--chaos-report", metavar="PATH", help="also write the figures as JSON")
 
