@@ -147,7 +147,8 @@ class RedisServer:
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
 
-    def start(self) -> None:
+    def start(self, *this_time: str) -> None:
+        """Start (again); ``this_time``: arguments for this start only."""
         args = [
             self.binaries.server,
             "--port", str(self.port),
@@ -157,6 +158,7 @@ class RedisServer:
             "--appendonly", "no",
             "--logfile", str(self.dir / "redis.log"),
             *self.extra_args,
+            *this_time,
         ]  # fmt: skip
         process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.process = process
@@ -319,7 +321,9 @@ class RedisSentinel:
         config.write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
             f"sentinel monitor {service} 127.0.0.1 {self.master.port} 1\n"
-            f"sentinel down-after-milliseconds {service} 1000\n"
+            # Short for quick tests, yet not so short that a loaded machine's slow reply
+            # passes for a master down (1 s once failed the new master over again).
+            f"sentinel down-after-milliseconds {service} 2000\n"
             f"sentinel failover-timeout {service} 3000\n"
         )
         self.process = subprocess.Popen(
@@ -368,11 +372,17 @@ class RedisSentinel:
         _wait_until(promoted, f"the sentinel to fail {self.service} over", timeout=timeout)
         return self.current_master()
 
-    def wait_until_replicated(self, timeout: float = 60) -> None:
-        """Until every live server but the master replicates it (a master that was failed
-        over and restarted must first be turned into a replica by the sentinel, on its own
-        timers: about 10 s after the restart, and it once took over 30 s on a loaded
-        machine)."""
+    def restart_as_replica(self, server: RedisServer) -> None:
+        """Start a crashed server again as a replica of the current master, as an operator
+        would. Restarted empty as a master (it keeps no data on disk), it would be on the
+        sentinel's list of replicas, and a later failover could promote it and replicate
+        its empty dataset over everyone's: Redis's docs warn of exactly this, and a loaded
+        test machine once made the sentinel do it, one second after the first failover."""
+        master = self.current_master()
+        server.start("--replicaof", "127.0.0.1", str(master.port))
+
+    def wait_until_replicated(self, timeout: float = 30) -> None:
+        """Until every live server but the master replicates it."""
         master = self.current_master()
         for server in self.servers:
             if server.process is None or server is master:

@@ -80,7 +80,7 @@ def test_the_sentinel_fails_over_under_load_and_everyone_follows(
         sentinel.wait_for_failover(master)
         failovers.append((killed_at, time.time()))
         problems += queue.check_invariants().problems
-        master.start()  # the sentinel turns it into a replica of the new master
+        sentinel.restart_as_replica(master)
         sentinel.wait_until_replicated()
     conclude_failover(
         "Sentinel: master kill -9, replica promoted",
