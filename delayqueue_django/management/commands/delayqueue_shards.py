@@ -8,7 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from delayqueue_django import registry
-from delayqueue_django.engine.sharded_store import HELD, ShardedStore, parts
+from delayqueue_django.engine.sharded_store import HELD, ShardedStore, parts, read_stats
 from delayqueue_django.engine.shards import MAX_SHARDS, parse_name, slot_of
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.own_process import OwnProcessCommand
@@ -86,16 +86,18 @@ class Command(OwnProcessCommand):
         header = f"{'shard':<8}{'role':<10}{'slot':>6}  " + "".join(f"{s:>12}" for s in HELD)
         self.stdout.write(f"{header}  tag")
         down: list[str] = []
-        for name, shard in parts(store).items():
+        shards = parts(store)
+        # One round trip per shard, and none more to a server that did not answer.
+        read = read_stats(shards)
+        for name, shard in shards.items():
             role = "live" if name == "0" or parse_name(name)[0] == store.layout else "draining"
             where = f"{name:<8}{role:<10}{slot_of(shard.keys):>6}  "
-            try:
-                stats = shard.stats()
-            except RedisError as error:
+            stats = read[name]
+            if isinstance(stats, Exception):
                 # A master down hides its shards only, as in the other readers: the rest
                 # are shown, and the command exits 1 once they are.
                 down.append(name)
-                self.stdout.write(f"{where}unreachable: {error}")
+                self.stdout.write(f"{where}unreachable: {stats}")
                 continue
             counts = "".join(f"{stats[state]:>12}" for state in HELD)
             self.stdout.write(f"{where}{counts}  {shard.keys.tag}")
