@@ -12,7 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.sharded_store import combined_stats, parts, read_stats
+from delayqueue_django.engine.sharded_store import partial_stats, parts, read_stats
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
@@ -75,7 +75,7 @@ def queue_totals(queue: Queue, shards: Mapping[str, Mapping[str, Any]] | None) -
     answered = [shard_stats(shard) for shard in shards.values() if shard["ok"]]
     if not answered:
         raise QueueUnavailable(unreachable(queue, shards))
-    return {**combined_stats(answered), "shards_down": len(shards) - len(answered)}
+    return partial_stats(answered, len(shards))
 
 
 def unreachable(queue: Queue, shards: Mapping[str, Mapping[str, Any]]) -> str:

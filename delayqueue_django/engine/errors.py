@@ -41,3 +41,8 @@ def timed_out(error: BaseException) -> bool:
     """Redis did not answer in time: redis-py's TimeoutError, a socket's, or the queue's
     QueueTimedOut around them (a TimeoutError too)."""
     return isinstance(error, RedisTimeoutError | TimeoutError)
+
+
+def is_outage(error: BaseException) -> bool:
+    """Redis could not be reached, or did not answer: not a refusal it answered with."""
+    return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)

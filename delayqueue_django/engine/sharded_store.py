@@ -44,11 +44,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django.engine.errors import timed_out
+from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ChannelSubscription, ShardStore, Store
 from delayqueue_django.engine.records import (
@@ -98,9 +96,6 @@ IDLE_LOOK_SHARDS = 30
 LOOK_AGAIN_SECONDS = 30.0
 # Counts that add up across shards; the other stats are times (see combined_stats).
 _TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
-# A reader's errors that say a shard's server did not answer (not that it answered with a
-# refusal): its other shards would fail alike.
-_UNANSWERED = (RedisConnectionError, RedisTimeoutError, OSError)
 
 T = TypeVar("T")
 
@@ -798,7 +793,7 @@ class ShardedStore:
         answered = [stats for stats in read.values() if not isinstance(stats, Exception)]
         if not answered:
             raise next(stats for stats in read.values() if isinstance(stats, Exception))
-        return {**combined_stats(answered), "shards_down": len(read) - len(answered)}
+        return partial_stats(answered, len(read))
 
     def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
         by_minute: dict[int, tuple[int, int]] = {}
@@ -984,6 +979,12 @@ def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
     return combined
 
 
+def partial_stats(answered: Sequence[Mapping[str, int]], shards: int) -> dict[str, int]:
+    """The stats of the shards that answered, added up (see combined_stats), and
+    ``shards_down``: how many of the queue's ``shards`` did not."""
+    return {**combined_stats(answered), "shards_down": shards - len(answered)}
+
+
 def read_stats(
     stores: Mapping[str, ShardStore],
 ) -> dict[str, dict[str, int] | RedisError | OSError]:
@@ -1002,7 +1003,7 @@ def read_stats(
             read[name] = store.stats()
         except (RedisError, OSError) as error:
             read[name] = error
-            if isinstance(error, _UNANSWERED):
+            if is_outage(error):  # not a refusal: its other shards would fail alike
                 silent[server] = error
     return read
 
@@ -1033,6 +1034,7 @@ __all__ = [
     "ShardedWakeups",
     "combined_stats",
     "layout_names",
+    "partial_stats",
     "parts",
     "read_stats",
 ]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.engine.errors import timed_out
+from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
@@ -33,7 +33,6 @@ from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.outages import is_outage
 from delayqueue_django.worker.pool import Running
 from delayqueue_django.worker.wakeup import WakeupListener
 
@@ -377,9 +376,7 @@ class QueueConsumer(threading.Thread):
             # early costs one more fetch, which waits out what is left by the same reckoning.
             # Never later than the idle re-check, as with nothing due: a wake-up lost must
             # not wait for a message due hours from now.
-            self._next_fetch = min(
-                self._clock.monotonic_at(fetched.next_ms), now + IDLE_RECHECK_SECONDS
-            )
+            self._next_fetch = min(self._monotonic_at(fetched.next_ms), now + IDLE_RECHECK_SECONDS)
         if deferred:  # nothing else may be due: come back to announce them
             self._next_fetch = min(self._next_fetch, self._announce_after)
         if self.worker.burst:

@@ -17,19 +17,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from delayqueue_django.engine.errors import QueueUnavailable
 
 logger = logging.getLogger("delayqueue_django.worker")
 
 REMIND_SECONDS = 60.0
-
-
-def is_outage(error: BaseException) -> bool:
-    """Redis could not be reached, or did not answer: not a refusal it answered with."""
-    return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)
 
 
 # A failure this soon after the server answered again may be a straggler: a call that began
