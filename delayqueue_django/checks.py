@@ -159,15 +159,15 @@ def check_outbox_tables(
     configs, problems = conf.parse(conf.raw_setting())
     if problems or not databases:
         return []
+    outbox_databases = _outbox_databases()
     needed: dict[str, set[str]] = {}
     if any(config.outbox for config in configs.values()):
-        for alias in _outbox_databases():
+        for alias in outbox_databases:
             needed.setdefault(alias, set()).add(OutboxMessage._meta.db_table)
     for config in configs.values():
         if config.exactly_once is not None:
             needed.setdefault(config.exactly_once, set()).add(ProcessedMessage._meta.db_table)
     messages: list[CheckMessage] = []
-    outbox_databases = _outbox_databases()
     for alias in sorted((set(needed) | set(outbox_databases)) & set(databases)):
         try:
             with connections[alias].cursor() as cursor:
