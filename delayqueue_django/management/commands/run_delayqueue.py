@@ -45,23 +45,23 @@ def positive_int(text: str) -> int:
 
 
 def non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
-    return value
+    return _seconds(text, zero_ok=True)
 
 
 def positive_seconds(text: str) -> float:
     """Seconds for an interval, where 0 would read as "never" but would mean "always"."""
+    return _seconds(text, zero_ok=False)
+
+
+def _seconds(text: str, *, zero_ok: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
+    in_range = value >= 0 if zero_ok else value > 0
+    if not in_range or value == float("inf"):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {bound}, not {text}")
     return value
 
 
