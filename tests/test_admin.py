@@ -83,6 +83,18 @@ def test_the_queues_have_an_entry_in_the_admin_for_those_who_may_view_them(
     assert url("changelist") not in page
 
 
+def viewing_paths(message_id: str) -> list[str]:
+    """Every page and JSON view that shows the queue, none of them changing it."""
+    return [
+        url("changelist"),
+        url("detail", "default"),
+        url("message", "default", message_id),
+        url("payload", "default", message_id),
+        url("json"),
+        url("queue_json", "default"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
@@ -99,14 +111,7 @@ def test_viewing_needs_the_view_permission(
 ) -> None:
     message_id = queue.send({"n": 1}, delay=60)
     client = client_for(users[user])
-    for path in (
-        url("changelist"),
-        url("detail", "default"),
-        url("message", "default", message_id),
-        url("payload", "default", message_id),
-        url("json"),
-        url("queue_json", "default"),
-    ):
+    for path in viewing_paths(message_id):
         response = client.get(path)
         assert response.status_code == expected, path
         if expected == 302:
@@ -788,14 +793,7 @@ def test_the_change_permission_lets_one_view_as_elsewhere_in_the_admin(queue: Qu
     message_id = queue.send({"n": 1}, delay=60)
     client = client_for(make_user("editor", "change_queue"))
     assert url("changelist") in client.get(reverse("admin:index")).content.decode()
-    for path in (
-        url("changelist"),
-        url("detail", "default"),
-        url("message", "default", message_id),
-        url("payload", "default", message_id),
-        url("json"),
-        url("queue_json", "default"),
-    ):
+    for path in viewing_paths(message_id):
         assert client.get(path).status_code == 200, path
     response = client.post(
         url("action", "default"), {"action": "deliver_now", "ids": [message_id], "state": "pending"}
