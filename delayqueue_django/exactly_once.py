@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from delayqueue_django import conf
+from delayqueue_django import conf, mysql_errors
 from delayqueue_django.handlers import Handler
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.message import Message
@@ -35,11 +35,6 @@ PRUNE_BATCHES_PER_ROUND = 10
 # libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
 # TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
 PQTRANS_INERROR = 3
-# MySQL/MariaDB errors after which the server has rolled back the whole transaction, not
-# the statement alone: a deadlock's victim, always; a lock wait that timed out, only with
-# innodb_rollback_on_timeout (off by default).
-MYSQL_DEADLOCK = 1213
-MYSQL_LOCK_WAIT_TIMEOUT = 1205
 
 
 class AlreadyProcessed(Exception):
@@ -72,14 +67,17 @@ class _ServerRollbacks:
         try:
             return execute(sql, params, many, context)
         except DatabaseError as error:
-            if error.args[:1] in ((MYSQL_DEADLOCK,), (MYSQL_LOCK_WAIT_TIMEOUT,)):
-                self.codes.add(error.args[0])
+            # The errors after which the server may have rolled back the whole transaction,
+            # not the statement alone.
+            code = mysql_errors.error_code(error)
+            if code in (mysql_errors.DEADLOCK, mysql_errors.LOCK_WAIT_TIMEOUT):
+                self.codes.add(code)
             raise
 
     def rolled_back(self, using: str) -> bool:
-        if MYSQL_DEADLOCK in self.codes:
+        if mysql_errors.DEADLOCK in self.codes:
             return True
-        if MYSQL_LOCK_WAIT_TIMEOUT not in self.codes:
+        if mysql_errors.LOCK_WAIT_TIMEOUT not in self.codes:
             return False
         # Asked only after such an error: the common path costs no query.
         with connections[using].cursor() as cursor:

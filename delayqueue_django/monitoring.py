@@ -16,7 +16,6 @@ from delayqueue_django.engine.sharded_store import partial_stats, parts, read_st
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.queue import Queue
-from delayqueue_django.redis_checks import server_of
 from delayqueue_django.worker import heartbeat
 
 # What a shard's report holds besides its stats (see shard_reports).
@@ -106,7 +105,7 @@ def shard_down(shards: Mapping[str, Mapping[str, Any]] | None, name: str) -> boo
 def _shard_report(store: ShardStore, read: dict[str, int] | Exception) -> dict[str, Any]:
     where: dict[str, Any] = {"tag": store.keys.tag, "slot": None, "server": None}
     if isinstance(store, RedisStore) and isinstance(store.client, RedisCluster):
-        where.update(slot=slot_of(store.keys), server=server_of(store) or None)
+        where.update(slot=slot_of(store.keys), server=store.cluster_master() or None)
     if isinstance(read, Exception):
         return {"ok": False, **where, "error": str(read)}
     return {"ok": True, **where, **read}

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django import client_options
@@ -78,7 +78,7 @@ def advise(queues: list[Queue]) -> list[Advice]:
         # The queue's shards by the server holding them (one, "", off Redis Cluster).
         servers: dict[tuple[int, str], list[str]] = {}
         for name, store in stores.items():
-            servers.setdefault((id(store.client), server_of(store)), []).append(name)
+            servers.setdefault((id(store.client), store.cluster_master()), []).append(name)
         for key, names in servers.items():
             store = stores[names[0]]
             if key in unreachable or (isinstance(store.client, RedisCluster) and not key[1]):
@@ -96,19 +96,6 @@ def advise(queues: list[Queue]) -> list[Advice]:
                 said = [replace(one, shards=tuple(names), server=key[1]) for one in said]
             advice += said
     return advice
-
-
-def server_of(store: RedisStore) -> str:
-    """``host:port`` of the Redis Cluster master holding the store's keys, as the client
-    last learned the cluster's slots (no round trip); "" off Redis Cluster, or when no
-    master holds them."""
-    if not isinstance(store.client, RedisCluster):
-        return ""
-    cluster: Any = store.client  # redis-py leaves the node lookups untyped
-    try:
-        return str(cluster.get_node_from_key(store.keys.key("pending")).name)
-    except RedisClusterException:  # its slot is covered by no master
-        return ""
 
 
 def _memory_config(store: RedisStore) -> dict[str, str] | RedisError:

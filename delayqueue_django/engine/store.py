@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import OutOfMemoryError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, ResponseError
 
 from delayqueue_django.engine.errors import (
     DuplicateMessageId,
@@ -218,14 +218,22 @@ class RedisStore:
         self._version_lock = threading.Lock()
 
     def server_name(self) -> str:
-        client = self.client
-        if not isinstance(client, RedisCluster):
-            return f"client {id(client)}"  # one server, or Sentinel's current master
-        nodes: Any = client  # (redis-py's cluster methods are untyped)
+        if not isinstance(self.client, RedisCluster):
+            return f"client {id(self.client)}"  # one server, or Sentinel's current master
+        # The slot's node unknown for now: a server of its own.
+        return self.cluster_master() or f"slot of {self.keys.tag}"
+
+    def cluster_master(self) -> str:
+        """``host:port`` of the Redis Cluster master holding this store's keys, as the client
+        last learned the cluster's slots (no round trip); "" off Redis Cluster, or when no
+        master is known to hold them."""
+        if not isinstance(self.client, RedisCluster):
+            return ""
+        nodes: Any = self.client  # (redis-py's cluster methods are untyped)
         try:
             return str(nodes.get_node_from_key(self.keys.tag).name)
-        except Exception:  # the slot's node unknown for now: a server of its own
-            return f"slot of {self.keys.tag}"
+        except RedisClusterException:  # its slot is covered by no master
+            return ""
 
     @property
     def is_cluster(self) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from delayqueue_django import conf
+from delayqueue_django import conf, mysql_errors
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.outbox import doorbell
@@ -53,9 +53,7 @@ RELAY_POLL_SECONDS = 0.5
 # committed (see relay.lua), counted from the last relay of that id: far longer than any
 # database outage that could hold it back.
 RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
-# MySQL's error code for a transaction chosen as a deadlock's victim, and how often a batch
-# that was is tried again at once.
-MYSQL_DEADLOCK = 1213
+# How often a batch chosen as a MySQL/MariaDB deadlock's victim is tried again at once.
 DEADLOCK_RETRIES = 5
 # How long a relay's transaction may sit idle on PostgreSQL/MariaDB before the server ends
 # the session, and with it the transaction and its row locks. It idles only while Redis
@@ -132,7 +130,8 @@ class OutboxRelay:
                 # MySQL/MariaDB: relays racing can deadlock on their DELETEs (a range read
                 # may end on a row another relay holds). The victim InnoDB rolled back had
                 # sent nothing yet (the DELETE comes first): it only has to try again.
-                if error.args[:1] != (MYSQL_DEADLOCK,) or attempt >= DEADLOCK_RETRIES:
+                deadlocked = mysql_errors.error_code(error) == mysql_errors.DEADLOCK
+                if not deadlocked or attempt >= DEADLOCK_RETRIES:
                     raise
                 attempt += 1
 

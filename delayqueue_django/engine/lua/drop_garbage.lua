@@ -21,15 +21,15 @@
 
 local older_than_ms, limit, keep_unannounced = tonumber(args[1]), tonumber(args[2]), args[3]
 local offset, buried_before = tonumber(args[4]), tonumber(args[5] or '-1')
-local ids
+-- The latest burial time dropped (garbage is scored by it): before the time shown, up to
+-- the cutoff, or any.
+local upto = '+inf'
 if buried_before >= 0 then
-  ids = call('ZRANGE', garbage, '-inf', '(' .. int(buried_before), 'BYSCORE', 'LIMIT', offset, limit)
-elseif older_than_ms < 0 then
-  ids = call('ZRANGE', garbage, offset, offset + limit - 1)
-else
-  local cutoff = now_ms() - older_than_ms
-  ids = call('ZRANGE', garbage, '-inf', int(cutoff), 'BYSCORE', 'LIMIT', offset, limit)
+  upto = '(' .. int(buried_before)
+elseif older_than_ms >= 0 then
+  upto = int(now_ms() - older_than_ms)
 end
+local ids = call('ZRANGE', garbage, '-inf', upto, 'BYSCORE', 'LIMIT', offset, limit)
 local dropped = 0
 for _, id in ipairs(ids) do
   if not (keep_unannounced == '1' and call('ZSCORE', exhausted, id)) then
