@@ -70,17 +70,29 @@ class WorkerFleet:
         """Until every running worker printed its banner: its signal handlers are then about
         to be installed (a SIGTERM before that would end it with -15, not a graceful 0)."""
         deadline = time.monotonic() + timeout
-        for process in self.running:
-            path = self._log_paths[process.pid]
-            while "queue 'default'" not in path.read_text(errors="replace"):
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError(f"worker {process.pid} did not start:\n{self.output()}")
-                time.sleep(0.05)
+        while not all(map(self._started, self.running)):
+            self._check_starting(deadline)
         time.sleep(0.3)
 
+    def _started(self, process: "subprocess.Popen[bytes]") -> bool:
+        return "queue 'default'" in self._log_paths[process.pid].read_text(errors="replace")
+
+    def _check_starting(self, deadline: float) -> None:
+        for process in self.running:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError(f"worker {process.pid} did not start:\n{self.output()}")
+        time.sleep(0.05)
+
     def kill_one(self, rng: random.Random) -> int:
-        """``kill -9`` a random worker and start a new one in its place; returns the pid."""
-        victim = self.running.pop(rng.randrange(len(self.running)))
+        """``kill -9`` a random worker among those that have started, and start a new one in
+        its place; returns the pid. Only started ones: on a loaded machine, where starting
+        Django takes longer than the scenarios' pauses between kills, the replacements would
+        otherwise be killed before they fetch anything, and the queue would never drain."""
+        deadline = time.monotonic() + 30
+        while not (started := [process for process in self.running if self._started(process)]):
+            self._check_starting(deadline)
+        victim = rng.choice(started)
+        self.running.remove(victim)
         victim.send_signal(signal.SIGKILL)
         self.killed[victim.pid] = time.time()
         victim.wait(timeout=10)

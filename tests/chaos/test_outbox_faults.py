@@ -37,6 +37,8 @@ pytestmark = pytest.mark.chaos
 
 CONSUME_SECONDS = 3
 EFFECT_HANDLER = "tests.chaos.outbox_handlers.write_effect"
+# How long workers are killed while exactly-once handlers write rows (about 15 kills).
+KILL_SECONDS = 8
 
 
 @pytest.fixture(params=database_params())
@@ -250,10 +252,18 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
     )
     fleet = fleets(config, "--concurrency", "4", size=3)
     fleet.start()
+    # The kills start with the handling (on a loaded machine the messages could otherwise
+    # all be handled before the first of them) and stop after KILL_SECONDS: each kill holds
+    # its deliveries back for CONSUME_SECONDS, and a machine slow enough to hand them out
+    # more slowly than the kills take them would never see the queue drain.
+    fleet.wait_started()
+    kills_end = time.monotonic() + KILL_SECONDS
     while any(queue.stats()[state] for state in ("pending", "ready", "retry", "unack")):
+        if time.monotonic() > kills_end:
+            break
         time.sleep(rng.uniform(0.2, 0.8))
         fleet.kill_one(rng)
-    drain(queue, timeout=CONSUME_SECONDS * 4)
+    drain(queue, timeout=CONSUME_SECONDS * 10)
     fleet.stop()
     entries = ledger.read(fleet.ledger)
     deliveries = Counter(entry.id for entry in entries if entry.event == "start")
