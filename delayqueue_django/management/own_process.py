@@ -1,7 +1,10 @@
-"""Commands that cannot serve a memory queue from a process of their own: its messages live in
-the memory of the process that sends them."""
+"""What the package's commands do differently as a process of their own (``manage.py``) than
+inside a running one (``call_command``): refuse a memory queue, whose messages live in the
+memory of the process that sends them; and end on Ctrl-C with one line instead of a
+traceback."""
 
 import logging
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -11,6 +14,9 @@ from delayqueue_django.queue import Queue
 
 # The package logger's level for each --verbosity.
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+# The exit status of a command that Ctrl-C ended: 128 + SIGINT, as a shell reports a
+# process that the signal killed, so that a script sees it was interrupted.
+INTERRUPTED = 130
 
 
 class OwnProcessCommand(BaseCommand):
@@ -21,7 +27,15 @@ class OwnProcessCommand(BaseCommand):
 
     def run_from_argv(self, argv: list[str]) -> None:
         self.own_process = True
-        super().run_from_argv(argv)
+        try:
+            super().run_from_argv(argv)
+        except KeyboardInterrupt:
+            # Ctrl-C at a terminal: a traceback would only say where the command happened to
+            # wait. (Through call_command it goes on to the caller, whose Ctrl-C it is.)
+            # Where SIGINT is a command's own graceful stop (a worker, a relay, --watch), it
+            # comes here only when it falls outside that stop.
+            self.stderr.write(f"{argv[1]}: interrupted")
+            sys.exit(INTERRUPTED)
 
     def refuse_memory_queues(self, queues: Sequence[Queue], *, instead: str) -> None:
         """In a process of its own, say that a memory queue cannot be seen, and what to do

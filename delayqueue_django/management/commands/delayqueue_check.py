@@ -4,7 +4,7 @@ scripts after an incident; a sharded queue shard by shard, each problem under it
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from delayqueue_django import redis_checks, registry
@@ -16,13 +16,14 @@ from delayqueue_django.exceptions import (
     UnsupportedRedisVersion,
 )
 from delayqueue_django.management.commands.run_delayqueue import positive_int
+from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.queue import Queue
 
 # Exit codes (2 is Django's own for a usage error; 1 as in delayqueue_stats).
 UNREACHABLE, INCONSISTENT = 1, 3
 
 
-class Command(BaseCommand):
+class Command(OwnProcessCommand):
     help = (
         "Checks each queue's state in Redis: every message in exactly one state, no orphaned "
         "payload or meta record, exhaustions owed only for dead letters, ids and payloads "
