@@ -157,7 +157,12 @@ def test_watch_with_an_exit_status_option_is_refused(verdict: tuple[str, ...]) -
     assert caught.value.returncode == 1
 
 
-def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_watch_prints_again_until_a_signal_stops_it_with_0(
+    redis_server: RedisServer, signum: signal.Signals
+) -> None:
+    """Ctrl-C at a terminal, SIGTERM from a supervisor or ``kill``: both a clean stop (before,
+    SIGTERM killed it: status 143 in a shell)."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
@@ -180,13 +185,13 @@ def test_watch_prints_again_until_interrupted(redis_server: RedisServer) -> None
         while headers < 2:  # two reports printed
             assert time.monotonic() < deadline, "no second report"
             headers += process.stdout.readline().startswith("queue")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         try:
             code = process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGABRT)
             _, stacks = process.communicate(timeout=10)
-            raise AssertionError(f"still running 10 s after SIGINT:\n{stacks}") from None
+            raise AssertionError(f"still running 10 s after {signum.name}:\n{stacks}") from None
         assert code == 0, process.communicate()[1]
     finally:
         if process.poll() is None:

@@ -29,27 +29,35 @@ UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
 COUNTS = ("pending", "ready", "unack", "retry", "garbage", "due")
 
 
+# The signals that stop --watch: Ctrl-C at a terminal, SIGTERM from a supervisor or `kill`.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _stopped_by_interrupt(stop: threading.Event) -> Iterator[None]:
-    """In the main thread, a first SIGINT (Ctrl-C) sets ``stop``: the report being made is
-    finished, and the loop ends, whatever code the signal fell in (a KeyboardInterrupt
-    there could be caught on its way). A second one interrupts at once. Elsewhere (a
-    ``call_command`` from another thread) Ctrl-C is left as it is."""
+def _stopped_by_signal(stop: threading.Event) -> Iterator[None]:
+    """In the main thread, a first SIGINT (Ctrl-C) or SIGTERM sets ``stop``: the report
+    being made is finished, and the loop ends, whatever code the signal fell in (a
+    KeyboardInterrupt there could be caught on its way). A second one interrupts at once
+    (a KeyboardInterrupt, for either). Elsewhere (a ``call_command`` from another thread)
+    the signals are left as they are."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
     def first(signum: int, frame: Any) -> None:
         stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.default_int_handler)
 
-    signal.signal(signal.SIGINT, first)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, first)
     try:
         yield
     finally:
         # (None: a handler not set from Python, which cannot be put back; the default then.)
-        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 class Command(OwnProcessCommand):
@@ -67,7 +75,7 @@ class Command(OwnProcessCommand):
             "--watch",
             type=positive_seconds,
             metavar="N",
-            help="Print again every N seconds until interrupted.",
+            help="Print again every N seconds until stopped (Ctrl-C or SIGTERM: exit 0).",
         )
         parser.add_argument(
             "--max-lag",
@@ -129,7 +137,7 @@ class Command(OwnProcessCommand):
             self._verdict(reports, max_lag, require_workers)
             return
         stop = threading.Event()
-        with _stopped_by_interrupt(stop):
+        with _stopped_by_signal(stop):
             try:
                 while not stop.is_set():
                     self._print(
