@@ -552,6 +552,76 @@ def test_a_burst_run_goes_on_when_redis_comes_back_in_time(
         server.close()
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_burst_run_that_gives_up_holding_a_verdict_stops_at_once_and_the_message_comes_back(
+    workers: list[WorkerProcess], settings: Any, shards: int
+) -> None:
+    """Redis stops while a handler runs: its verdict cannot be committed. Once the run gives
+    up, no handler runs: it stops then, saying what it could not commit, rather than wait
+    out --grace and warn of handlers still running (before: 20 s, and that warning). The
+    delivery comes back after its lease, once. (A queue of shards holds a failed commit
+    back instead of raising: the other path to the same end.)"""
+    server = persisted_server()
+    try:
+        queue = queue_for(settings, server.url, MAX_CONSUME_DURATION=4, SHARDS=shards)
+        message_id = queue.send({"do": "sleep-first", "seconds": 1.0})
+        worker = spawn(
+            workers,
+            server.url,
+            *("-v", "1", "--burst", "--give-up-after", "1", "--grace", "20"),
+            DQ_TEST_MAX_CONSUME="4",
+            DQ_TEST_SHARDS=str(shards),
+        )
+        wait_for(lambda: events("start"), timeout=20, what="the handler to start")
+        server.stop()  # the handler's verdict, due in 1 s, finds Redis gone
+        away = time.monotonic()
+        assert worker.wait(timeout=40) == 3, worker.output
+        assert time.monotonic() - away < 1 + 1 + 5, worker.output
+        assert "still running" not in worker.output
+        assert (
+            "could not commit 1 verdict queue=default: Redis unreachable; those messages are "
+            "delivered again after their lease (MAX_CONSUME_DURATION)"
+        ) in worker.output
+
+        server.start()
+        stored = queue.peek(message_id)
+        assert stored is not None
+        assert (stored.state, stored.attempt) == ("unack", 1)  # leased still: nothing lost
+        again = spawn(workers, server.url, DQ_TEST_MAX_CONSUME="4", DQ_TEST_SHARDS=str(shards))
+        wait_for(lambda: events("done"), timeout=20, what="the delivery after the lease")
+        again.signal(signal.SIGTERM)
+        assert again.wait(timeout=20) == 0, again.output
+        assert [(e["id"], e["attempt"]) for e in events("start")] == [
+            (message_id, 1),
+            (message_id, 2),
+        ]
+        assert [e["id"] for e in events("acked")] == [message_id]  # nothing twice
+        assert queue.peek(message_id) is None
+    finally:
+        server.close()
+
+
+def test_a_stop_whose_grace_ends_with_only_verdicts_held_says_so(
+    workers: list[WorkerProcess], settings: Any
+) -> None:
+    """SIGTERM while Redis is away and a verdict waits for it: the grace ends with no handler
+    running, and the warning says what is left (before: "handlers still running")."""
+    server = persisted_server()
+    try:
+        queue = queue_for(settings, server.url)
+        queue.send({"do": "sleep", "seconds": 0.5})
+        worker = spawn(workers, server.url, "-v", "1", "--grace", "1")
+        wait_for(lambda: events("start"), timeout=20, what="the handler to start")
+        server.stop()
+        worker.wait_for_line("handler failed")  # its "done" record found Redis gone
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0, worker.output
+        assert "still running" not in worker.output
+        assert "verdicts still not committed after the 1 s grace period" in worker.output
+    finally:
+        server.close()
+
+
 def test_give_up_after_is_refused_without_burst(redis_server: RedisServer) -> None:
     with pytest.raises(CommandError, match="--give-up-after is for --burst"):
         call_command("run_delayqueue", give_up_after=5.0)

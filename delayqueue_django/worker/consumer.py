@@ -229,7 +229,11 @@ class QueueConsumer(threading.Thread):
                 self._flush(force=self.worker.stopping.is_set())
                 if self.worker.stopping.is_set():
                     self._hand_back(self.worker.pool.take_back(self))
-                    if self._idle() or self.worker.abandoning.is_set():
+                    if (
+                        self._idle()
+                        or self.worker.abandoning.is_set()
+                        or self._gave_up_holding_only_verdicts()  # held for failed shards
+                    ):
                         return
                     self._wait(0.1)
                     continue
@@ -237,6 +241,8 @@ class QueueConsumer(threading.Thread):
                 wait = self._fetch_if_due()
                 backoff.reset()
             except RedisError as error:
+                if self._gave_up_holding_only_verdicts():  # a commit failed
+                    return
                 # Whatever failed (a fetch over a connection that just went dead, say), the
                 # look this turn owed is still owed: retried after the backoff, on a fresh
                 # connection (redis-py drops one that failed), not at the old plan.
@@ -280,6 +286,34 @@ class QueueConsumer(threading.Thread):
     def _idle(self) -> bool:
         with self._lock:
             return self._in_flight == 0 and not self._outcomes
+
+    def _gave_up_holding_only_verdicts(self) -> bool:
+        """Whether this consumer is done, though Redis did not take what it holds: the burst
+        run gave up on Redis, and all it holds are verdicts and hand-backs whose commit
+        failed (those left in line after a flush), no handler of its queue running or
+        waiting to run, no verdict not tried yet. The grace is for such handlers; retrying
+        the commits through it would not bring Redis back. Those deliveries come back after
+        their lease, as a killed worker's do."""
+        if self.worker.gave_up is None or not self.worker.stopping.is_set():
+            return False
+        with self._lock:
+            held = [outcome for commit in self._commits for outcome in commit.outcomes]
+            if self._outcomes or len(held) < self._in_flight:
+                return False
+        handed_back = sum(outcome.verdict is Verdict.RELEASE for outcome in held)
+        said = [
+            f"{count} {what}{'' if count == 1 else 's'}"
+            for count, what in ((len(held) - handed_back, "verdict"), (handed_back, "hand-back"))
+            if count
+        ]
+        if said:
+            logger.warning(
+                "could not commit %s queue=%s: Redis unreachable; those messages are delivered "
+                "again after their lease (MAX_CONSUME_DURATION)",
+                " and ".join(said),
+                self.queue.name,
+            )
+        return True
 
     def _wait(self, seconds: float, *, backing_off: bool = False) -> None:
         deadline = math.inf

@@ -8,8 +8,9 @@ come back through their deadline. Reaching ``--max-messages`` is no request: the
 after it still waits for the running handlers.
 
 A burst run whose Redis stays unreachable for ``give_up_after`` seconds stops as on a first
-request (``gave_up`` names the server): a cron job or a CI step must end, where a worker run
-until stopped waits for Redis however long it takes.
+request (``gave_up`` names the server), except that it does not keep retrying through the
+grace the verdicts that Redis would not take (see QueueConsumer): a cron job or a CI step
+must end, where a worker run until stopped waits for Redis however long it takes.
 """
 
 import logging
@@ -216,11 +217,7 @@ class Worker:
             if self.stopping.is_set():
                 stop_requested_at = stop_requested_at or time.monotonic()
                 if time.monotonic() - stop_requested_at > self.grace:
-                    logger.warning(
-                        "handlers still running after the %.0f s grace period; leaving them "
-                        "to come back through their deadline",
-                        self.grace,
-                    )
+                    self._say_what_the_grace_leaves()
                     self.abandoning.set()
                     break
             elif self.burst and all(c.finished.is_set() for c in self.consumers):
@@ -231,6 +228,23 @@ class Worker:
             consumer.finished.wait(2.0)
         self.pool.close()
         self._stop_database_duties()
+
+    def _say_what_the_grace_leaves(self) -> None:
+        """The grace is over and a consumer is not done: handlers still run, or, with none
+        running, verdicts wait for a Redis that does not take them."""
+        if self.pool.running():
+            logger.warning(
+                "handlers still running after the %.0f s grace period; leaving them "
+                "to come back through their deadline",
+                self.grace,
+            )
+            return
+        logger.warning(
+            "verdicts still not committed after the %.0f s grace period (Redis unreachable "
+            "or refusing them); those messages are delivered again after their lease "
+            "(MAX_CONSUME_DURATION)",
+            self.grace,
+        )
 
     def _give_up(self, address: str) -> None:
         """A burst run that cannot reach Redis: stop as on a first signal (what it fetched
