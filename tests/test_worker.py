@@ -323,6 +323,45 @@ def test_max_messages_stops_after_that_many(worker_queue: Callable[..., Queue]) 
     assert stats["unack"] == 0
 
 
+def test_max_messages_is_exact_over_several_queues_with_a_backlog_each(
+    worker_url: str, settings: Any
+) -> None:
+    """Four consumers start fetching at the same moment: before, each counted on the whole
+    of what was left, and most runs handled more than asked (up to 8 of 5)."""
+    names = ("a", "b", "c", "d")
+    settings.DELAYQUEUES = {
+        name: {"URL": worker_url, "HANDLER": "tests.worker_handlers.handle"} for name in names
+    }
+    queues = [get_queue(name) for name in names]
+    for queue in queues:
+        queue.send_many([{"n": n} for n in range(10)])
+    out = StringIO()
+    call_command("run_delayqueue", max_messages=5, concurrency=2, stdout=out)
+    assert len([e for e in read_log("a") if e["event"] == "done"]) == 5
+    assert "stopped: 5 handled, 0 failed." in out.getvalue()
+    left = [queue.stats() for queue in queues]
+    assert sum(stats["pending"] + stats["ready"] for stats in left) == 40 - 5
+    assert sum(stats["unack"] for stats in left) == 0
+
+
+def test_a_share_of_max_messages_is_reserved_until_its_fetch_returns(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """The accounting behind the exact count: a fetch's share stays reserved until it
+    returns; one that failed keeps it, and its repeat asks the same (the repeat of a fetch
+    whose reply was lost gets what that fetch took, whatever it asks)."""
+    settings.DELAYQUEUES = {name: {"URL": redis_server.url} for name in ("a", "b")}
+    worker = Worker([(get_queue(name), handle) for name in ("a", "b")], max_messages=3)
+    a, b = worker.consumers
+    assert worker.reserve(a, 2) == 2
+    assert worker.reserve(b, 2) == 1  # what a's fetch under way leaves
+    assert worker.reserve(a, 1) == 2  # a's fetch failed: its repeat, with its share
+    worker.fetched(b)  # took nothing: its share is free again
+    assert worker.reserve(b, 5) == 1
+    unlimited = Worker([(get_queue("a"), handle)])
+    assert unlimited.reserve(unlimited.consumers[0], 7) == 7
+
+
 def test_a_message_sent_at_a_past_time_is_neither_lag_nor_lateness(
     worker_queue: Callable[..., Queue],
 ) -> None:

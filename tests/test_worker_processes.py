@@ -171,19 +171,19 @@ def second_server() -> Iterator[RedisServer]:
     server.close()
 
 
-def test_a_signal_after_max_messages_is_the_first_and_lets_running_handlers_finish(
+def test_max_messages_is_exact_with_queues_fetching_at_the_same_moment(
     workers: list[WorkerProcess],
     redis_server: RedisServer,
     second_server: RedisServer,
     settings: Any,
 ) -> None:
-    """--max-messages reached starts the graceful stop, but is no signal: the first SIGTERM
-    after it still lets the running handler finish and commits its ack.
+    """--max-messages N handles exactly N messages, however many queues fetch at once: each
+    fetch reserves its share of what is left before it goes out.
 
-    Two queues, as a handler can only still run when --max-messages is reached if two
-    consumers each fetched within the quota before either fetch came back: the second
-    queue's fetch is held up by a CLIENT PAUSE of its server while the first queue's
-    consumer fetches."""
+    Two queues with a backlog each; the second queue's fetch is held up by a CLIENT PAUSE of
+    its server while the first queue's consumer fetches. Before, both counted on the same
+    share: the first handled all 3, and the second's 2, fetched before the first's last
+    was done, came on top of them."""
     settings.DELAYQUEUES = {
         "default": {"URL": redis_server.url, "NACK_REDELIVERY_DELAY": 0},
         "second": {"URL": second_server.url, "NACK_REDELIVERY_DELAY": 0},
@@ -192,27 +192,26 @@ def test_a_signal_after_max_messages_is_the_first_and_lets_running_handlers_fini
     worker = spawn(
         workers,
         redis_server.url,
-        *("--max-messages", "1", "--concurrency", "2"),
+        *("--max-messages", "3", "--concurrency", "2"),
         DQ_TEST_SECOND_REDIS_URL=second_server.url,
     )
     worker.wait_for_line("queue 'second'")
     time.sleep(0.3)  # both consumers' first fetches found nothing
     started = time.monotonic()
-    slow = second.send({"do": "sleep", "seconds": 1.5}, delay=0.4)
-    # Its fetch, due at 0.4 s, waits for the pause's end, at 1.5 s.
+    second.send_many([{"n": n} for n in range(4)], delay=0.4)
+    # Its fetch (of 2, the pool's room), due at 0.4 s, waits for the pause's end, at 1.5 s.
     second_server.client().client_pause(1500, all=False)
     time.sleep(max(0.9 - (time.monotonic() - started), 0))
-    fast = first.send({"do": "sleep", "seconds": 1.2})  # acked at 2.1 s: --max-messages
-    worker.wait_for_line("(--max-messages); stopping")
-    assert [e["id"] for e in read_log("second") if e["event"] == "start"] == [slow]
-    worker.signal(signal.SIGTERM)
+    # Before, 2 fetched, done at 1.4 s, then 1, done at 1.9 s: after the second's fetch.
+    first.send_many([{"n": n, "do": "sleep", "seconds": 0.5} for n in range(4)])
 
     assert worker.wait(timeout=20) == 0, worker.output
-    assert "second stop request" not in worker.output
-    assert [e["id"] for e in events("acked")] == [fast]
-    assert [e["id"] for e in read_log("second") if e["event"] == "acked"] == [slow]
-    assert second.peek(slow) is None
-    assert "stopped: 2 handled, 0 failed." in worker.output
+    done = [e for name in ("default", "second") for e in read_log(name) if e["event"] == "done"]
+    assert len(done) == 3, worker.output
+    assert "stopped: 3 handled, 0 failed." in worker.output
+    left = [queue.stats() for queue in (first, second)]
+    assert sum(stats["pending"] + stats["ready"] for stats in left) == 8 - 3
+    assert [stats["unack"] for stats in left] == [0, 0]
 
 
 def test_kill_9_mid_handler_loses_nothing(

@@ -368,16 +368,15 @@ class QueueConsumer(threading.Thread):
         # sees what the commit changed, so the commit need not call for another look.
         self._flush(force=True)
         self._woken = False
-        quota = self.worker.quota()
-        if quota == 0:
-            return IDLE_RECHECK_SECONDS
-        self.starved = False
         if not stale and self._batch < self._batch_limit:
             self._grow_batch()
-        limit = self._batch_limit if quota is None else min(self._batch_limit, quota)
         # The room, but never more than the batch limit (--batch-size: the room exceeds it
-        # when the threads outnumber it) or the quota; at least one, as the room said.
-        count = max(min(self._room(), limit), 1)
+        # when the threads outnumber it); at least one, as the room said; under
+        # --max-messages, no more than what is left, reserved for this fetch.
+        count = self.worker.reserve(self, max(min(self._room(), self._batch_limit), 1))
+        if count == 0:
+            return IDLE_RECHECK_SECONDS  # still starved: a share set free wakes us
+        self.starved = False
         with self._lock:
             # This fetch sees every message announced so far; later announcements stay.
             self._announced_ms = math.inf
@@ -396,6 +395,7 @@ class QueueConsumer(threading.Thread):
             with self._lock:
                 self._in_flight += len(fetched.messages)
             self.worker.pool.submit(self, fetched.messages)
+        self.worker.fetched(self)
         # After the submit: the batch is in hand whatever happens.
         deferred = fetched.exhaustions_owed and not self._announce_exhaustions()
         full = len(fetched.messages) == count
@@ -711,7 +711,13 @@ class QueueConsumer(threading.Thread):
         return isinstance(store, ShardedStore) and store.shard_count > 1
 
     def _settle(self, committed: list[Outcome], *, exhausted: bool) -> None:
-        """Account for committed outcomes: no longer in flight, counted, exhaustions owed."""
+        """Account for committed outcomes: counted, no longer in flight, exhaustions owed."""
+        # Counted first: between the two, a consumer reserving its share of --max-messages
+        # would otherwise see them neither handled nor in flight, and count on them again.
+        self.worker.count(
+            handled=sum(o.verdict is not Verdict.RELEASE for o in committed),
+            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in committed),
+        )
         with self._lock:
             self._in_flight -= len(committed)
             idle = self._in_flight == 0
@@ -723,10 +729,6 @@ class QueueConsumer(threading.Thread):
             # Acks only take work away: the last fetch's plan stands (a message sent since,
             # due earlier, announced itself), so at a trickle an ack costs no extra fetch.
             self._woken = True
-        self.worker.count(
-            handled=sum(o.verdict is not Verdict.RELEASE for o in committed),
-            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in committed),
-        )
         if exhausted:
             # After the commit, and never failing it: see _announce_exhaustions.
             self._announce_exhaustions()

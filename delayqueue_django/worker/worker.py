@@ -4,8 +4,9 @@ two-step shutdown.
 First stop request (SIGTERM, SIGINT, a reload), or ``--max-messages`` reached: stop fetching,
 hand back what was fetched but not started, let running handlers finish for up to ``grace``
 seconds, commit their verdicts, exit. Second request: leave at once; deliveries still running
-come back through their deadline. Reaching ``--max-messages`` is no request: the first signal
-after it still waits for the running handlers.
+come back through their deadline. Reaching ``--max-messages`` is no request: by then nothing
+is in flight (fetches take no more than the limit leaves, see ``reserve``), and the first
+signal after it is still the graceful one.
 
 A burst run whose Redis stays unreachable for ``give_up_after`` seconds stops as on a first
 request (``gave_up`` names the server), except that it does not keep retrying through the
@@ -83,6 +84,8 @@ class Worker:
         self._counts_lock = threading.Lock()
         self.handled = 0
         self.failed = 0
+        # Under --max-messages, what each consumer's fetch under way may take (see reserve).
+        self._reserved: dict[QueueConsumer, int] = {}
         # The counts at the last summary line, and when it was logged (None: not yet).
         self._summarized = (0, 0)
         self._summarized_at: float | None = None
@@ -133,13 +136,36 @@ class Worker:
             *totals,
         )
 
-    def quota(self) -> int | None:
-        """How many more messages may be fetched, or None without --max-messages."""
+    def reserve(self, consumer: QueueConsumer, wanted: int) -> int:
+        """How many messages ``consumer`` may fetch now, of the ``wanted``: all of them
+        without --max-messages; else no more than the limit leaves once the messages
+        handled, in flight and reserved for the other consumers' fetches are counted,
+        reserved for this fetch until ``fetched``. Reserved under the lock: consumers
+        fetching at the same moment never count on the same share, so exactly
+        --max-messages are handled. A fetch that failed keeps its reservation, and its
+        repeat is given the same count: if Redis ran it, the repeat gets what it took (see
+        Queue.fetch), whatever count it asks for."""
         if self.max_messages is None:
-            return None
+            return wanted
         with self._counts_lock:
-            in_flight = sum(consumer.in_flight for consumer in self.consumers)
-            return max(self.max_messages - self.handled - in_flight, 0)
+            if consumer in self._reserved:
+                return self._reserved[consumer]
+            in_flight = sum(each.in_flight for each in self.consumers)
+            left = self.max_messages - self.handled - in_flight - sum(self._reserved.values())
+            granted = min(wanted, max(left, 0))
+            if granted:
+                self._reserved[consumer] = granted
+            return granted
+
+    def fetched(self, consumer: QueueConsumer) -> None:
+        """``consumer``'s fetch returned, and what it took counts as in flight: its
+        reservation ends, and what the fetch did not take is free again."""
+        if self.max_messages is None:
+            return
+        with self._counts_lock:
+            self._reserved.pop(consumer, None)
+        # A consumer refused a share meanwhile waits for room: it may have some now.
+        self._wake_starved_consumers()
 
     def details(self) -> dict[str, Any]:
         host, pid = socket.gethostname(), os.getpid()
@@ -184,7 +210,7 @@ class Worker:
     def request_stop(self) -> None:
         """First call: stop gracefully. A second call (the second signal) leaves at once.
         A graceful stop that --max-messages started counts as no call: the next one is the
-        first, and the running handlers still get their grace."""
+        first."""
         if self.stop_requested.is_set():
             logger.warning("second stop request: leaving now; running deliveries come back later")
             self.abandoning.set()
