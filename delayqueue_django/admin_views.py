@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from delayqueue_django import registry
 from delayqueue_django.encoding import decode_payload
-from delayqueue_django.engine import STATES, StoredMessage, printable
+from delayqueue_django.engine import STATES, StoredMessage, loggable, printable
 from delayqueue_django.exceptions import UnknownQueue, UnknownSchedule
 from delayqueue_django.monitoring import (
     describe_running,
@@ -392,8 +392,8 @@ class QueueViews:
             "admin action=%s queue=%s user=%s ids=%s done=%d",
             name,
             queue_name,
-            request.user.get_username(),
-            ",".join(ids),
+            loggable(request.user.get_username()),
+            loggable(",".join(ids)),
             done,
         )
         text = f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
@@ -430,8 +430,8 @@ class QueueViews:
             "admin action=schedule-%s queue=%s user=%s schedule=%s",
             action,
             queue_name,
-            request.user.get_username(),
-            name,
+            loggable(request.user.get_username()),
+            loggable(name),
         )
         done = "paused" if action == "pause" else "resumed"
         messages.success(request, f"Schedule {name!r} of queue {queue_name!r} {done}.")
@@ -486,7 +486,7 @@ class QueueViews:
             logger.info(
                 "admin action=purge queue=%s user=%s purged=%d",
                 queue.name,
-                request.user.get_username(),
+                loggable(request.user.get_username()),
                 purged,
             )
             messages.success(request, f"Purged {purged} dead letter(s) from queue {queue.name!r}.")

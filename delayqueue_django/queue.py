@@ -38,7 +38,7 @@ from delayqueue_django.engine import (
     NewMessage,
     Store,
     StoredMessage,
-    printable,
+    loggable,
 )
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
@@ -517,7 +517,7 @@ class Queue:
             except ValueError as error:
                 logger.warning(
                     "undecodable payload, burying message id=%s queue=%s: %s",
-                    printable(delivery.id),
+                    loggable(delivery.id),
                     self.name,
                     error,
                 )

@@ -20,6 +20,7 @@ from delayqueue_django.engine.records import ScheduleFailure
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.definition import Schedule
 from delayqueue_django.worker import heartbeat
 from tests.backends import SHARDED_BACKENDS
 from tests.conftest import MEMORY_URL, queue_settings
@@ -256,6 +257,38 @@ def test_actions_are_logged(
             url("action", "default"), {"action": "requeue", "ids": [message_id]}
         )
     assert f"admin action=requeue queue=default user=root ids={message_id} done=1" in caplog.text
+
+
+# What a posted id or schedule name would add to forge a log record of its own after it.
+FORGED = "\n2024-05-06 12:00:00,000 INFO delayqueue_django.admin: admin action=purge"
+
+
+def test_a_posted_id_or_schedule_name_cannot_forge_a_log_line(
+    users: dict[str, User | None], queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    message_id = bury(queue)
+    # A schedule of that name can only be a foreign write: the API refuses such names.
+    schedule = Schedule("poll" + FORGED, None, 300_000, "UTC", "1", source="api")
+    queue.store.define_schedule(
+        schedule.name,
+        schedule.to_json(),
+        schedule.fingerprint,
+        expect="new",
+        start_ms=0,
+        first=None,
+    )
+    client = client_for(users["superuser"])
+    with caplog.at_level("INFO", logger="delayqueue_django.admin"):
+        client.post(url("action", "default"), {"action": "requeue", "ids": [message_id + FORGED]})
+        client.post(url("schedule_action", "default"), {"name": schedule.name, "action": "pause"})
+    assert queue.schedules.get(schedule.name).paused
+    lines = [record.getMessage() for record in caplog.records]
+    escaped = FORGED.replace("\n", "\\n")
+    assert lines == [
+        f"admin action=requeue queue=default user=root ids={message_id}{escaped} done=0",
+        f"admin action=schedule-pause queue=default user=root schedule=poll{escaped}",
+    ]
+    assert len(caplog.text.splitlines()) == 2
 
 
 def test_an_unknown_action_or_no_selection_changes_nothing(

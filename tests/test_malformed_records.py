@@ -2,6 +2,7 @@
 costs its own message, never a fetch batch, an exhaustion claim, an admin page, the metrics
 or the checks. Planted with raw commands on the tests' private Redis (single and cluster)."""
 
+import json
 import logging
 from collections.abc import Callable
 from io import StringIO
@@ -13,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from delayqueue_django.engine import NewMessage, printable
+from delayqueue_django.engine import NewMessage, loggable, printable
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 from tests.helpers import fetch_when_due, states_of
@@ -238,6 +239,55 @@ def test_a_heartbeat_that_is_no_json_object_is_skipped_with_a_warning(
     out = StringIO()
     call_command("delayqueue_stats", "default", stdout=out)
     assert "h:1 (None handled" in out.getvalue()
+
+
+# Log lines: an id from outside is written on one line, its control characters escaped.
+
+# What an id would add to its log line to forge a record of its own after it.
+FORGED = "\n2024-05-06 12:00:00,000 INFO delayqueue_django.admin: admin action=purge"
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        ("0190a1b2c3d4e5f6~1.2", "0190a1b2c3d4e5f6~1.2"),
+        ("tick:nightly:1700000000000", "tick:nightly:1700000000000"),
+        ("orders/17 é€😀", "orders/17 é€😀"),
+        ("a\nb\r\tc", "a\\nb\\r\\tc"),
+        ("\x1b[2J\x00\x7f", "\\x1b[2J\\x00\\x7f"),
+        ("a\x85b\u2028c\u2029\u202e", "a\\x85b\\u2028c\\u2029\\u202e"),
+        ("id-\udcff\n", "id-\\xff\\n"),  # bytes not UTF-8, read from Redis
+    ],
+)
+def test_loggable_escapes_what_would_break_or_rewrite_a_line_and_keeps_the_rest(
+    text: str, logged: str
+) -> None:
+    assert loggable(text) == logged
+
+
+@pytest.mark.django_db
+def test_an_id_with_a_line_break_cannot_forge_a_line_of_the_worker_log(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = _worker_configurer(redis_server.url, settings)(RETRY_COUNT=0)
+    kinds = {"ok": {}, "reject": {"do": "reject"}, "raise": {"do": "raise"}}
+    queue.store.send(
+        [NewMessage(f"{kind}{FORGED}", json.dumps(payload), 0) for kind, payload in kinds.items()]
+    )
+    with caplog.at_level(logging.DEBUG, logger="delayqueue_django"):
+        run_burst(verbosity=2)
+
+    assert sorted(e["id"] for e in events("start")) == sorted(f"{kind}{FORGED}" for kind in kinds)
+    lines = [record.getMessage() for record in caplog.records]
+    assert not [line for line in lines if "\n" in line]
+    escaped = loggable(FORGED)
+    for expected in (
+        f"handled message id=ok{escaped} queue=default attempt=1 verdict=ack",
+        f"handler rejected message id=reject{escaped} queue=default attempt=1",
+        f"handler failed message id=raise{escaped} queue=default attempt=1",
+        f"message exhausted its retries id=raise{escaped} queue=default",
+    ):
+        assert [line for line in lines if line.startswith(expected)], expected
 
 
 # Every kind at once, next to good messages, through a worker.

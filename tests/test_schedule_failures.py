@@ -111,6 +111,25 @@ def test_a_failing_schedule_is_passed_over_while_the_others_fire_on_time(
     assert not [m for m in queue.list_messages("pending") if m.id.startswith("tick:broken:")]
 
 
+def test_a_schedule_name_from_outside_is_logged_on_one_line(
+    configure: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = configure()
+    # A name the API refuses, and a line after it that would pass for a record of its own.
+    name = "broken\n2024-05-06 12:00:00,000 INFO delayqueue_django.schedules: all is well"
+    queue.store.define_schedule(
+        name, '{"every_ms": "soon"}', "0badf00d", expect="any", start_ms=0, first=None
+    )
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django.schedules"):
+        ScheduleRunner(queue).run_due(first_pass_ms(queue))
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "delayqueue_django.schedules"]
+    assert logged.startswith(
+        "schedule broken\\n2024-05-06 12:00:00,000 INFO delayqueue_django.schedules: all is "
+        "well of queue default fails (tried 1 time(s)"
+    )
+    assert "\n" not in logged
+
+
 def test_a_failing_schedule_is_tried_again_with_a_backoff_and_fires_once_fixed(
     configure: Callable[..., Queue],
     settings: Any,

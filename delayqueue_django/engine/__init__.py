@@ -23,6 +23,7 @@ from delayqueue_django.engine.records import (
     NewMessage,
     StoredMessage,
     StoreLimits,
+    loggable,
     printable,
 )
 from delayqueue_django.engine.store import RedisStore
@@ -45,5 +46,6 @@ __all__ = [
     "StoredMessage",
     "UnsupportedRedisVersion",
     "WakeupSubscription",
+    "loggable",
     "printable",
 ]

@@ -40,6 +40,19 @@ def printable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def loggable(text: str) -> str:
+    """``text`` fit for one log line: ``printable``, and each character that prints nothing
+    (line breaks, tabs, terminal escapes, Unicode's line separators and bidi controls) as
+    the escape ``repr`` writes for it ("\\n", "\\x1b", "\\u2028"). An id or a schedule name
+    from outside (a form, a foreign write) then cannot start a line that passes for a log
+    record of its own; an ordinary one is logged as it is. (A backslash stays one, as in
+    ``printable``: the escapes are there to be read, not parsed back.)"""
+    shown = printable(text)
+    if shown.isprintable():
+        return shown
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in shown)
+
+
 @dataclass(frozen=True)
 class StoreLimits:
     """Bounds that keep every script call short."""

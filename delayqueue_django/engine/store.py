@@ -36,6 +36,7 @@ from delayqueue_django.engine.records import (
     StoredMessage,
     StoreLimits,
     Tick,
+    loggable,
     meta_numbers,
     parse_schedule_record,
     split_trace,
@@ -128,9 +129,14 @@ def require_supported(version: tuple[int, ...], queue: str) -> None:
 
 
 def log_warnings(queue: str, warnings: Sequence[Sequence[bytes | str]]) -> None:
+    """The scripts' warnings: their subjects (an id, a key) and reasons (naming a field, a
+    schedule) are read from Redis, where anyone may have written them."""
     for subject, reason in warnings:
         logger.warning(
-            "damaged queue state queue=%s subject=%s: %s", queue, _shown(subject), _shown(reason)
+            "damaged queue state queue=%s subject=%s: %s",
+            queue,
+            loggable(_shown(subject)),
+            loggable(_shown(reason)),
         )
 
 

@@ -38,6 +38,7 @@ from delayqueue_django.engine.records import (
     ScheduleFailure,
     ScheduleRecord,
     Tick,
+    loggable,
     parse_tick_id,
 )
 from delayqueue_django.exceptions import InvalidSchedule
@@ -213,7 +214,7 @@ class ScheduleRunner:
                 self.queue.store.remove_schedule(record.name, record.fingerprint or "")
                 logger.info(
                     "schedule %s of queue %s is no longer in settings: removed",
-                    record.name,
+                    loggable(record.name),
                     self.queue.name,
                 )
 
@@ -233,7 +234,7 @@ class ScheduleRunner:
         )
         logger.info(
             "schedule %s of queue %s from settings: %s (%s)",
-            schedule.name,
+            loggable(schedule.name),
             self.queue.name,
             reply.status,
             schedule.describe(),
@@ -336,7 +337,7 @@ class ScheduleRunner:
         logger.warning(
             "schedule %s of queue %s has a damaged tick record (missing or unreadable): "
             "defined again, its ticks from now on",
-            schedule.name,
+            loggable(schedule.name),
             self.queue.name,
         )
         reply = self.queue.store.define_schedule(
@@ -377,12 +378,12 @@ class ScheduleRunner:
             logger.error(
                 "schedule %s of queue %s fails (tried %d time(s) since %s; passed over, tried "
                 "again in %d s, while the queue's other schedules go on): %s",
-                name,
+                loggable(name),
                 self.queue.name,
                 tries,
                 _moment(failing.since_ms).isoformat(),
                 backoff // 1000,
-                reason,
+                loggable(reason),
                 exc_info=None if isinstance(error, InvalidSchedule) else error,
             )
         if not failing.reported and fingerprint:
@@ -396,10 +397,10 @@ class ScheduleRunner:
         if failing is not None:
             logger.info(
                 "schedule %s of queue %s fires again (it failed %d time(s): %s)",
-                name,
+                loggable(name),
                 self.queue.name,
                 failing.tries,
-                failing.reason,
+                loggable(failing.reason),
             )
 
     # Running ticks
@@ -426,7 +427,7 @@ class ScheduleRunner:
                 return handler(message)
             logger.info(
                 "tick %s of queue %s missed (started %.1f s after its time; MISSED=%s): not run",
-                message.id,
+                loggable(message.id),
                 message.queue,
                 (self._started_ms(message) - at) / 1000,
                 schedule.missed,

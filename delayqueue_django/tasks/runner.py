@@ -17,6 +17,7 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
+from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject, TaskAbandoned
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Exhausted
@@ -52,12 +53,13 @@ def run_task(message: Message) -> None:
         if error.__cause__ is not None:  # the task's module raised as it was imported
             logger.error(
                 "the task of message id=%s queue=%s failed to import",
-                message.id,
+                loggable(message.id),
                 message.queue,
                 exc_info=error.__cause__,
             )
         # Bury at once: retrying cannot make a message into a task.
-        raise Reject(f"refusing to run message {message.id} as a task: {error}") from None
+        # Its text is logged as the rejection's reason.
+        raise Reject(f"refusing to run message {loggable(message.id)} as a task: {error}") from None
 
     records = backend.records(get_queue(message.queue))
     now = timezone.now().isoformat()

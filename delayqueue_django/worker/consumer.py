@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.engine import loggable
 from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
 from delayqueue_django.handlers import Handler
@@ -203,7 +204,7 @@ class QueueConsumer(threading.Thread):
                 "handler overran MAX_CONSUME_DURATION by %d ms; message id=%s queue=%s "
                 "may already have been delivered again",
                 overrun_ms,
-                message.id,
+                loggable(message.id),
                 message.queue,
             )
         return outcome
@@ -532,7 +533,7 @@ class QueueConsumer(threading.Thread):
                 "now; message id=%s queue=%s attempt=%s will be delivered again, and this handler "
                 "thread stays busy until the handler returns",
                 now - handler.started_at,
-                message.id,
+                loggable(message.id),
                 message.queue,
                 message.attempt,
             )

@@ -8,6 +8,7 @@ from enum import Enum
 from django.db import close_old_connections
 
 from delayqueue_django import exactly_once, tracing
+from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject
 from delayqueue_django.handlers import Handler
 from delayqueue_django.message import Message
@@ -101,7 +102,7 @@ def _call_handler(
         logger.info(
             "message id=%s queue=%s attempt=%s was processed before (its transaction "
             "committed): acked without running the handler again",
-            message.id,
+            loggable(message.id),
             message.queue,
             message.attempt,
         )
@@ -109,7 +110,7 @@ def _call_handler(
         outcome = Outcome(message, Verdict.BURY, error, time.perf_counter() - started)
         logger.warning(
             "handler rejected message id=%s queue=%s attempt=%s: %s",
-            message.id,
+            loggable(message.id),
             message.queue,
             message.attempt,
             error,
@@ -118,7 +119,7 @@ def _call_handler(
         outcome = Outcome(message, Verdict.NACK, error, time.perf_counter() - started)
         logger.exception(
             "handler failed message id=%s queue=%s attempt=%s",
-            message.id,
+            loggable(message.id),
             message.queue,
             message.attempt,
         )
@@ -127,7 +128,7 @@ def _call_handler(
         outcome = Outcome(message, verdict, None, time.perf_counter() - started)
         logger.debug(
             "handled message id=%s queue=%s attempt=%s verdict=%s in %.1f ms",
-            message.id,
+            loggable(message.id),
             message.queue,
             message.attempt,
             verdict.value,

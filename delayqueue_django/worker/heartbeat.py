@@ -9,7 +9,7 @@ import json
 import logging
 from typing import Any
 
-from delayqueue_django.engine import printable
+from delayqueue_django.engine import loggable, printable
 from delayqueue_django.queue import Queue
 
 logger = logging.getLogger("delayqueue_django")
@@ -37,7 +37,7 @@ def live_workers(queue: Queue) -> list[dict[str, Any]]:
         if not isinstance(details, dict):
             logger.warning(
                 "heartbeat of worker id=%s queue=%s is not a JSON object, skipped: %.100r",
-                printable(worker_id),
+                loggable(worker_id),
                 queue.name,
                 text,
             )

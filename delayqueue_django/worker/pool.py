@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from delayqueue_django.engine import loggable
 from delayqueue_django.message import Message
 from delayqueue_django.worker.handling import Outcome, Verdict
 
@@ -135,7 +136,7 @@ class HandlerPool:
                 # leave the delivery without a verdict: refused, its retry counted.
                 logger.exception(
                     "unexpected error around the handler call message id=%s queue=%s",
-                    job.message.id,
+                    loggable(job.message.id),
                     job.message.queue,
                 )
                 outcome = Outcome(job.message, Verdict.NACK, error)

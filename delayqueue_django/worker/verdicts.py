@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
 from delayqueue_django import signals
+from delayqueue_django.engine import loggable
 from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
@@ -141,7 +142,7 @@ def _log_lost_lease(message: Message, what: str) -> None:
         "%s of message id=%s queue=%s attempt=%s came after its delivery timed out; "
         "the message is being delivered again",
         what,
-        message.id,
+        loggable(message.id),
         message.queue,
         message.attempt,
     )
@@ -158,7 +159,7 @@ def announce_exhaustions(queue: Queue) -> None:
         for claim in claims:
             logger.warning(
                 "message exhausted its retries id=%s queue=%s attempts=%s",
-                claim.id,
+                loggable(claim.id),
                 claim.queue,
                 claim.attempt,
             )
