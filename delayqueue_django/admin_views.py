@@ -341,18 +341,18 @@ class QueueViews:
         return TemplateResponse(request, "admin/delayqueue_django/message.html", context)
 
     def payload(self, request: HttpRequest, queue_name: str, message_id: str) -> HttpResponse:
-        """The whole payload as a file to download (GET, view permission): byte for byte as
-        sent (without a trace context, as peek gives it), not indented. It is read whole
-        into this process once, as peek reads it; nothing is changed."""
+        """The whole payload as a file to download (GET, view permission): the bytes stored,
+        not indented, without a trace context (bytes that are not UTF-8 too, which the page
+        shows as escapes). It is read whole into this process once; nothing is changed."""
         self._require(request, "view")
         queue = self._queue(queue_name)
         try:
-            stored = queue.peek(message_id)
+            payload = queue.peek_payload(message_id)
         except RedisError as error:
             return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
-        if stored is None or stored.payload is None:
+        if payload is None:
             raise Http404(f"Queue {queue_name!r} has no payload for message {message_id!r}.")
-        response = HttpResponse(stored.payload.encode("utf-8"), content_type="application/json")
+        response = HttpResponse(payload, content_type="application/json")
         response["Content-Disposition"] = content_disposition_header(
             True, _download_name(queue_name, message_id)
         )

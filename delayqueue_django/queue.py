@@ -708,6 +708,14 @@ class Queue:
         return self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
 
     @_reaching_redis
+    def peek_payload(self, message_id: str) -> bytes | None:
+        """A message's whole payload as the very bytes stored, or None if it has none (the
+        admin's download). ``peek`` gives it as text, where bytes that are not UTF-8 (only a
+        write from outside the app stores them) are shown as ``\\xNN`` escapes; here they
+        stay those bytes."""
+        return self.store.peek_payload(_check_id(message_id))
+
+    @_reaching_redis
     def delete(self, message_id: str, *, state: str | None = None) -> str | None:
         """Delete a message from whatever state it is in, or only if it is in ``state``
         (one of pending, ready, unack, retry, garbage: the state an operator saw it in);

@@ -941,6 +941,34 @@ def test_a_payload_not_utf8_is_shown_cut_as_escapes(users: dict[str, User | None
     assert shown_payload(page) == '"' + "\\xff" * (MESSAGE_PAYLOAD_BYTES - 2)
 
 
+# A payload not UTF-8, as a foreign client writes it: bytes no UTF-8 at all and a "€".
+NOT_UTF8 = b'{"text": "caf\xe9 \xff\xfe", "price": "3 \xe2\x82\xac"}'
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        NOT_UTF8,  # as a release before the retry budget rode with the payload wrote it
+        b"~3~0~" + NOT_UTF8,  # with its retry budget and due time, as send.lua writes it
+        b"~3~0~^" + TRACEPARENT + b"^" + NOT_UTF8,  # and a traced send's trace context
+    ],
+)
+def test_the_download_of_a_payload_not_utf8_gives_the_bytes_stored(
+    users: dict[str, User | None], stored: bytes
+) -> None:
+    store = redis_store(get_queue())
+    store.client.zadd(store.keys.key("pending"), {"bad": 0})
+    store.client.hset(store.keys.key("payload"), "bad", stored)
+    client = client_for(users["viewer"])
+    response = client.get(url("payload", "default", "bad"))
+    assert response.status_code == 200
+    assert response.content == NOT_UTF8
+    # The page shows it escaped, as before.
+    page = client.get(url("message", "default", "bad")).content.decode()
+    assert shown_payload(page) == '{"text": "caf\\xe9 \\xff\\xfe", "price": "3 €"}'
+
+
 def test_a_short_payload_nested_deep_is_shown_as_stored_not_indented_past_a_bound(
     users: dict[str, User | None], roomy_queue: Queue
 ) -> None:

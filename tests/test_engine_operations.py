@@ -105,6 +105,15 @@ def test_peek_cuts_a_long_payload_on_a_character_boundary_when_asked(queue: Queu
         queue.peek(message_id, preview_bytes=-1)
 
 
+def test_peek_payload_gives_the_bytes_stored_on_every_store(queue: Queue) -> None:
+    message_id = queue.send({"text": "é€😀", "n": [1, None]}, delay=60)
+    assert queue.peek_payload(message_id) == '{"text":"é€😀","n":[1,null]}'.encode()
+    assert queue.peek(message_id) is not None  # nothing moved
+    assert queue.peek_payload("nope") is None
+    with pytest.raises(TypeError, match="message id"):
+        queue.peek_payload("")
+
+
 def test_list_rejects_unknown_states_and_bad_ranges(queue: Queue) -> None:
     with pytest.raises(ValueError, match="unknown state 'done'"):
         queue.list_messages("done")

@@ -254,6 +254,7 @@ def test_a_traced_message_is_stored_with_its_traceparent_first(
 
     sent = _one(spans, SpanKind.PRODUCER)
     assert _stored(redis_queue, message_id) == f'~^{_traceparent(sent)}^{{"a":1}}'.encode()
+    assert redis_queue.peek_payload(message_id) == b'{"a":1}'
 
 
 def test_without_the_api_nothing_is_traced_and_traced_messages_still_decode() -> None:

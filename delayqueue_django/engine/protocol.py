@@ -174,6 +174,10 @@ class Store(Protocol):
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
 
+    def peek_payload(self, message_id: str) -> bytes | None:
+        """A message's whole payload, the very bytes stored (without the trace context a
+        traced send put before them), or None if it has none."""
+
     # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
 
     def read_schedules(self) -> ScheduleListing:

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import AnyStr
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
 
@@ -71,13 +72,15 @@ class StoreLimits:
 TRACE_MARK = "^"
 
 
-def split_trace(text: str) -> tuple[str, str]:
-    """``(traceparent, payload)`` of a stored payload; ``""`` and the text when untraced."""
-    if text[:1] != TRACE_MARK:
-        return "", text
-    end = text.find(TRACE_MARK, 1)
+def split_trace(text: AnyStr) -> tuple[AnyStr, AnyStr]:
+    """``(traceparent, payload)`` of a stored payload, as text or as the bytes stored; empty
+    and the payload when untraced."""
+    mark = TRACE_MARK if isinstance(text, str) else TRACE_MARK.encode()
+    if text[:1] != mark:
+        return text[:0], text
+    end = text.find(mark, 1)
     if end < 0:
-        return "", text
+        return text[:0], text
     return text[1:end], text[end + 1 :]
 
 

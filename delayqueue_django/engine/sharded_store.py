@@ -841,6 +841,9 @@ class ShardedStore:
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
         return self.shard_for(message_id).peek(message_id, preview_bytes=preview_bytes)
 
+    def peek_payload(self, message_id: str) -> bytes | None:
+        return self.shard_for(message_id).peek_payload(message_id)
+
     # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,
     # written with its schedule's record); a task's result with its message.
 

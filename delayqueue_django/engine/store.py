@@ -577,6 +577,15 @@ class RedisStore:
             message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
         )
 
+    def peek_payload(self, message_id: str) -> bytes | None:
+        """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
+        (only a foreign write stores them) stay those bytes, where peek shows them as
+        escapes."""
+        payload = self._run("peek", [_wire(message_id)])[2]
+        if payload is None:
+            return None
+        return split_trace(payload if isinstance(payload, bytes) else payload.encode())[1]
+
     # Schedules (schedule.lua, schedules.lua)
 
     def read_schedules(self) -> ScheduleListing:

@@ -666,6 +666,11 @@ class MemoryStore:
                 )
             return None
 
+    def peek_payload(self, message_id: str) -> bytes | None:
+        with self.server.lock:
+            payload = self._state().payloads.get(message_id)
+        return None if payload is None else split_trace(payload)[1].encode("utf-8")
+
     # Schedules (schedule.lua, schedules.lua)
 
     def read_schedules(self) -> ScheduleListing:
