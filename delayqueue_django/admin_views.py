@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from delayqueue_django import registry
 from delayqueue_django.encoding import decode_payload
 from delayqueue_django.engine import STATES, StoredMessage, loggable, printable
-from delayqueue_django.exceptions import UnknownQueue, UnknownSchedule
+from delayqueue_django.exceptions import InvalidSchedule, UnknownQueue, UnknownSchedule
 from delayqueue_django.monitoring import (
     describe_running,
     outbox_report,
@@ -62,6 +62,10 @@ ACTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "deliver_now": ("Deliver now", "change", ("pending",)),
     "delete": ("Delete", "delete", STATES),
 }
+# The schedule actions (Schedules' methods) and the permission each needs; remove applies
+# only to a schedule whose definition cannot be read.
+SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
+SCHEDULE_ACTIONS_DONE = {"pause": "paused", "resume": "resumed", "remove": "removed"}
 
 
 def as_datetime(ms: int | None) -> datetime | None:
@@ -276,19 +280,30 @@ class QueueViews:
         return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
 
     def _schedule_row(self, queue: Queue, info: ScheduleInfo) -> dict[str, Any]:
+        name = printable(info.name)
+        # A name whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
+        # form: it is shown, without a link or a button.
+        postable = name == info.name
+        row = {
+            "info": info,
+            "name": name,
+            "postable": postable,
+            "next_url": None
+            if info.next_id is None or not postable
+            else self._url("message", queue.name, info.next_id),
+        }
         schedule = info.schedule
+        if schedule is None:  # its definition cannot be read: info.unreadable says why
+            return {**row, "fires": "—", "carries": "—", "missed": "—"}
         if schedule.task is not None:
             carries = f"task {schedule.task}({_call_arguments(schedule.args, schedule.kwargs)})"
         else:
             carries = schedule.payload[:200]
         return {
-            "info": info,
+            **row,
             "fires": schedule.describe(),
             "carries": carries,
             "missed": f"{schedule.missed}, after {schedule.missed_after_ms / 1000:g} s",
-            "next_url": None
-            if info.next_id is None
-            else self._url("message", queue.name, info.next_id),
         }
 
     def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
@@ -410,17 +425,26 @@ class QueueViews:
         return sum(queue.delete(message_id, state=state) is not None for message_id in ids)
 
     def schedule_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
-        """Pause or resume a schedule (POST, change permission)."""
-        self._require(request, "change")
+        """Pause or resume a schedule (POST, change permission), or remove one whose stored
+        definition cannot be read (delete permission): nothing else can be done with it."""
+        self._require(request, "view")
         queue = self._queue(queue_name)
         back = self._url("detail", queue_name)
         name, action = request.POST.get("name", ""), request.POST.get("action", "")
-        if action not in ("pause", "resume") or not name:
-            messages.error(request, "Choose a schedule to pause or resume.")
+        if action not in SCHEDULE_ACTIONS or not name:
+            messages.error(request, "Choose a schedule to pause, resume or remove.")
             return HttpResponseRedirect(back)
+        self._require(request, SCHEDULE_ACTIONS[action])
         try:
+            if action == "remove" and queue.schedules.get(name).unreadable is None:
+                messages.error(
+                    request,
+                    f"Schedule {name!r} of queue {queue_name!r} can be read: the admin removes "
+                    "only schedules whose definition cannot be read.",
+                )
+                return HttpResponseRedirect(back)
             getattr(queue.schedules, action)(name)
-        except UnknownSchedule as error:
+        except (UnknownSchedule, InvalidSchedule) as error:
             messages.error(request, str(error))
             return HttpResponseRedirect(back)
         except RedisError as error:
@@ -433,8 +457,9 @@ class QueueViews:
             loggable(request.user.get_username()),
             loggable(name),
         )
-        done = "paused" if action == "pause" else "resumed"
-        messages.success(request, f"Schedule {name!r} of queue {queue_name!r} {done}.")
+        messages.success(
+            request, f"Schedule {name!r} of queue {queue_name!r} {SCHEDULE_ACTIONS_DONE[action]}."
+        )
         return HttpResponseRedirect(back)
 
     def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:

@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from delayqueue_django import get_queue
 from delayqueue_django.admin_views import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
-from delayqueue_django.engine import NewMessage, sharded_store
+from delayqueue_django.engine import NewMessage, printable, sharded_store
 from delayqueue_django.engine.records import ScheduleFailure
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
@@ -605,6 +605,7 @@ def test_the_queue_page_shows_a_failing_schedule_and_why(
     users: dict[str, User | None], queue: Queue
 ) -> None:
     info = queue.schedules.add("poll", every=300, payload=1)
+    assert info.schedule is not None
     since = datetime(2024, 5, 6, 12, tzinfo=UTC)
     failure = ScheduleFailure("RuntimeError: <no> payload", round(since.timestamp() * 1000))
     reply = queue.store.report_schedule_failure("poll", info.schedule.fingerprint, failure)
@@ -612,6 +613,54 @@ def test_the_queue_page_shows_a_failing_schedule_and_why(
     page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
     assert 'class="dq-error">failing since May 6, 2024' in page
     assert "RuntimeError: &lt;no&gt; payload" in page
+
+
+def test_a_schedule_whose_definition_cannot_be_read_is_listed_and_can_be_removed(
+    users: dict[str, User | None], queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue.schedules.add("healthy", every=300, payload=1)
+    # Written by a foreign client: no definition at all, under a name in UTF-8 and under
+    # one whose bytes are not (it cannot travel in a form: it is shown, without a button).
+    store = redis_store(queue)
+    store.client.hset(store.keys.key("schedules"), "broken", b"\xff\xfe{garbage")
+    store.client.hset(store.keys.key("schedules"), b"bytes-\xfe", b"[")
+    path = url("detail", "default")
+
+    page = client_for(users["viewer"]).get(path).content.decode()
+    assert "<td>broken</td>" in page
+    assert "<td>bytes-\\xfe</td>" in page
+    assert (
+        'class="dq-error">unreadable: schedule &#x27;broken&#x27; has an unreadable definition: '
+        "Expecting value" in page
+    )
+    assert 'value="remove"' not in page  # viewing only
+    page = client_for(users["changer"]).get(path).content.decode()
+    assert 'value="remove"' not in page
+    assert page.count('value="pause"') == 1  # the healthy one's
+    page = client_for(users["deleter"]).get(path).content.decode()
+    assert page.count('value="remove"') == 1
+    assert 'name="name" value="broken"' in page
+
+    action = url("schedule_action", "default")
+    assert (
+        client_for(users["changer"])
+        .post(action, {"name": "broken", "action": "remove"})
+        .status_code
+        == 403
+    )
+    deleter = client_for(users["deleter"])
+    assert deleter.post(action, {"name": "healthy", "action": "pause"}).status_code == 403
+    response = deleter.post(action, {"name": "healthy", "action": "remove"}, follow=True)
+    assert "Schedule &#x27;healthy&#x27; of queue &#x27;default&#x27; can be read" in (
+        response.content.decode()
+    )
+    with caplog.at_level("INFO", logger="delayqueue_django.admin"):
+        response = deleter.post(action, {"name": "broken", "action": "remove"}, follow=True)
+    assert "Schedule &#x27;broken&#x27; of queue &#x27;default&#x27; removed." in (
+        response.content.decode()
+    )
+    assert "admin action=schedule-remove queue=default user=deleter schedule=broken" in caplog.text
+    assert [printable(info.name) for info in queue.schedules.all()] == ["bytes-\\xfe", "healthy"]
 
 
 def test_a_queue_without_schedules_says_how_to_add_them(

@@ -258,6 +258,7 @@ def test_the_run_time_api_on_every_backend(queue: Queue) -> None:
     assert pending_ids(queue) == []
     assert queue.schedules.resume("poll").next_id == f"tick:poll:{first}"
     changed = queue.schedules.change("poll", cron="0 0 1 1 *", time_zone="UTC")
+    assert changed.schedule is not None
     assert changed.schedule.cron == "0 0 1 1 *"
     assert changed.schedule.payload == '{"n":1}'  # kept
     assert pending_ids(queue) == [changed.next_id]
@@ -271,12 +272,16 @@ def test_an_interval_whose_ticks_no_datetime_holds_is_refused(queue: Queue) -> N
     with pytest.raises(InvalidSchedule, match=r"every=.*at most 50 years"):
         queue.schedules.add("far", every=1e12, payload=1)
     assert (queue.schedules.all(), pending_ids(queue)) == ([], [])
-    # Stored so by another version: passed over, not a crash of every listing.
+    # Stored so by another version: listed as unreadable, not a crash of every listing.
     far = Schedule("far", None, 10**15, "UTC", "1", source="api")
     queue.store.define_schedule(
         "far", far.to_json(), far.fingerprint, expect="any", start_ms=0, first=None
     )
-    assert queue.schedules.all() == []
+    [listed] = queue.schedules.all()
+    assert (listed.name, listed.schedule, listed.next_run) == ("far", None, None)
+    assert listed.unreadable == (
+        "schedule 'far' has an unreadable definition: every_ms 1000000000000000"
+    )
 
 
 def test_a_failure_is_kept_until_a_tick_is_written_or_the_definition_changes(

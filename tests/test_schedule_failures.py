@@ -4,6 +4,7 @@ every tick on time. A damaged tick record (a cursor past 2**53) reads alike to L
 Python, and is replaced."""
 
 import itertools
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 import redis
 
 from delayqueue_django.engine.records import ScheduleRecord, Tick
+from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.queue import Queue
 from delayqueue_django.schedules import runner as runner_module
 from delayqueue_django.schedules.definition import Schedule
@@ -169,6 +171,66 @@ def test_a_failing_schedule_is_tried_again_with_a_backoff_and_fires_once_fixed(
     assert record_of(queue, "broken").tick_ms > 0
     assert record_of(queue, "broken").failure is None  # cleared by the tick written
     assert queue.schedules.get("broken").failure is None
+
+
+# Stored definitions no version of this package reads, as a foreign client writes them.
+UNREADABLE_DEFINITIONS = {
+    "bytes not utf8": b"\xff\xfe{garbage",
+    "json of another shape": b"[1, 2]",
+    "nested past the parser": b"[" * 100_000,
+    "arguments that are no list": json.dumps(
+        {**Schedule("x", None, 60_000, "UTC", "", task="t.t", source="api").as_dict(), "args": 5}
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("added_first", [True, False], ids=["overwritten", "written alone"])
+@pytest.mark.parametrize("kind", list(UNREADABLE_DEFINITIONS))
+def test_a_definition_that_cannot_be_read_is_listed_as_unreadable_and_can_be_removed(
+    redis_queue: Queue, raw: redis.Redis | redis.RedisCluster, kind: str, added_first: bool
+) -> None:
+    queue = redis_queue
+    queue.schedules.add("healthy", every=60, payload=1)
+    waiting = None
+    if added_first:  # with its record of ticks, and a tick waiting
+        waiting = queue.schedules.add("broken", every=60, payload=2).next_id
+        assert waiting is not None
+    raw.hset(queue.store.keys.key("schedules"), "broken", UNREADABLE_DEFINITIONS[kind])
+
+    shown = {info.name: info for info in queue.schedules.all()}
+    assert sorted(shown) == ["broken", "healthy"]
+    broken = shown["broken"]
+    assert (broken.schedule, broken.source) == (None, None)
+    assert (broken.unreadable or "").startswith("schedule 'broken' has an unreadable definition: ")
+    assert (broken.paused, broken.next_id, broken.last_run) == (False, waiting, None)
+    assert (broken.next_run is None) == (waiting is None)
+    assert shown["healthy"].unreadable is None
+    assert queue.schedules.get("broken") == broken
+    # Nothing can be made of it but its removal.
+    for act in (queue.schedules.pause, queue.schedules.resume, queue.schedules.change):
+        with pytest.raises(InvalidSchedule, match=r"unreadable definition.*remove"):
+            act("broken")
+
+    assert queue.schedules.remove("broken")
+    assert [info.name for info in queue.schedules.all()] == ["healthy"]
+    for key in queue.store.keys.schedule_keys:
+        assert not raw.hexists(key, "broken")
+    assert [m.id for m in queue.list_messages("pending")] == [shown["healthy"].next_id]
+
+
+@pytest.mark.parametrize("kind", list(UNREADABLE_DEFINITIONS))
+def test_a_definition_that_cannot_be_read_stops_no_worker(
+    redis_configure: Callable[..., Queue],
+    raw: redis.Redis | redis.RedisCluster,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    queue = redis_configure(SCHEDULES={"healthy": HEALTHY})
+    raw.hset(queue.store.keys.key("schedules"), "broken", UNREADABLE_DEFINITIONS[kind])
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django.schedules"):
+        run_passes(queue, ScheduleRunner(queue), first_pass_ms(queue))
+    assert "schedule broken of queue default fails" in caplog.text
+    assert queue.schedules.get("broken").unreadable is not None
 
 
 def test_a_cursor_past_2_53_reads_as_damage_to_lua_and_python_and_is_replaced(

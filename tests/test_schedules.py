@@ -346,6 +346,7 @@ def test_the_api_tells_where_a_schedule_stands(settings: Any) -> None:
         assert (info.name, info.source, info.paused, info.last_run) == ("poll", "api", False, None)
         assert info.next_run == start + timedelta(minutes=1)
         assert info.next_id == f"tick:poll:{ms(start + timedelta(minutes=1))}"
+        assert info.schedule is not None
         assert info.schedule.describe() == "every 60 s"
         run_through(queues, start + timedelta(minutes=2), timedelta(seconds=10))
         info = queue.schedules.get("poll")

@@ -35,7 +35,8 @@ class ScheduleInfo:
     """A schedule and where it stands (times on the store's clock, UTC)."""
 
     name: str
-    schedule: Schedule
+    # None when its stored definition cannot be read (see unreadable).
+    schedule: Schedule | None
     paused: bool
     # The next tick to fire (None while paused), its message's id once it is written, and
     # the last tick that fell due (None if none did since it was defined).
@@ -46,25 +47,32 @@ class ScheduleInfo:
     # since when; None while it fires. Cleared once a tick of it is written, or it is changed.
     failure: str | None = None
     failing_since: datetime | None = None
+    # Why its stored definition cannot be read (written by hand or by another program),
+    # None when it can. Such a schedule fires nothing: remove it, and add it again.
+    unreadable: str | None = None
 
     @property
-    def source(self) -> str:
-        """ "settings" (declared in SCHEDULES) or "api" (added at run time)."""
-        return self.schedule.source
+    def source(self) -> str | None:
+        """ "settings" (declared in SCHEDULES) or "api" (added at run time); None when its
+        definition cannot be read."""
+        return None if self.schedule is None else self.schedule.source
 
 
 def _as_datetime(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def describe(record: ScheduleRecord, schedule: Schedule, now: int) -> ScheduleInfo:
-    """Where a schedule stands at ``now`` (ms)."""
+def describe(
+    record: ScheduleRecord, schedule: Schedule | None, now: int, unreadable: str | None = None
+) -> ScheduleInfo:
+    """Where a schedule stands at ``now`` (ms); one whose definition cannot be read
+    (``schedule`` None, ``unreadable`` why) only by the tick it may still wait on."""
     last = record.previous_ms or None
     written = record.tick_ms if record.tick_ms > now else None
     if record.tick_ms and record.tick_ms <= now:
         last = record.tick_ms
     upcoming = written
-    if upcoming is None and not record.paused:
+    if upcoming is None and not record.paused and schedule is not None:
         upcoming = schedule.next_after(max(record.cursor_ms, now))
     return ScheduleInfo(
         name=record.name,
@@ -75,6 +83,7 @@ def describe(record: ScheduleRecord, schedule: Schedule, now: int) -> ScheduleIn
         last_run=_as_datetime(last),
         failure=None if record.failure is None else record.failure.reason,
         failing_since=None if record.failure is None else _as_datetime(record.failure.since_ms),
+        unreadable=unreadable,
     )
 
 
@@ -86,18 +95,13 @@ class Schedules:
 
     def all(self) -> list[ScheduleInfo]:
         """Every schedule of the queue, declared in settings or added at run time, by name.
-        (Settings' schedules are stored when a worker starts.)"""
+        (Settings' schedules are stored when a worker starts.) One whose stored definition
+        cannot be read is listed too, with ``unreadable`` saying why."""
         now, records = self.queue.store.read_schedules()
-        found = []
-        for record in records:
-            schedule = self._schedule_of(record)
-            if schedule is not None:
-                found.append(describe(record, schedule, now))
-        return found
+        return [info for record in records if (info := self._info(record, now)) is not None]
 
     def get(self, name: str) -> ScheduleInfo:
-        now, record, schedule = self._read(name)
-        return describe(record, schedule, now)
+        return self._find(name)[2]
 
     def add(
         self,
@@ -225,21 +229,32 @@ class Schedules:
         payload = tick_payload(schedule, self.queue.name, at, now)
         return Tick(at, self.queue.config.retry_count, payload)
 
-    def _read(self, name: str) -> tuple[int, ScheduleRecord, Schedule]:
+    def _find(self, name: str) -> tuple[int, ScheduleRecord, ScheduleInfo]:
         now, records = self.queue.store.read_schedules()
         for record in records:
-            schedule = self._schedule_of(record) if record.name == name else None
-            if schedule is not None:
-                return now, record, schedule
+            info = self._info(record, now) if record.name == name else None
+            if info is not None:
+                return now, record, info
         raise UnknownSchedule(f"queue {self.queue.name!r} has no schedule named {name!r}")
 
-    def _schedule_of(self, record: ScheduleRecord) -> Schedule | None:
-        if record.definition is None or record.fingerprint is None:
+    def _read(self, name: str) -> tuple[int, ScheduleRecord, Schedule]:
+        """The schedule to act on; InvalidSchedule if its definition cannot be read."""
+        now, record, info = self._find(name)
+        if info.schedule is None:
+            raise InvalidSchedule(f"{info.unreadable}; remove() it, then add() it again")
+        return now, record, info.schedule
+
+    def _info(self, record: ScheduleRecord, now: int) -> ScheduleInfo | None:
+        """Where the schedule of ``record`` stands; None if it is none: a record of ticks
+        left without its definition, or a readable definition without its record of ticks
+        (damage a worker repairs as it reads it)."""
+        if record.definition is None:
             return None
         try:
-            return Schedule.from_json(record.name, record.definition)
-        except InvalidSchedule:
-            return None
+            schedule = Schedule.from_json(record.name, record.definition)
+        except InvalidSchedule as error:
+            return describe(record, None, now, unreadable=str(error))
+        return None if record.fingerprint is None else describe(record, schedule, now)
 
     def _expect(self, reply: ScheduleReply, name: str) -> None:
         if reply.status == "missing":

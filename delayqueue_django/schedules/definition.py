@@ -105,7 +105,8 @@ class Schedule:
                 source=data["source"],
             )
             schedule.check()
-        except (ValueError, TypeError, KeyError) as error:
+        # RecursionError: JSON nested deeper than the parser goes.
+        except (ValueError, TypeError, KeyError, RecursionError) as error:
             raise InvalidSchedule(
                 f"schedule {name!r} has an unreadable definition: {error}"
             ) from None
@@ -126,6 +127,13 @@ class Schedule:
             raise InvalidSchedule(f"missed {self.missed!r}, {self.missed_after_ms!r}")
         if not isinstance(self.payload, str) or self.source not in (SETTINGS, API):
             raise InvalidSchedule("payload or source")
+        # The admin and the ticks read these as they are; a definition written by hand may
+        # hold anything there.
+        expected = {"time_zone": str, "task": str | None, "args": list, "kwargs": dict}
+        for field_name, kind in expected.items():
+            value = getattr(self, field_name)
+            if not isinstance(value, kind):
+                raise InvalidSchedule(f"{field_name} is a {type(value).__name__}")
 
     @cached_property
     def fingerprint(self) -> str:
