@@ -9,6 +9,7 @@ import pytest
 from delayqueue_django import conf, get_queue
 from delayqueue_django.checks import check_delayqueues, check_schedule_tasks
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.schedules.definition import Schedule
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
 WHERE = "DELAYQUEUES['default']['SCHEDULES']"
@@ -30,6 +31,7 @@ def test_schedules_are_parsed_with_their_defaults(settings: Any) -> None:
                     "EVERY": timedelta(minutes=5),
                     "MISSED": "all",
                     "MISSED_AFTER": 600,
+                    "MISSED_LIMIT": 12,
                 },
                 "utc": {"CRON": "30 2 * * MON", "TIME_ZONE": "UTC", "MISSED": "skip"},
             },
@@ -41,8 +43,9 @@ def test_schedules_are_parsed_with_their_defaults(settings: Any) -> None:
     assert nightly.time_zone == "Europe/Berlin"  # settings.TIME_ZONE
     assert nightly.payload == '{"report":"sales"}'
     assert (nightly.missed, nightly.missed_after_ms, nightly.source) == ("once", 60_000, "settings")
+    assert nightly.missed_limit == 100
     assert (poll.every_ms, poll.time_zone, poll.payload) == (300_000, "UTC", "null")
-    assert (poll.missed, poll.missed_after_ms) == ("all", 600_000)
+    assert (poll.missed, poll.missed_after_ms, poll.missed_limit) == ("all", 600_000, 12)
     assert (utc.time_zone, utc.missed) == ("UTC", "skip")
 
 
@@ -65,10 +68,22 @@ def test_a_changed_definition_has_another_fingerprint(settings: Any) -> None:
         fingerprint(CRON="0 3 * * *", PAYLOAD=2),
         fingerprint(CRON="0 3 * * *", PAYLOAD=1, TIME_ZONE="Asia/Tokyo"),
         fingerprint(CRON="0 3 * * *", PAYLOAD=1, MISSED="all"),
+        fingerprint(CRON="0 3 * * *", PAYLOAD=1, MISSED="all", MISSED_LIMIT=5),
         fingerprint(EVERY=10, PAYLOAD=1),
     }
     assert base not in others
-    assert len(others) == 5
+    assert len(others) == 6
+
+
+def test_a_definition_stored_before_missed_limit_keeps_its_fingerprint() -> None:
+    # As an earlier version stored it, and the fingerprint it stored with it: workers
+    # comparing the two would otherwise write none of its ticks.
+    stored = (
+        '{"args":[],"cron":null,"every_ms":1000,"kwargs":{},"missed":"all",'
+        '"missed_after_ms":60000,"payload":"null","source":"api","task":null,"time_zone":"UTC"}'
+    )
+    schedule = Schedule.from_json("poll", stored)
+    assert (schedule.missed_limit, schedule.fingerprint) == (100, "3a112e19ca64c56b")
 
 
 @pytest.mark.parametrize(
@@ -96,7 +111,7 @@ def test_a_changed_definition_has_another_fingerprint(settings: Any) -> None:
             {"nightly": {"CRON": "0 3 * * *", "PAYLAOD": 1}},
             (
                 "E041",
-                f"{WHERE}['nightly'] has unknown option(s) 'PAYLAOD'; the options are CRON, EVERY, PAYLOAD, TIME_ZONE, MISSED, MISSED_AFTER, TASK, ARGS, KWARGS.",
+                f"{WHERE}['nightly'] has unknown option(s) 'PAYLAOD'; the options are CRON, EVERY, PAYLOAD, TIME_ZONE, MISSED, MISSED_AFTER, MISSED_LIMIT, TASK, ARGS, KWARGS.",
             ),
         ),
         (
@@ -186,6 +201,41 @@ def test_a_changed_definition_has_another_fingerprint(settings: Any) -> None:
             (
                 "E046",
                 f"{WHERE}['poll']['MISSED_AFTER'] must be seconds (a number or a timedelta, zero or more), not -1.",
+            ),
+        ),
+        (
+            {"poll": {"EVERY": 60, "MISSED": "all", "MISSED_LIMIT": 0}},
+            (
+                "E046",
+                f"{WHERE}['poll']['MISSED_LIMIT'] must be a whole number from 1 to 10,000, not 0.",
+            ),
+        ),
+        (
+            {"poll": {"EVERY": 60, "MISSED": "all", "MISSED_LIMIT": 10_001}},
+            (
+                "E046",
+                f"{WHERE}['poll']['MISSED_LIMIT'] must be a whole number from 1 to 10,000, not 10001.",
+            ),
+        ),
+        (
+            {"poll": {"EVERY": 60, "MISSED": "all", "MISSED_LIMIT": 2.5}},
+            (
+                "E046",
+                f"{WHERE}['poll']['MISSED_LIMIT'] must be a whole number from 1 to 10,000, not 2.5.",
+            ),
+        ),
+        (
+            {"poll": {"EVERY": 60, "MISSED": "all", "MISSED_LIMIT": True}},
+            (
+                "E046",
+                f"{WHERE}['poll']['MISSED_LIMIT'] must be a whole number from 1 to 10,000, not True.",
+            ),
+        ),
+        (
+            {"poll": {"EVERY": 60, "MISSED_LIMIT": 5}},
+            (
+                "E046",
+                f"{WHERE}['poll'] sets MISSED_LIMIT with MISSED 'once'; it bounds the missed ticks that MISSED 'all' runs ('once' runs one, 'skip' none).",
             ),
         ),
         (

@@ -4,6 +4,7 @@ policies; settings synced at start; the Tasks backend. (Worker processes killed 
 the chaos scenario tests/chaos/test_schedules.py, which make test runs at a small size.)"""
 
 import itertools
+import logging
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
 from delayqueue_django.handlers import resolve
 from delayqueue_django.message import Message
 from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.definition import RecentTicks, Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.testing import MemoryQueues, memory_queues
 
@@ -284,6 +286,76 @@ def test_ticks_missed_while_no_worker_ran_follow_the_policy(
     assert [(at - ms(start)) // 60_000 for at in times(handled)] == expected_minutes
 
 
+def test_a_catch_up_runs_the_latest_missed_limit_ticks_and_logs_those_skipped(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As above: of the six ticks missed (12:05, written before the workers went down, to
+    # 12:30), the latest three run; the others are never written (12:10, 12:15) or not run
+    # (12:05).
+    start = datetime(2024, 5, 6, 12, tzinfo=UTC)
+    with (
+        on_memory(settings, start, poll={"EVERY": 300, "MISSED": "all", "MISSED_LIMIT": 3}) as q,
+        caplog.at_level(logging.INFO, logger="delayqueue_django.schedules"),
+    ):
+        run_through(q, start + timedelta(seconds=30), timedelta(seconds=10))
+        q.advance(timedelta(minutes=31, seconds=30))
+        run_through(q, start + timedelta(minutes=41), timedelta(seconds=10))
+    assert [(at - ms(start)) // 60_000 for at in times(handled)] == [20, 25, 30, 35, 40]
+    assert (
+        "schedule poll of queue default missed more ticks than MISSED_LIMIT=3: 2 from "
+        "2024-05-06T12:10:00+00:00 to before 2024-05-06T12:20:00+00:00 skipped, the latest 3 run"
+    ) in caplog.text
+    five_past = ms(start + timedelta(minutes=5))
+    assert (
+        f"tick tick:poll:{five_past} of queue default missed (started 1630.0 s after its "
+        "time; MISSED=all, MISSED_LIMIT=3): not run"
+    ) in caplog.text
+
+
+def test_a_catch_up_after_a_long_outage_runs_100_ticks_by_default(settings: Any) -> None:
+    start = datetime(2024, 5, 6, 12, tzinfo=UTC)
+    with on_memory(settings, start, poll={"EVERY": 1, "MISSED": "all"}) as queues:
+        queues.run_due()  # 12:00:01 written
+        queues.advance(timedelta(days=7))  # every worker down for a week: 604,800 ticks
+        queues.run_due()
+        pending = get_queue().list_messages("pending")
+    back = ms(start + timedelta(days=7))
+    assert times(handled) == list(range(back - 99_000, back + 1, 1000))
+    assert [entry.id for entry in pending] == [f"tick:poll:{back + 1000}"]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule("q", "*/15 * * * *", None, "Europe/Berlin", "null"),
+        Schedule("n", "30 2 * * *", None, "Europe/Berlin", "null"),
+        Schedule("e", None, 900_000, "UTC", "null"),
+    ],
+    ids=["quarter-hourly", "nightly", "every"],
+)
+def test_the_latest_ticks_are_followed_as_the_clock_moves(schedule: Schedule) -> None:
+    # Across the spring-forward night, moving forwards mostly, sometimes back, sometimes far.
+    rng = random.Random(5)
+    start = ms(datetime(2024, 3, 29, tzinfo=BERLIN))
+    recent, moment = RecentTicks(schedule, 7), start
+    for _ in range(300):
+        moment += rng.choice([rng.randint(0, 600_000), -rng.randint(0, 900_000), 86_400_000])
+        expected = schedule.latest_at_or_before(moment)
+        for _ in range(6):
+            expected = schedule.latest_at_or_before(expected - 1)  # type: ignore[operator]
+        assert recent.earliest(moment) == expected, moment
+    assert schedule.count_ticks(start, start + 86_400_000, 1000) == len(
+        list(itertools.takewhile(lambda at: at < start + 86_400_000, ticks_from(schedule, start)))
+    )
+
+
+def ticks_from(schedule: Schedule, ms_: int) -> Iterator[int]:
+    at = schedule.next_after(ms_ - 1)
+    while at is not None:
+        yield at
+        at = schedule.next_after(at)
+
+
 def test_a_tick_may_start_up_to_missed_after_late_and_still_run(settings: Any) -> None:
     start = datetime(2024, 5, 6, 12, tzinfo=UTC)
     with on_memory(
@@ -369,6 +441,19 @@ def test_the_api_tells_where_a_schedule_stands(settings: Any) -> None:
         assert queue.schedules.remove("poll") is True
         assert queue.schedules.remove("poll") is False
         assert [info.name for info in queue.schedules.all()] == ["nightly"]
+
+
+def test_the_api_takes_a_missed_limit_with_missed_all(settings: Any) -> None:
+    with on_memory(settings, datetime(2024, 5, 6, 12, tzinfo=UTC)):
+        schedules = get_queue().schedules
+        info = schedules.add("poll", every=60, missed="all", missed_limit=5)
+        assert (info.schedule.missed, info.schedule.missed_limit) == ("all", 5)
+        assert schedules.change("poll", every=120).schedule.missed_limit == 5
+        assert schedules.change("poll", missed="once").schedule.missed_limit == 100
+        with pytest.raises(InvalidSchedule, match=r"sets MISSED_LIMIT with MISSED 'once'"):
+            schedules.change("poll", missed_limit=7)
+        with pytest.raises(InvalidSchedule, match=r"missed_limit= must be a whole number"):
+            schedules.add("other", every=60, missed="all", missed_limit=0)
 
 
 @pytest.fixture

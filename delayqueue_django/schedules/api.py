@@ -113,6 +113,7 @@ class Schedules:
         time_zone: str | None = None,
         missed: str | None = None,
         missed_after: float | timedelta | None = None,
+        missed_limit: int | None = None,
         task: str | None = None,
         args: list[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
@@ -127,6 +128,7 @@ class Schedules:
             time_zone=time_zone,
             missed=missed,
             missed_after=missed_after,
+            missed_limit=missed_limit,
             task=task,
             args=args,
             kwargs=kwargs,
@@ -167,6 +169,8 @@ class Schedules:
         if changes.get("payload") is not None:
             for key in ("TASK", "ARGS", "KWARGS"):
                 options.pop(key, None)
+        if changes.get("missed") not in (None, "all"):
+            options.pop("MISSED_LIMIT", None)  # MISSED "all"'s alone
         options.update(_options(**changes))
         schedule = self._build(name, options)
         if self._put(schedule, now, expect="existing").status == "missing":
@@ -276,6 +280,8 @@ def _options_of(schedule: Schedule) -> dict[str, Any]:
         "MISSED": schedule.missed,
         "MISSED_AFTER": schedule.missed_after_ms / 1000,
     }
+    if schedule.missed == "all":
+        options["MISSED_LIMIT"] = schedule.missed_limit
     if schedule.cron is not None:
         options["CRON"] = schedule.cron
         options["TIME_ZONE"] = schedule.time_zone

@@ -9,6 +9,7 @@ a definition changed (see ``engine/lua/schedule.lua``).
 import hashlib
 import json
 import re
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,6 +25,10 @@ from delayqueue_django.exceptions import InvalidSchedule, PayloadEncodingError, 
 MISSED_POLICIES = ("skip", "once", "all")
 DEFAULT_MISSED = "once"
 DEFAULT_MISSED_AFTER_MS = 60_000
+# Under MISSED "all", how many of a run of missed ticks run at most (the latest ones): a
+# catch-up after a long outage is bounded, however short the interval.
+DEFAULT_MISSED_LIMIT = 100
+LARGEST_MISSED_LIMIT = 10_000
 # Ticks closer together than this are not what a delay queue's schedules are for.
 SHORTEST_EVERY_MS = 1000
 # Ticks further apart than this are not either, and their times would soon pass the year
@@ -38,6 +43,7 @@ OPTIONS = (
     "TIME_ZONE",
     "MISSED",
     "MISSED_AFTER",
+    "MISSED_LIMIT",
     "TASK",
     "ARGS",
     "KWARGS",
@@ -62,6 +68,8 @@ class Schedule:
     payload: str
     missed: str = DEFAULT_MISSED
     missed_after_ms: int = DEFAULT_MISSED_AFTER_MS
+    # MISSED "all" runs at most this many of a run of missed ticks: the latest ones.
+    missed_limit: int = DEFAULT_MISSED_LIMIT
     task: str | None = None
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +85,7 @@ class Schedule:
             "payload": self.payload,
             "missed": self.missed,
             "missed_after_ms": self.missed_after_ms,
+            "missed_limit": self.missed_limit,
             "task": self.task,
             "args": self.args,
             "kwargs": self.kwargs,
@@ -99,6 +108,8 @@ class Schedule:
                 payload=data["payload"],
                 missed=data["missed"],
                 missed_after_ms=data["missed_after_ms"],
+                # Stored before MISSED_LIMIT existed: the default, which it now has.
+                missed_limit=data.get("missed_limit", DEFAULT_MISSED_LIMIT),
                 task=data["task"],
                 args=data["args"],
                 kwargs=data["kwargs"],
@@ -123,8 +134,14 @@ class Schedule:
             and SHORTEST_EVERY_MS <= self.every_ms <= LONGEST_EVERY_MS
         ):
             raise InvalidSchedule(f"every_ms {self.every_ms!r}")
-        if self.missed not in MISSED_POLICIES or not isinstance(self.missed_after_ms, int):
-            raise InvalidSchedule(f"missed {self.missed!r}, {self.missed_after_ms!r}")
+        if (
+            self.missed not in MISSED_POLICIES
+            or not isinstance(self.missed_after_ms, int)
+            or _missed_limit(self.missed_limit) is None
+        ):
+            raise InvalidSchedule(
+                f"missed {self.missed!r}, {self.missed_after_ms!r}, {self.missed_limit!r}"
+            )
         if not isinstance(self.payload, str) or self.source not in (SETTINGS, API):
             raise InvalidSchedule("payload or source")
         # The admin and the ticks read these as they are; a definition written by hand may
@@ -138,10 +155,20 @@ class Schedule:
     @cached_property
     def fingerprint(self) -> str:
         """A digest of the definition, its source left out: any change of what decides the
-        ticks or what they carry changes it."""
+        ticks or what they carry changes it. A default MISSED_LIMIT is left out too, so that
+        a definition stored before that option existed keeps its fingerprint (workers would
+        otherwise take it for another definition and write none of its ticks)."""
         fields = {key: value for key, value in self.as_dict().items() if key != "source"}
+        if self.missed_limit == DEFAULT_MISSED_LIMIT:
+            del fields["missed_limit"]
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def missed_runs(self) -> int:
+        """How many of a run of missed ticks run, the latest ones: none (``skip``), one
+        (``once``) or up to MISSED_LIMIT (``all``)."""
+        return {"skip": 0, "once": 1}.get(self.missed, self.missed_limit)
 
     def describe(self) -> str:
         """How it fires, in a few words."""
@@ -173,6 +200,18 @@ class Schedule:
             latest, at = at, self._cron_after(at)
         return latest
 
+    def count_ticks(self, first: int, before: int, at_most: int) -> int | None:
+        """How many ticks there are from the tick ``first`` up to ``before`` (excluded). A
+        cron expression's are counted tick by tick: None if more than ``at_most``."""
+        if self.every_ms is not None:
+            return max(0, -(-(before - first) // self.every_ms))
+        count, at = 0, self._cron_after(first - 1)
+        while at is not None and at < before:
+            if count == at_most:
+                return None
+            count, at = count + 1, self._cron_after(at)
+        return count
+
     @property
     def _cron_text(self) -> str:
         assert self.cron is not None
@@ -193,6 +232,52 @@ class Schedule:
         except StopIteration:
             return None
         return found
+
+
+class RecentTicks:
+    """The earliest of a schedule's ``count`` latest ticks at or before a moment, for a
+    moment that moves on (the store's clock), mostly forwards: the ticks found are kept from
+    one call to the next, so that a call costs a cron step per tick the moment moved over,
+    not ``count`` of them (a cron step back costs about 0.15 ms)."""
+
+    def __init__(self, schedule: Schedule, count: int) -> None:
+        self.schedule = schedule
+        self.count = count
+        # The latest `count` ticks at or before the moment of the last call, oldest first
+        # (fewer if the last 50 years hold fewer), and the first tick after them.
+        self._ticks: deque[int] = deque()
+        self._after: int | None = None
+
+    def earliest(self, ms: int) -> int | None:
+        """None if no tick is at or before ``ms`` (within 50 years, for a cron)."""
+        schedule, ticks = self.schedule, self._ticks
+        every = schedule.every_ms
+        if every is not None:
+            return (ms // every - self.count + 1) * every
+        while ticks and ticks[-1] > ms:  # moved back
+            self._after = ticks.pop()
+        for _ in range(self.count):
+            if not ticks or self._after is None or self._after > ms:
+                break
+            ticks.append(self._after)
+            self._after = schedule.next_after(self._after)
+        else:
+            if self._after is not None and self._after <= ms:
+                ticks.clear()  # moved on by more than `count` ticks: found afresh
+        while len(ticks) > self.count:
+            ticks.popleft()
+        if not ticks:
+            latest = schedule.latest_at_or_before(ms)
+            if latest is None:
+                return None
+            ticks.append(latest)
+            self._after = schedule.next_after(latest)
+        while len(ticks) < self.count:
+            before = schedule.latest_at_or_before(ticks[0] - 1)
+            if before is None:
+                break
+            ticks.appendleft(before)
+        return ticks[0]
 
 
 def _at(ms: int, zone: ZoneInfo) -> datetime:
@@ -250,6 +335,13 @@ def _cron_problem(cron: Any, zone: ZoneInfo, subject: Subject = Subject("schedul
             f"{where} is {cron!r}, which never fires (no time matches it in the next 50 years).",
             "E043",
         ) from None
+
+
+def _missed_limit(value: Any) -> int | None:
+    """A MISSED_LIMIT as an int, or None if it is not a whole number in range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= LARGEST_MISSED_LIMIT else None
 
 
 def _duration_ms(value: Any) -> int | None:
@@ -336,6 +428,19 @@ def build(
             f"zero or more), not {missed_after!r}.",
             "E046",
         )
+    missed_limit = options.get("MISSED_LIMIT", DEFAULT_MISSED_LIMIT)
+    if _missed_limit(missed_limit) is None:
+        raise InvalidSchedule(
+            f"{subject.option('MISSED_LIMIT')} must be a whole number from 1 to "
+            f"{LARGEST_MISSED_LIMIT:,}, not {missed_limit!r}.",
+            "E046",
+        )
+    if "MISSED_LIMIT" in options and missed != "all":
+        raise InvalidSchedule(
+            f"{subject.text} sets MISSED_LIMIT with MISSED {missed!r}; it bounds the missed "
+            "ticks that MISSED 'all' runs ('once' runs one, 'skip' none).",
+            "E046",
+        )
     task, args, kwargs = _task_options(options, subject, queue, max_payload_bytes)
     payload = ""
     if task is None:
@@ -355,6 +460,7 @@ def build(
         payload=payload,
         missed=missed,
         missed_after_ms=missed_after_ms,
+        missed_limit=missed_limit,
         task=task,
         args=args,
         kwargs=kwargs,

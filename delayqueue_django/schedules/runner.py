@@ -9,9 +9,10 @@ it) or not (the others write it): never none, never two.
 
 Ticks no worker wrote in time (all workers down, say) are "missed"; so is a tick that
 starts more than ``MISSED_AFTER`` after its time. The schedule's ``MISSED`` policy decides
-what happens to them: ``skip`` them all, run ``once`` for all of them, or run ``all``. The
-worker applies it twice: when it catches up (which ticks it writes) and when a tick is
-handed out late (whether the handler runs: see ``guard``).
+what happens to them: ``skip`` them all, run ``once`` for all of them, or run ``all`` of
+them, up to ``MISSED_LIMIT`` (the latest ones). The worker applies it twice: when it catches
+up (which ticks it writes) and when a tick is handed out late (whether the handler runs: see
+``guard``).
 
 Each schedule is handled on its own: one that fails for a reason of its own (a TASK whose
 queue no Tasks backend carries, a stored definition no longer readable, any exception
@@ -43,7 +44,7 @@ from delayqueue_django.engine.records import (
 )
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.message import Message
-from delayqueue_django.schedules.definition import SETTINGS, Schedule
+from delayqueue_django.schedules.definition import SETTINGS, RecentTicks, Schedule
 
 if TYPE_CHECKING:
     from delayqueue_django.queue import Queue
@@ -58,6 +59,9 @@ RETRY_MS = 1_000
 # Ticks written per schedule in one turn while catching up (MISSED "all"); the next turn
 # goes on at once.
 CATCH_UP_BATCH = 100
+# The missed ticks a catch-up skips (beyond MISSED_LIMIT) are counted for the log; a cron
+# expression's tick by tick, up to this many (about 50 ms).
+SKIPPED_COUNT_LIMIT = 1000
 # A schedule that fails is tried again after FAILED_RETRY_MS, then after twice as long each
 # time, up to FAILED_RETRY_MAX_MS. It is logged when it starts failing, when the reason
 # changes, and every FAILURE_LOG_MS while it goes on (not at every try).
@@ -155,6 +159,9 @@ class ScheduleRunner:
         # Schedules that failed, by name: passed over until their retry time, or until their
         # definition changes (another fingerprint).
         self._failing: dict[str, Failing] = {}
+        # Each schedule's latest ticks as the clock moves, by name: which missed ticks are
+        # too old to run (see _earliest_to_run).
+        self._recent: dict[str, RecentTicks] = {}
 
     def schedules(self) -> list[Known]:
         with self._lock:
@@ -274,6 +281,7 @@ class ScheduleRunner:
         # Failures of schedules since removed are forgotten.
         names = {record.name for record in records}
         self._failing = {name: f for name, f in self._failing.items() if name in names}
+        self._recent = {name: r for name, r in self._recent.items() if name in known}
 
     def _catch_up(self, name: str, now: float) -> None:
         known = self._known.get(name)
@@ -306,6 +314,8 @@ class ScheduleRunner:
                 return
             reply = self.queue.store.write_tick(name, known.fingerprint, self._tick(schedule, at))
             self._seen(reply.now_ms)
+            if reply.status == "written" and schedule.missed == "all":
+                self._log_skipped(schedule, known.cursor_ms, at)
             if reply.status in ("written", "behind"):
                 self._recovered(name)
                 self._known[name] = replace(known, cursor_ms=reply.cursor_ms, tick_ms=reply.tick_ms)
@@ -322,12 +332,40 @@ class ScheduleRunner:
         at = schedule.next_after(cursor)
         if at is None or at + schedule.missed_after_ms >= now:
             return at
-        if schedule.missed == "once":
-            latest = schedule.latest_at_or_before(int(now))
-            return at if latest is None else max(at, latest)
         if schedule.missed == "skip":
             return schedule.next_after(int(now) - schedule.missed_after_ms - 1)
-        return at
+        # "once" and "all": the ticks before the latest MISSED_LIMIT (one, for "once") due by
+        # now are skipped, never written.
+        earliest = self._earliest_to_run(schedule, int(now))
+        return at if earliest is None else max(at, earliest)
+
+    def _earliest_to_run(self, schedule: Schedule, now: int) -> int | None:
+        """The earliest of the latest ``missed_runs`` ticks due by ``now``: of a run of
+        missed ticks, it and those after it run; None if no tick is due."""
+        with self._lock:
+            recent = self._recent.get(schedule.name)
+            if recent is None or recent.schedule != schedule:
+                recent = self._recent[schedule.name] = RecentTicks(schedule, schedule.missed_runs)
+            return recent.earliest(now)
+
+    def _log_skipped(self, schedule: Schedule, cursor: int, written: int) -> None:
+        """A catch-up under MISSED "all" that skipped missed ticks beyond MISSED_LIMIT says
+        so, once: in the worker whose write won."""
+        first = schedule.next_after(cursor)
+        if first is None or first >= written:
+            return
+        count = schedule.count_ticks(first, written, SKIPPED_COUNT_LIMIT)
+        logger.warning(
+            "schedule %s of queue %s missed more ticks than MISSED_LIMIT=%d: %s from %s to "
+            "before %s skipped, the latest %d run",
+            schedule.name,
+            self.queue.name,
+            schedule.missed_limit,
+            f"more than {SKIPPED_COUNT_LIMIT}" if count is None else count,
+            _moment(first).isoformat(),
+            _moment(written).isoformat(),
+            schedule.missed_limit,
+        )
 
     def _define_afresh(self, known: Known, now: int) -> None:
         """A schedule whose tick record is damaged (missing, or unreadable: a number past
@@ -412,8 +450,9 @@ class ScheduleRunner:
         A tick is missed when its first delivery starts more than MISSED_AFTER after its
         time (no worker ran then, or the queue was that far behind). ``skip`` drops every
         missed tick; ``once`` runs a missed tick only if no later tick of the schedule has
-        come due by then (so of a run of missed ticks, the last one runs); ``all`` runs
-        them all. Retries and redeliveries always run: their first delivery started.
+        come due by then (so of a run of missed ticks, the last one runs); ``all`` runs it
+        only if fewer than MISSED_LIMIT later ticks have (so the last MISSED_LIMIT run).
+        Retries and redeliveries always run: their first delivery started.
         """
 
         @functools.wraps(handler)
@@ -430,7 +469,9 @@ class ScheduleRunner:
                 loggable(message.id),
                 message.queue,
                 (self._started_ms(message) - at) / 1000,
-                schedule.missed,
+                schedule.missed
+                if schedule.missed != "all"
+                else f"all, MISSED_LIMIT={schedule.missed_limit}",
             )
             return None
 
@@ -442,12 +483,12 @@ class ScheduleRunner:
 
     def _dropped(self, schedule: Schedule, at: int, message: Message) -> bool:
         started = self._started_ms(message)
-        if started - at <= schedule.missed_after_ms or schedule.missed == "all":
+        if started - at <= schedule.missed_after_ms:
             return False
         if schedule.missed == "skip":
             return True
-        later = schedule.next_after(at)
-        return later is not None and later <= started
+        earliest = self._earliest_to_run(schedule, started)
+        return earliest is not None and at < earliest
 
     def _noticed(self, name: str, at: int) -> Schedule | None:
         """A tick of schedule ``name`` was handed out: its definition, read afresh if this
