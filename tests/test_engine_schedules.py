@@ -220,6 +220,39 @@ def test_every_schedule_is_read_with_its_definition_and_ticks(queue: Queue) -> N
     assert records[0].definition == '{"every_ms": 1000}'
 
 
+def test_a_new_or_resumed_schedule_keeps_when_it_started(queue: Queue) -> None:
+    # Ticks at or before then, handed out later, were written before: not to be run.
+    store = queue.store
+    assert store.read_schedule("nightly") is None
+    define(store, start_ms=1000, first=tick(2000))
+    assert store.read_schedule("nightly") == store.read_schedules()[1][0]
+    assert store.read_schedule("nightly").since_ms == 1000  # type: ignore[union-attr]
+    define(store, fingerprint=OTHER_FP, start_ms=1500)  # changed: its due ticks still run
+    store.pause_schedule("nightly", 2500)
+    paused = store.read_schedule("nightly")
+    assert (paused.paused, paused.since_ms) == (True, 1000)  # type: ignore[union-attr]
+    store.resume_schedule("nightly", OTHER_FP, 3000, None)
+    assert store.read_schedule("nightly").since_ms == 3000  # type: ignore[union-attr]
+    store.remove_schedule("nightly")
+    assert store.read_schedule("nightly") is None
+    define(store, start_ms=4000)
+    assert store.read_schedule("nightly").since_ms == 4000  # type: ignore[union-attr]
+    assert store.read_schedule("other") is None
+
+
+def test_a_tick_record_written_before_since_was_kept_reads_as_since_0(
+    redis_queue: Queue, raw: redis.Redis | redis.RedisCluster
+) -> None:
+    keys, store = redis_queue.store.keys, redis_queue.store
+    raw.hset(keys.key("schedules"), "nightly", '{"every_ms": 1000}')
+    raw.hset(keys.key("schedule_ticks"), "nightly", f"{FP}:0:3000:3000:2000")
+    record = store.read_schedule("nightly")
+    assert record is not None
+    assert (record.fingerprint, record.cursor_ms, record.since_ms) == (FP, 3000, 0)
+    assert store.write_tick("nightly", FP, tick(4000)).status == "written"
+    assert raw.hget(keys.key("schedule_ticks"), "nightly") == f"{FP}:0:4000:4000:3000:0".encode()
+
+
 def test_schedule_keys_of_the_wrong_type_are_set_aside(
     redis_queue: Queue, raw: redis.Redis | redis.RedisCluster
 ) -> None:

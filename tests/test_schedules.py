@@ -307,8 +307,8 @@ def test_a_catch_up_runs_the_latest_missed_limit_ticks_and_logs_those_skipped(
     ) in caplog.text
     five_past = ms(start + timedelta(minutes=5))
     assert (
-        f"tick tick:poll:{five_past} of queue default missed (started 1630.0 s after its "
-        "time; MISSED=all, MISSED_LIMIT=3): not run"
+        f"tick tick:poll:{five_past} of queue default not run: missed (started 1630.0 s "
+        "after its time; MISSED=all, MISSED_LIMIT=3)"
     ) in caplog.text
 
 

@@ -17,6 +17,7 @@ from delayqueue_django.engine.records import (
     NewMessage,
     ScheduleFailure,
     ScheduleListing,
+    ScheduleRecord,
     ScheduleReply,
     StoredMessage,
     StoreLimits,
@@ -183,6 +184,10 @@ class Store(Protocol):
     def read_schedules(self) -> ScheduleListing:
         """The store's clock (ms) and every schedule, by name, read atomically."""
 
+    def read_schedule(self, name: str) -> ScheduleRecord | None:
+        """One schedule as it stands, None if the store has neither its definition nor its
+        tick record."""
+
     def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
         """Write the schedule's tick, only if it is later than its cursor and the schedule
         still has this fingerprint and is not paused: each tick time is written once."""
@@ -201,16 +206,21 @@ class Store(Protocol):
         loses its waiting tick, owes no tick up to ``start_ms`` and gets ``first``."""
 
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
-        """Pause a schedule: its waiting tick is removed and none is written."""
+        """Pause a schedule: its waiting tick (and the one before, if it still waits) is
+        removed and none is written; the others still waiting are dropped by workers as
+        they are handed out (see ``ScheduleRunner.guard``)."""
 
     def resume_schedule(
         self, name: str, fingerprint: str, start_ms: int, first: Tick | None
     ) -> ScheduleReply:
-        """Resume a paused schedule from ``start_ms``, with ``first`` as its next tick;
-        "stale" (still paused) if its definition is not the one of ``fingerprint``."""
+        """Resume a paused schedule from ``start_ms`` (its ``since``: ticks written before
+        are not run), with ``first`` as its next tick; "stale" (still paused) if its
+        definition is not the one of ``fingerprint``."""
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
-        """Remove a schedule (only with this fingerprint, if given) and its waiting tick."""
+        """Remove a schedule (only with this fingerprint, if given) and its waiting tick
+        (and the one before, if it still waits); the others still waiting are dropped by
+        workers as they are handed out."""
 
     def report_schedule_failure(
         self, name: str, fingerprint: str, failure: ScheduleFailure

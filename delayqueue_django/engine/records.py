@@ -217,6 +217,9 @@ class ScheduleRecord:
     previous_ms: int = 0
     # Why a worker could not write its ticks (see ScheduleFailure), None while none failed.
     failure: "ScheduleFailure | None" = None
+    # A tick of a time at or before this (ms) that is handed out now was written before the
+    # schedule was added or last resumed: it is not run (0: none such).
+    since_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,15 +262,18 @@ ScheduleListing = tuple[int, list[ScheduleRecord]]
 def parse_schedule_record(
     name: str, definition: str | None, raw: str | None, failure: str | None = None
 ) -> ScheduleRecord:
-    """A schedule from its definition, its "fingerprint:paused:cursor:tick:previous" record
-    and its failure; an unreadable record (a number past LARGEST_META_NUMBER too) reads as
-    missing, as schedule.lua takes it."""
+    """A schedule from its definition, its "fingerprint:paused:cursor:tick:previous:since"
+    record (without since, as written before it was kept: since 0) and its failure; an
+    unreadable record (a number past LARGEST_META_NUMBER too) reads as missing, as
+    schedule.lua takes it."""
     parts = raw.split(":") if raw is not None else []
-    numbers = meta_numbers(parts[2:]) if len(parts) == 5 and parts[1] in ("0", "1") else None
+    fields = parts[2:] if len(parts) == 6 else [*parts[2:], "0"]
+    readable = len(parts) in (5, 6) and parts[1] in ("0", "1")
+    numbers = meta_numbers(fields) if readable else None
     fingerprint = parts[0] if numbers is not None else ""
     if numbers is None or not all(c in "0123456789abcdefABCDEF" for c in fingerprint):
         return ScheduleRecord(name, definition, None)
-    cursor, tick, previous = numbers
+    cursor, tick, previous, since = numbers
     return ScheduleRecord(
         name,
         definition,
@@ -277,4 +283,5 @@ def parse_schedule_record(
         tick,
         previous,
         parse_schedule_failure(failure),
+        since,
     )

@@ -57,6 +57,7 @@ from delayqueue_django.engine.records import (
     NewMessage,
     ScheduleFailure,
     ScheduleListing,
+    ScheduleRecord,
     ScheduleReply,
     StoredMessage,
     StoreLimits,
@@ -849,6 +850,9 @@ class ShardedStore:
 
     def read_schedules(self) -> ScheduleListing:
         return self.base.read_schedules()
+
+    def read_schedule(self, name: str) -> ScheduleRecord | None:
+        return self.base.read_schedule(name)
 
     def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
         return self.base.write_tick(name, fingerprint, tick)

@@ -32,6 +32,7 @@ from delayqueue_django.engine.records import (
     NewMessage,
     ScheduleFailure,
     ScheduleListing,
+    ScheduleRecord,
     ScheduleReply,
     StoredMessage,
     StoreLimits,
@@ -589,7 +590,14 @@ class RedisStore:
     # Schedules (schedule.lua, schedules.lua)
 
     def read_schedules(self) -> ScheduleListing:
-        now, flat, _ = self._run("schedules", [], extra_keys=self.keys.schedule_keys)
+        return self._read_schedules([])
+
+    def read_schedule(self, name: str) -> ScheduleRecord | None:
+        _, records = self._read_schedules([_wire(name)])
+        return records[0] if records else None
+
+    def _read_schedules(self, args: Sequence[Any]) -> ScheduleListing:
+        now, flat, _ = self._run("schedules", args, extra_keys=self.keys.schedule_keys)
         records = [
             parse_schedule_record(
                 _id(flat[i]),

@@ -178,15 +178,16 @@ class Schedules:
         return self.get(name)
 
     def pause(self, name: str) -> ScheduleInfo:
-        """Fire nothing until resumed: the ticks not handed out yet are removed (the
-        waiting one, and one that fell due but waits behind others); a tick already handed
-        out runs to its end."""
+        """Fire nothing until resumed: no tick not handed out yet runs, however many wait
+        (the waiting one is removed, the others are acked unrun as they are handed out);
+        a tick already handed out runs to its end."""
         now, _, _ = self._read(name)
         self._expect(self.queue.store.pause_schedule(name, now), name)
         return self.get(name)
 
     def resume(self, name: str) -> ScheduleInfo:
-        """Fire again, from the next tick after now; the ticks of the pause are not owed."""
+        """Fire again, from the next tick after now; the ticks of the pause are not owed,
+        and ticks written before it that still wait are not run."""
         while True:
             now, record, schedule = self._read(name)
             at = schedule.next_after(now)
@@ -201,8 +202,9 @@ class Schedules:
         return self.get(name)
 
     def remove(self, name: str) -> bool:
-        """Remove a schedule and its ticks not handed out yet; False if there was none. A schedule
-        declared in settings comes back when a worker starts: remove it from settings."""
+        """Remove a schedule: no tick of it not handed out yet runs, even if a schedule of
+        that name is added again; False if there was none. A schedule declared in settings
+        comes back when a worker starts: remove it from settings."""
         return self.queue.store.remove_schedule(name).status == "removed"
 
     # Helpers

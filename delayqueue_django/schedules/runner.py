@@ -270,13 +270,7 @@ class ScheduleRunner:
             except Exception as error:  # a foreign write, or an older version's
                 self._failed(record.name, record.fingerprint or "", error, now)
                 continue
-            if record.fingerprint is None:
-                # Its tick record is missing, or unreadable as schedule.lua reads it.
-                known[record.name] = Known(schedule, schedule.fingerprint, False, 0, 0, True)
-                continue
-            known[record.name] = Known(
-                schedule, record.fingerprint, record.paused, record.cursor_ms, record.tick_ms
-            )
+            known[record.name] = _known_of(record, schedule)
         self._known = known
         # Failures of schedules since removed are forgotten.
         names = {record.name for record in records}
@@ -358,7 +352,7 @@ class ScheduleRunner:
         logger.warning(
             "schedule %s of queue %s missed more ticks than MISSED_LIMIT=%d: %s from %s to "
             "before %s skipped, the latest %d run",
-            schedule.name,
+            loggable(schedule.name),
             self.queue.name,
             schedule.missed_limit,
             f"more than {SKIPPED_COUNT_LIMIT}" if count is None else count,
@@ -444,15 +438,25 @@ class ScheduleRunner:
     # Running ticks
 
     def guard(self, handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
-        """The handler, except for a tick that counts as missed and that the schedule's
-        MISSED policy drops: that one is acked without running it.
+        """The handler, except for a tick that is not to run: that one is acked without
+        running it, and logged. The tick's schedule is read from the store as the tick is
+        handed out (one read per tick, none for other messages), and the tick is not run if:
 
-        A tick is missed when its first delivery starts more than MISSED_AFTER after its
-        time (no worker ran then, or the queue was that far behind). ``skip`` drops every
-        missed tick; ``once`` runs a missed tick only if no later tick of the schedule has
-        come due by then (so of a run of missed ticks, the last one runs); ``all`` runs it
-        only if fewer than MISSED_LIMIT later ticks have (so the last MISSED_LIMIT run).
-        Retries and redeliveries always run: their first delivery started.
+        - its schedule was removed, or is paused;
+        - it was written before the schedule was added or last resumed (its ``since``): a
+          tick of a schedule of that name since removed, or one written before a pause.
+          So a pause or a removal stops every tick not handed out yet, however many wait,
+          with no search for them in the queue;
+        - it counts as missed and the schedule's MISSED policy drops it. A tick is missed
+          when its first delivery starts more than MISSED_AFTER after its time (no worker
+          ran then, or the queue was that far behind). ``skip`` drops every missed tick;
+          ``once`` runs a missed tick only if no later tick of the schedule has come due
+          by then (so of a run of missed ticks, the last one runs); ``all`` runs it only
+          if fewer than MISSED_LIMIT later ticks have (so the last MISSED_LIMIT run).
+
+        Retries and redeliveries always run: their first delivery started. A tick whose
+        schedule cannot be read (Redis away) runs, as it would have with no schedule left
+        to judge it.
         """
 
         @functools.wraps(handler)
@@ -461,21 +465,47 @@ class ScheduleRunner:
             if parsed is None or message.attempt != 1:
                 return handler(message)
             name, at = parsed
-            schedule = self._noticed(name, at)
-            if schedule is None or not self._dropped(schedule, at, message):
+            reason = self._why_not_run(name, at, message)
+            if reason is None:
                 return handler(message)
             logger.info(
-                "tick %s of queue %s missed (started %.1f s after its time; MISSED=%s): not run",
-                loggable(message.id),
-                message.queue,
-                (self._started_ms(message) - at) / 1000,
-                schedule.missed
-                if schedule.missed != "all"
-                else f"all, MISSED_LIMIT={schedule.missed_limit}",
+                "tick %s of queue %s not run: %s", loggable(message.id), message.queue, reason
             )
             return None
 
         return guarded
+
+    def _why_not_run(self, name: str, at: int, message: Message) -> str | None:
+        """Why the tick of schedule ``name`` at ``at`` that ``message`` hands out is not to
+        run (see guard), or None if it runs."""
+        try:
+            record = self.queue.store.read_schedule(name)
+        except Exception:  # a tick is run even when its schedule cannot be read
+            logger.warning(
+                "reading schedule %s of queue %s failed: its tick %s runs unchecked",
+                loggable(name),
+                self.queue.name,
+                loggable(message.id),
+                exc_info=True,
+            )
+            return None
+        if record is None or record.definition is None:
+            return "its schedule was removed"
+        schedule = self._noticed(record)
+        if record.paused:
+            return "its schedule is paused"
+        if record.fingerprint is not None and at <= record.since_ms:
+            return (
+                "it was written before its schedule was paused or removed (the schedule "
+                f"runs ticks after {_moment(record.since_ms).isoformat()} only)"
+            )
+        if schedule is None or not self._dropped(schedule, at, message):
+            return None
+        missed = schedule.missed
+        if missed == "all":
+            missed = f"all, MISSED_LIMIT={schedule.missed_limit}"
+        late = (self._started_ms(message) - at) / 1000
+        return f"missed (started {late:.1f} s after its time; MISSED={missed})"
 
     def _started_ms(self, message: Message) -> int:
         # Handed out (on the store's clock) one MAX_CONSUME_DURATION before its deadline.
@@ -490,21 +520,38 @@ class ScheduleRunner:
         earliest = self._earliest_to_run(schedule, started)
         return earliest is not None and at < earliest
 
-    def _noticed(self, name: str, at: int) -> Schedule | None:
-        """A tick of schedule ``name`` was handed out: its definition, read afresh if this
-        worker did not know it or knew an older state of it (the tick of a schedule added,
-        changed or resumed elsewhere), so that this worker writes the next ticks too."""
+    def _noticed(self, record: ScheduleRecord) -> Schedule | None:
+        """A tick of a schedule was handed out, and the schedule read with it: its
+        definition (None if it does not read). This worker takes what it read for its own
+        view if it did not know the schedule or knew an older state of it (the tick of a
+        schedule added, changed or resumed elsewhere), so that it writes the next ticks
+        too."""
         with self._lock:
-            known = self._known.get(name)
-            if known is None or known.paused or known.cursor_ms < at:
+            known = self._known.get(record.name)
+            if known is not None and known.schedule.to_json() == record.definition:
+                schedule = known.schedule
+            else:
                 try:
-                    self._refresh()
-                except Exception:  # a tick is run even when its schedule cannot be read
-                    logger.warning(
-                        "reading the schedules of queue %s failed", self.queue.name, exc_info=True
-                    )
-                known = self._known.get(name)
-            return None if known is None else known.schedule
+                    schedule = Schedule.from_json(record.name, record.definition or "")
+                except InvalidSchedule:  # the next refresh reports it
+                    return None
+            fresh = _known_of(record, schedule)
+            if (
+                known is None
+                or (known.schedule, known.fingerprint, known.paused)
+                != (fresh.schedule, fresh.fingerprint, fresh.paused)
+                or known.cursor_ms < fresh.cursor_ms
+            ):
+                self._known[record.name] = fresh
+            return schedule
+
+
+def _known_of(record: ScheduleRecord, schedule: Schedule) -> Known:
+    """A schedule as its record in the store stands, its definition read."""
+    if record.fingerprint is None:
+        # Its tick record is missing, or unreadable as schedule.lua reads it.
+        return Known(schedule, schedule.fingerprint, False, 0, 0, True)
+    return Known(schedule, record.fingerprint, record.paused, record.cursor_ms, record.tick_ms)
 
 
 def _reason(error: Exception) -> str:

@@ -7,14 +7,21 @@
 
   KEYS: the queue's key layout (see _prelude.lua), then
     KEYS[11] schedules       hash  name -> definition (JSON; read by Python only)
-    KEYS[12] schedule_ticks  hash  name -> "fingerprint:paused:cursor:tick:previous"
+    KEYS[12] schedule_ticks  hash  name -> "fingerprint:paused:cursor:tick:previous:since"
       fingerprint  hex digest of the definition the ticks follow (computed by Python)
-      paused       1 while paused: no tick is written
+      paused       1 while paused: no tick is written, and none handed out runs
       cursor       ms: a tick is written only if it is later than the cursor, which it
                    then becomes; so each tick time is written once (compare-and-set)
       tick         ms of the latest tick written since the schedule was defined, changed
                    or paused, 0 if none
       previous     ms of the tick written before that one, 0 if none
+      since        ms: the start of a new schedule, or of the resume that ended its latest
+                   pause. A tick of a time at or before it that is handed out now was
+                   written before (by a schedule of that name since removed, or before the
+                   pause): workers ack it without running it. So a pause or a removal
+                   stops every tick not handed out yet, however many, with no search for
+                   them. (A record of five fields, written before since was kept, reads
+                   as since 0.)
       (a record that does not read so, or with a number past 2^53, is damage: the
       schedule is taken for new, as Python's parse_schedule_record takes it)
     KEYS[13] schedule_failures  hash  name -> "since:reason": a worker could not write
@@ -29,7 +36,8 @@
   ARGV[6]  expect (put): "any"; "new", refused if the schedule exists; "existing", refused
            if it does not
   ARGV[7]  start ms (put, pause, resume): the caller's reading of the clock. A schedule
-           changed, paused or resumed owes no tick up to it. fail: since when it fails
+           changed, paused or resumed owes no tick up to it; a new or resumed one's since.
+           fail: since when it fails
   ARGV[8]  tick ms: the tick to write (tick), or the first tick of the new definition
            (put) or of the resumed schedule (resume), 0 for none; written only if it is
            later than the cursor
@@ -54,6 +62,8 @@
   has fired: it stays, and the cursor stays at or past its time. Pause and remove also
   take out the tick before the latest if it still waits (due, behind a backlog: workers
   write a tick as the one before falls due); a put leaves it, due under its definition.
+  Older ticks still waiting (a catch-up's, or written ahead of a clock that stepped back)
+  are not searched for: they stay, and are dropped as they are handed out (see since).
   Publishes a written tick's time when it is earlier than every pending message's.
 ]]
 
@@ -72,15 +82,19 @@ for _, key in ipairs({schedules, schedule_ticks, schedule_failures}) do
   end
 end
 
-local known, paused, cursor, tick, previous = nil, false, 0, 0, 0
+local known, paused, cursor, tick, previous, since = nil, false, 0, 0, 0, 0
 local raw = redis.call('HGET', schedule_ticks, name)
 if raw then
-  local f, p, c, t, pr = string.match(raw, '^(%x*):([01]):(%d+):(%d+):(%d+)$')
-  c, t, pr = tonumber(c), tonumber(t), tonumber(pr)
+  local f, p, c, t, pr, si = string.match(raw, '^(%x*):([01]):(%d+):(%d+):(%d+):(%d+)$')
+  if not f then
+    f, p, c, t, pr = string.match(raw, '^(%x*):([01]):(%d+):(%d+):(%d+)$')
+    si = '0'
+  end
+  c, t, pr, si = tonumber(c), tonumber(t), tonumber(pr), tonumber(si)
   local largest = LARGEST_META_NUMBER
-  if f and c <= largest and t <= largest and pr <= largest then
+  if f and c <= largest and t <= largest and pr <= largest and si <= largest then
     known, paused = f, p == '1'
-    cursor, tick, previous = c, t, pr
+    cursor, tick, previous, since = c, t, pr, si
   else
     table.insert(warnings, {schedule_ticks, 'field ' .. name .. ' is unreadable; the ' ..
       'schedule is taken for new'})
@@ -93,8 +107,8 @@ local function reply(status)
 end
 
 local function save()
-  redis.call('HSET', schedule_ticks, name, string.format('%s:%d:%d:%d:%d', known,
-    paused and 1 or 0, cursor, tick, previous))
+  redis.call('HSET', schedule_ticks, name, string.format('%s:%d:%d:%d:%d:%d', known,
+    paused and 1 or 0, cursor, tick, previous, since))
 end
 
 local function tick_id(at)
@@ -180,6 +194,11 @@ if op == 'put' then
   if known == fingerprint then
     return reply('unchanged')
   end
+  if not known then
+    -- New (or its record damaged): ticks of a schedule of this name removed before, still
+    -- waiting, are not this one's.
+    since = start
+  end
   cursor = math.max(start, drop_waiting_tick(false))
   known = fingerprint
   if first > cursor and not paused then
@@ -210,7 +229,7 @@ if op == 'resume' then
   if paused and known ~= fingerprint then
     return reply('stale')
   elseif paused then
-    paused = false
+    paused, since = false, start
     cursor = math.max(start, cursor)
     if first > cursor then
       write_tick(first)

@@ -1,9 +1,11 @@
 --[[
-  schedules: every schedule of the queue, as schedule.lua keeps them, read atomically.
+  schedules: every schedule of the queue, as schedule.lua keeps them, read atomically; or
+  one of them.
 
   KEYS: the queue's key layout (see _prelude.lua), then KEYS[11] schedules, KEYS[12]
   schedule_ticks and KEYS[13] schedule_failures (see schedule.lua).
-  ARGV: none.
+  ARGV[1]  name (optional): only that schedule (a worker handing out one of its ticks
+           reads it so: one field of each hash, not every schedule of the queue)
 
   Returns {now, {name, definition, record, failure, ...}, warnings}, by name; a
   definition, record or failure that is missing reads as false (a failure without either
@@ -12,12 +14,15 @@
 ]]
 
 local schedules, schedule_ticks, schedule_failures = keys[11], keys[12], keys[13]
+local only = args[1]
 local now = now_ms()
 
 local function read(key)
   local found = {}
   local actual = redis.call('TYPE', key)['ok']
-  if actual == 'hash' then
+  if actual == 'hash' and only then
+    found[only] = redis.call('HGET', key, only) or nil
+  elseif actual == 'hash' then
     local flat = redis.call('HGETALL', key)
     for i = 1, #flat, 2 do
       found[flat[i]] = flat[i + 1]

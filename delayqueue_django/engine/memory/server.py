@@ -30,14 +30,15 @@ class Meta:
 
 @dataclass(slots=True)
 class TickRecord:
-    """Where a schedule's ticks stand ("fingerprint:paused:cursor:tick:previous" in Redis);
-    see schedule.lua."""
+    """Where a schedule's ticks stand ("fingerprint:paused:cursor:tick:previous:since" in
+    Redis); see schedule.lua."""
 
     fingerprint: str
     paused: bool = False
     cursor: int = 0
     tick: int = 0
     previous: int = 0
+    since: int = 0
 
 
 @dataclass

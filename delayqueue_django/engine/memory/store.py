@@ -676,26 +676,15 @@ class MemoryStore:
     def read_schedules(self) -> ScheduleListing:
         with self.server.lock:
             state = self._state()
-            records = []
-            for name in sorted(state.schedules.keys() | state.schedule_ticks.keys()):
-                record = state.schedule_ticks.get(name)
-                definition = state.schedules.get(name)
-                if record is None:
-                    records.append(ScheduleRecord(name, definition, None))
-                    continue
-                records.append(
-                    ScheduleRecord(
-                        name,
-                        definition,
-                        record.fingerprint,
-                        record.paused,
-                        record.cursor,
-                        record.tick,
-                        record.previous,
-                        state.schedule_failures.get(name),
-                    )
-                )
-            return self._now(), records
+            names = sorted(state.schedules.keys() | state.schedule_ticks.keys())
+            return self._now(), [_schedule_record(state, name) for name in names]
+
+    def read_schedule(self, name: str) -> ScheduleRecord | None:
+        with self.server.lock:
+            state = self._state()
+            if name not in state.schedules and name not in state.schedule_ticks:
+                return None
+            return _schedule_record(state, name)
 
     def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
         with self.server.lock:
@@ -735,7 +724,8 @@ class MemoryStore:
             if record is not None and record.fingerprint == fingerprint:
                 return _schedule_reply("unchanged", record, now)
             if record is None:
-                record = state.schedule_ticks[name] = TickRecord(fingerprint)
+                # New: ticks of a schedule of this name removed before are not its own.
+                record = state.schedule_ticks[name] = TickRecord(fingerprint, since=start_ms)
             record.cursor = max(start_ms, _drop_waiting_tick(state, name, record, due_too=False))
             record.fingerprint = fingerprint
             if first is not None and first.at_ms > record.cursor and not record.paused:
@@ -764,7 +754,7 @@ class MemoryStore:
             if record.paused and record.fingerprint != fingerprint:
                 return _schedule_reply("stale", record, now)
             if record.paused:
-                record.paused = False
+                record.paused, record.since = False, start_ms
                 record.cursor = max(start_ms, record.cursor)
                 if first is not None and first.at_ms > record.cursor:
                     self._write_tick(state, name, record, first)
@@ -913,6 +903,24 @@ def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord, *, due_
     fired = record.tick
     record.previous, record.tick = record.tick, 0
     return fired
+
+
+def _schedule_record(state: QueueState, name: str) -> ScheduleRecord:
+    record = state.schedule_ticks.get(name)
+    definition = state.schedules.get(name)
+    if record is None:
+        return ScheduleRecord(name, definition, None)
+    return ScheduleRecord(
+        name,
+        definition,
+        record.fingerprint,
+        record.paused,
+        record.cursor,
+        record.tick,
+        record.previous,
+        state.schedule_failures.get(name),
+        record.since,
+    )
 
 
 def _schedule_reply(status: str, record: TickRecord | None, now: int) -> ScheduleReply:
