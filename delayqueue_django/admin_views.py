@@ -303,7 +303,8 @@ class QueueViews:
             **row,
             "fires": schedule.describe(),
             "carries": carries,
-            "missed": f"{schedule.missed}, after {schedule.missed_after_ms / 1000:g} s",
+            "missed": f"{schedule.missed}, after {schedule.missed_after_ms / 1000:g} s"
+            + (f", the latest {schedule.missed_limit}" if schedule.missed == "all" else ""),
         }
 
     def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:

@@ -560,6 +560,7 @@ def test_the_queue_page_lists_the_schedules_and_pauses_and_resumes_them(
 ) -> None:
     queue.schedules.add("poll", every=300, payload={"<b>": "x"})
     queue.schedules.add("report", cron="0 3 * * *", time_zone="Europe/Berlin", missed="skip")
+    queue.schedules.add("sync", every=60, missed="all", missed_limit=20)
     path = url("detail", "default")
 
     page = client_for(users["viewer"]).get(path).content.decode()
@@ -567,6 +568,7 @@ def test_the_queue_page_lists_the_schedules_and_pauses_and_resumes_them(
     assert "every 300 s" in page
     assert "cron 0 3 * * * (Europe/Berlin)" in page
     assert "skip, after 60 s" in page
+    assert "all, after 60 s, the latest 20" in page
     # The payload is escaped.
     assert "&lt;b&gt;" in page
     assert "<b>" not in page
