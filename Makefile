@@ -60,7 +60,7 @@ else
 # (resharding too), the worker's process, fault, connection and pacing tests, the server
 # fixtures, what reads Redis's records as they are (invariants, malformed records, eviction),
 # the client's connection options, the benchmark script, the tracing spans (OpenTelemetry's
-# API), the schedules' failure handling on every store and the send fuzzer.
+# API), the schedules' failure handling and catch-ups on every store and the send fuzzer.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -69,7 +69,7 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_malformed_records.py --ignore=tests/test_eviction.py \
 	--ignore=tests/test_connection_options.py --ignore=tests/test_benchmarks.py \
 	--ignore=tests/test_tracing.py --ignore=tests/test_schedule_failures.py \
-	--ignore=tests/test_fuzz_send.py
+	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"
