@@ -446,10 +446,15 @@ def test_the_api_tells_where_a_schedule_stands(settings: Any) -> None:
 def test_the_api_takes_a_missed_limit_with_missed_all(settings: Any) -> None:
     with on_memory(settings, datetime(2024, 5, 6, 12, tzinfo=UTC)):
         schedules = get_queue().schedules
-        info = schedules.add("poll", every=60, missed="all", missed_limit=5)
-        assert (info.schedule.missed, info.schedule.missed_limit) == ("all", 5)
-        assert schedules.change("poll", every=120).schedule.missed_limit == 5
-        assert schedules.change("poll", missed="once").schedule.missed_limit == 100
+        added = schedules.add("poll", every=60, missed="all", missed_limit=5).schedule
+        assert added is not None
+        assert (added.missed, added.missed_limit) == ("all", 5)
+        changed = schedules.change("poll", every=120).schedule
+        assert changed is not None
+        assert changed.missed_limit == 5
+        changed = schedules.change("poll", missed="once").schedule
+        assert changed is not None
+        assert changed.missed_limit == 100
         with pytest.raises(InvalidSchedule, match=r"sets MISSED_LIMIT with MISSED 'once'"):
             schedules.change("poll", missed_limit=7)
         with pytest.raises(InvalidSchedule, match=r"missed_limit= must be a whole number"):
