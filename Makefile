@@ -11,9 +11,11 @@ VENV_NEXT := .venv-django61
 VENV_DEMO := .venv-demo
 PY313 := $(shell scripts/find-python 3.13)
 PYTEST_ARGS ?=
-# make chaos: a 100,000-message soak, 5 faults per scenario and a 1-second schedule for 5
-# minutes (make test runs them small).
-CHAOS_ARGS ?= --chaos-messages 100000 --chaos-rounds 5 --chaos-schedule-seconds 300
+# make chaos: a 100,000-message soak, 5 faults per scenario, a 1-second schedule for 5
+# minutes and the outbox scenarios on every database (make test runs them small: each of
+# those on one database).
+CHAOS_ARGS ?= --chaos-messages 100000 --chaos-rounds 5 --chaos-schedule-seconds 300 \
+	--chaos-all-databases
 
 PY312 := $(shell scripts/find-python 3.12)
 
@@ -60,7 +62,9 @@ else
 # (resharding too), the worker's process, fault, connection and pacing tests, the server
 # fixtures, what reads Redis's records as they are (invariants, malformed records, eviction),
 # the client's connection options, the benchmark script, the tracing spans (OpenTelemetry's
-# API), the schedules' failure handling and catch-ups on every store and the send fuzzer.
+# API), the schedules' failure handling and catch-ups on every store, the send fuzzer, the
+# worker's in-process tests (its threads, batches and verdicts) and the demo script's
+# processes.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -69,7 +73,8 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_malformed_records.py --ignore=tests/test_eviction.py \
 	--ignore=tests/test_connection_options.py --ignore=tests/test_benchmarks.py \
 	--ignore=tests/test_tracing.py --ignore=tests/test_schedule_failures.py \
-	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py
+	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py \
+	--ignore=tests/test_worker.py --ignore=tests/test_demo.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"

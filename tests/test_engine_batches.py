@@ -103,10 +103,13 @@ def test_bulk_send_with_own_timings_is_validated_before_anything_is_written(
 
 
 def test_hundred_thousand_messages_due_in_the_same_second_are_all_delivered(
-    configure: Callable[..., Queue],
+    configure: Callable[..., Queue], request: pytest.FixtureRequest
 ) -> None:
     queue = configure()
-    total = 100_000
+    # A hundred thousand on the default store; 20,000 on the others, which run the same
+    # bounded calls (a fetch stages at most STAGE_BATCH_SIZE whatever waits) in a fifth of
+    # the time: already 40 stagings each.
+    total = 100_000 if request.node.callspec.params["backend_url"] == "standalone" else 20_000
     ids = queue.send_many(range(total))
     assert queue.stats()["pending"] == total
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from delayqueue_django import get_queue
 from delayqueue_django.queue import Queue
@@ -13,6 +14,26 @@ from tests.chaos.figures import FIGURES, Figures
 from tests.chaos.fleet import WorkerFleet
 
 HANDLER = "tests.chaos.handlers.handle"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Small runs (make test) run each outbox fault scenario on the database its
+    ``chaos_database`` mark names (each of the three on one of them), or on SQLite where
+    that server was not found; make chaos runs every scenario on every database."""
+    if config.getoption("chaos_all_databases"):
+        return
+    kept, deselected = [], []
+    for item in items:
+        mark = item.get_closest_marker("chaos_database")
+        callspec = getattr(item, "callspec", None)
+        if mark is None or callspec is None:
+            kept.append(item)
+            continue
+        named = mark.args[0] if mark.args[0] in settings.DATABASES else "default"
+        (kept if callspec.params["database"] == named else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture

@@ -41,6 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=8,
         help="how long the 1-second schedule runs under kill -9 (default: 8; make chaos: 300)",
     )
+    group.addoption(
+        "--chaos-all-databases",
+        action="store_true",
+        help="run every outbox fault scenario on every database found (default: each on "
+        "the one it names; make chaos: all)",
+    )
     group.addoption("--chaos-report", metavar="PATH", help="also write the figures as JSON")
 
 

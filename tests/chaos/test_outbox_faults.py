@@ -106,6 +106,7 @@ class OrderRequests(threading.Thread):
         self.join(timeout=30)
 
 
+@pytest.mark.chaos_database("default")
 def test_redis_killed_while_requests_commit_orders(
     database: str,
     use_settings: Callable[[dict[str, Any]], Queue],
@@ -164,6 +165,7 @@ def test_redis_killed_while_requests_commit_orders(
         server.close()
 
 
+@pytest.mark.chaos_database("mariadb")
 def test_relays_killed_mid_batch_while_racing(
     database: str,
     redis_server: RedisServer,
@@ -223,6 +225,7 @@ def test_relays_killed_mid_batch_while_racing(
     assert queue.check_invariants().ok
 
 
+@pytest.mark.chaos_database("postgresql")
 def test_workers_killed_while_exactly_once_handlers_write_rows(
     database: str,
     redis_server: RedisServer,
