@@ -104,3 +104,34 @@ def wait_handled(results: Path, count: int, spread: float) -> None:
 
 def _lines(path: Path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What a trickle's pace alone costs the server, per message: one bare PING at each
+    message's time (a round trip reaching a server idle since the last one), and the same
+    window with no request at all (its timers and housekeeping)."""
+
+    ping_cpu_us: float
+    idle_cpu_us: float
+
+    def __str__(self) -> str:
+        return f"PING {self.ping_cpu_us:.0f} µs, idle {self.idle_cpu_us:.0f} µs per message"
+
+
+def floor(count: int, spread: float, probe_client: Any) -> Floor:
+    """Redis CPU (INFO cpu) per PING when ``count`` of them are spread over ``spread``
+    seconds, as the trickle's messages are, then over as long a window with none; both per
+    message. A trickle's calls cannot cost less than such a PING each: it is the price of a
+    request itself on a server that went idle before it."""
+    step = spread / count
+
+    def window(request: Callable[[], object]) -> float:
+        before = probes.server_usage(probe_client)
+        start = time.monotonic()
+        for n in range(count):
+            request()
+            time.sleep(max(start + (n + 1) * step - time.monotonic(), 0.0))
+        return probes.server_usage(probe_client).since(before).cpu_seconds * 1e6 / count
+
+    return Floor(ping_cpu_us=window(probe_client.ping), idle_cpu_us=window(lambda: None))

@@ -183,11 +183,15 @@ def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
 def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
     progress("lateness: a trickle")
     p50, p99, worst, cpu, scripts, commands, calls = [], [], [], [], [], [], []
+    pings, idles = [], []
     for run in range(args.runs):
         probe.flushall()
         measured = lateness.with_worker(
             args.lateness_messages, args.lateness_spread, server.url, probe
         )
+        floor = lateness.floor(args.lateness_messages, args.lateness_spread, probe)
+        pings.append(floor.ping_cpu_us)
+        idles.append(floor.idle_cpu_us)
         values = measured.lateness_ms
         p50.append(statistics.median(values))
         p99.append(percentile(values, 0.99))
@@ -196,7 +200,8 @@ def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) ->
         scripts.append(measured.script_us)
         commands.append(measured.commands)
         calls.append(measured.script_calls)
-        summary = f"p50 {p50[-1]:.2f}, p99 {p99[-1]:.2f}, max {worst[-1]:.2f} ms; {measured}"
+        summary = f"p50 {p50[-1]:.2f}, p99 {p99[-1]:.2f}, max {worst[-1]:.2f} ms; {measured}; "
+        summary += f"floor: {floor}"
         progress(f"  run {run + 1}/{args.runs}: {summary}")
     what = f"lateness, {args.lateness_messages} messages over {args.lateness_spread:g} s"
     return [
@@ -210,6 +215,19 @@ def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) ->
             cpu,
             "µs",
             "≤ 250 µs",
+        ),
+        Row(
+            "trickle's floor: Redis CPU per bare PING sent at the same pace, one per message "
+            "(a request reaching an idle server), idle time included",
+            pings,
+            "µs",
+            "",
+        ),
+        Row(
+            "trickle's floor: Redis CPU per message's share of the same window idle",
+            idles,
+            "µs",
+            "",
         ),
         Row(
             "trickle: Redis time in script calls per message (INFO commandstats)",
