@@ -64,6 +64,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "trickle: Redis time in script calls per message") > 0
     assert figure(table, "trickle: Redis commands per message, inside scripts included") >= 2
     assert figure(table, "Redis CPU per message, 500 due together") > 0
+    # The floor under the trickle: a bare PING at its pace costs the server something too.
+    assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
 
 
 @pytest.mark.timeout(60)
