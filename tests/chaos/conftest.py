@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that server was not found; make chaos runs every scenario on every database."""
     if config.getoption("chaos_all_databases"):
         return
-    kept, deselected = [], []
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
         mark = item.get_closest_marker("chaos_database")
         callspec = getattr(item, "callspec", None)
