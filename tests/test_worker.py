@@ -362,6 +362,28 @@ def test_a_share_of_max_messages_is_reserved_until_its_fetch_returns(
     assert unlimited.reserve(unlimited.consumers[0], 7) == 7
 
 
+def test_a_share_of_max_messages_a_hand_back_frees_wakes_a_consumer_waiting_for_one(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """Before, the consumer refused a share slept on until something else woke it (up to
+    the idle recheck), though the hand-back's commit had set the share free."""
+    settings.DELAYQUEUES = {name: {"URL": redis_server.url} for name in ("a", "b")}
+    worker = Worker([(get_queue(name), handle) for name in ("a", "b")], max_messages=1)
+    a, b = worker.consumers
+    get_queue("a").send({"n": 1})
+    assert worker.reserve(a, 1) == 1
+    [message] = get_queue("a").fetch(1).messages
+    with a._lock:  # what a fetch of the consumer's own counts
+        a._in_flight += 1
+    worker.fetched(a)
+    assert worker.reserve(b, 1) == 0  # the one share is a's
+    b.starved = True
+    b._event.clear()
+    a._hand_back([message])  # buffered, never started: released, committed
+    assert b._event.is_set()
+    assert worker.reserve(b, 1) == 1
+
+
 def test_a_message_sent_at_a_past_time_is_neither_lag_nor_lateness(
     worker_queue: Callable[..., Queue],
 ) -> None:

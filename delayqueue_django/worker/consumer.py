@@ -722,6 +722,8 @@ class QueueConsumer(threading.Thread):
         with self._lock:
             self._in_flight -= len(committed)
             idle = self._in_flight == 0
+        if any(outcome.verdict is Verdict.RELEASE for outcome in committed):
+            self.worker.shares_freed()
         if any(outcome.verdict is not Verdict.ACK for outcome in committed) or (
             idle and self.worker.burst
         ):

@@ -167,6 +167,14 @@ class Worker:
         # A consumer refused a share meanwhile waits for room: it may have some now.
         self._wake_starved_consumers()
 
+    def shares_freed(self) -> None:
+        """Deliveries were handed back, committed: under --max-messages what they held of
+        the limit is free again, for whichever consumer waits for a share. (The hand-back
+        woke them already, to look for room in the pool, while the messages still counted
+        as in flight.)"""
+        if self.max_messages is not None:
+            self._wake_starved_consumers()
+
     def details(self) -> dict[str, Any]:
         host, pid = socket.gethostname(), os.getpid()
         return {
