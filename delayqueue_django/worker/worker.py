@@ -164,14 +164,13 @@ class Worker:
             return
         with self._counts_lock:
             self._reserved.pop(consumer, None)
-        # A consumer refused a share meanwhile waits for room: it may have some now.
-        self._wake_starved_consumers()
+        self.shares_freed()
 
     def shares_freed(self) -> None:
-        """Deliveries were handed back, committed: under --max-messages what they held of
-        the limit is free again, for whichever consumer waits for a share. (The hand-back
-        woke them already, to look for room in the pool, while the messages still counted
-        as in flight.)"""
+        """Under --max-messages, a share of the limit may be free again (a fetch took less
+        than it reserved, or a hand-back was committed): a consumer refused one meanwhile
+        waits for it. (A hand-back woke them already, to look for room in the pool, while
+        its messages still counted as in flight.)"""
         if self.max_messages is not None:
             self._wake_starved_consumers()
 
