@@ -17,12 +17,15 @@ rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were writt
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from delayqueue_django import conf, mysql_errors
+from delayqueue_django.engine import loggable
 from delayqueue_django.handlers import Handler
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.message import Message
@@ -86,11 +89,45 @@ class _ServerRollbacks:
         return bool(row and row[0])
 
 
+@dataclass
+class _Running:
+    """The transaction call_once runs a handler in: its database, the MySQL/MariaDB
+    rollbacks noted so far, and what to call once it committed, or ended without."""
+
+    using: str
+    rollbacks: _ServerRollbacks = field(default_factory=_ServerRollbacks)
+    if_rolled_back: list[Callable[[BaseException], None]] = field(default_factory=list)
+    if_committed: list[Callable[[], object]] = field(default_factory=list)
+
+
+# Set while call_once runs a handler, for raise_if_rolled_back and on_rollback.
+_running: ContextVar[_Running | None] = ContextVar("delayqueue_exactly_once", default=None)
+
+
 def database_for(queue: str) -> str | None:
     """The database alias of an EXACTLY_ONCE queue, or None (a queue not configured, as in
     hand-made test setups, counts as at least once)."""
     config = conf.queue_configs().get(queue)
     return None if config is None else config.exactly_once
+
+
+def committed(queue: str, message_id: str) -> bool:
+    """Whether a message's handler committed, as far as its queue can tell: on an
+    EXACTLY_ONCE queue, whether its processed record is there; elsewhere, True."""
+    from delayqueue_django.models import ProcessedMessage
+
+    using = database_for(queue)
+    if using is None:
+        return True
+    records = ProcessedMessage.objects.using(using)
+    try:
+        return records.filter(queue=queue, message_id=message_id).exists()
+    finally:
+        # Asked from a thread no request cycle ends (announcing exhaustions): its connection
+        # follows CONN_MAX_AGE as a handler's does, unless a caller's transaction holds it.
+        connection = connections[using]
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
 
 
 def call_once(handler: Handler, message: Message, using: str) -> Any:
@@ -101,6 +138,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
     """
     from delayqueue_django.models import ProcessedMessage
 
+    running = _Running(using)
     try:
         with transaction.atomic(using=using):
             try:
@@ -114,33 +152,91 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
                     )
             except IntegrityError:
                 raise AlreadyProcessed(message.id) from None
-            rollbacks = _ServerRollbacks()
-            if connections[using].vendor == "mysql":
-                with connections[using].execute_wrapper(rollbacks):
+            token = _running.set(running)
+            try:
+                if connections[using].vendor == "mysql":
+                    with connections[using].execute_wrapper(running.rollbacks):
+                        result = handler(message)
+                else:
                     result = handler(message)
-            else:
-                result = handler(message)
+            finally:
+                _running.reset(token)
             if result is False:
                 raise _Refused
-            if (
-                transaction.get_rollback(using=using)
-                or _aborted(using)
-                or rollbacks.rolled_back(using)
-            ):
-                # atomic() would roll back silently, or commit a transaction begun after
-                # the server's rollback, and the message be acked as handled.
-                raise RolledBack(
-                    f"message {message.id!r}: the handler returned, but its transaction on "
-                    f"database {using!r} was marked for rollback, aborted or rolled back by the "
-                    "server (a database error caught inside it, a deadlock, or "
-                    "set_rollback(True)); nothing it wrote was committed, so the message is "
-                    "retried. Catch database errors in a savepoint of their own "
-                    "(transaction.atomic()) inside an EXACTLY_ONCE handler, and let a "
-                    "deadlock propagate."
-                )
-            return result
+            # atomic() would roll back silently, or commit a transaction begun after the
+            # server's rollback, and the message be acked as handled.
+            _raise_if_rolled_back(message, running)
     except _Refused:
         return False
+    except BaseException as error:
+        # The handler returned, and its transaction did not commit (its COMMIT failed, a
+        # deferred constraint say, or it was rolled back): what it reported is undone.
+        for callback in running.if_rolled_back:
+            _call_logged(message, callback, error)
+        raise
+    # After the COMMIT, nothing may fail the delivery: it would be retried, found processed.
+    for after in running.if_committed:
+        _call_logged(message, after)
+    return result
+
+
+def _call_logged(message: Message, callback: Callable[..., object], *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception(
+            "exactly-once callback %r failed message id=%s queue=%s",
+            callback,
+            loggable(message.id),
+            message.queue,
+        )
+
+
+def on_commit(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` once the transaction call_once runs the handler in committed; at
+    once outside call_once. For what a handler announces as done (a signal), which a
+    failed COMMIT would belie."""
+    running = _running.get()
+    if running is None:
+        callback()
+    else:
+        running.if_committed.append(callback)
+
+
+def on_rollback(callback: Callable[[BaseException], None]) -> None:
+    """Have ``callback(error)`` called if the transaction call_once runs the handler in ends
+    without committing, once the handler returned; nothing outside call_once. For a handler
+    that reports its success before returning (the Django Tasks runner)."""
+    running = _running.get()
+    if running is not None:
+        running.if_rolled_back.append(callback)
+
+
+def raise_if_rolled_back(message: Message) -> None:
+    """Raise RolledBack if the transaction call_once runs the handler in will not commit;
+    nothing outside call_once. For a handler that reports its outcome before returning
+    (the Django Tasks runner): a transaction that rolls back is a failure, not a success."""
+    running = _running.get()
+    if running is not None:
+        _raise_if_rolled_back(message, running)
+
+
+def _raise_if_rolled_back(message: Message, running: _Running) -> None:
+    using = running.using
+    if (
+        transaction.get_rollback(using=using)
+        or _aborted(using)
+        or running.rollbacks.rolled_back(using)
+    ):
+        raise RolledBack(
+            f"message {message.id!r}: the handler returned, but its transaction on "
+            f"database {using!r} was marked for rollback, aborted or rolled back by the "
+            "server (a database error caught inside it, a deadlock, or "
+            "set_rollback(True)); nothing it wrote was committed, so the message is "
+            "retried. Catch database errors in a savepoint of their own "
+            "(transaction.atomic()) inside an EXACTLY_ONCE handler, and let a "
+            "deadlock propagate."
+        )
 
 
 def _delete(using: str, keys: list[int]) -> None:
