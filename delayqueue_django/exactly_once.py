@@ -16,13 +16,14 @@ rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were writt
 """
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 
 from delayqueue_django import conf, mysql_errors
 from delayqueue_django.engine import loggable
@@ -42,6 +43,12 @@ PQTRANS_INERROR = 3
 
 class AlreadyProcessed(Exception):
     """The message's transaction committed before: acked without running the handler."""
+
+
+class WriteLockBusy(Exception):
+    """SQLite's write lock stayed taken by other writers for as long as the handler may
+    wait for it (half of MAX_CONSUME_DURATION): the handler never started, and the message
+    is handed back without using an attempt."""
 
 
 class _Refused(Exception):
@@ -98,6 +105,8 @@ class _Running:
     rollbacks: _ServerRollbacks = field(default_factory=_ServerRollbacks)
     if_rolled_back: list[Callable[[BaseException], None]] = field(default_factory=list)
     if_committed: list[Callable[[], object]] = field(default_factory=list)
+    # Whether the handler was called: before, nothing but the record was written.
+    started: bool = False
 
 
 # Set while call_once runs a handler, for raise_if_rolled_back and on_rollback.
@@ -134,8 +143,32 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
     """Run the handler in a transaction on ``using`` that records the message as processed.
 
     Returns what the handler returned; raises AlreadyProcessed if the message's transaction
-    committed before (the handler did not run), and whatever the handler raised.
+    committed before (the handler did not run), WriteLockBusy if SQLite's write lock could
+    not be had in time (nor did it), and whatever the handler raised.
+
+    SQLite lets one transaction write at a time, and the record's INSERT, the transaction's
+    first write, waits for the others only its busy timeout (5 s by default): as the
+    handler has not started, the INSERT is tried again, up to half of MAX_CONSUME_DURATION
+    (the handler keeps the other half).
     """
+    config = conf.queue_configs().get(message.queue)
+    wait_seconds = (config.max_consume_ms if config else 0) / 2000
+    give_up = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return _call_once(handler, message, using)
+        except WriteLockBusy:
+            if time.monotonic() >= give_up:
+                raise
+            logger.debug(
+                "message id=%s queue=%s waits for SQLite's write lock on database %s",
+                loggable(message.id),
+                message.queue,
+                using,
+            )
+
+
+def _call_once(handler: Handler, message: Message, using: str) -> Any:
     from delayqueue_django.models import ProcessedMessage
 
     running = _Running(using)
@@ -152,6 +185,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
                     )
             except IntegrityError:
                 raise AlreadyProcessed(message.id) from None
+            running.started = True
             token = _running.set(running)
             try:
                 if connections[using].vendor == "mysql":
@@ -169,6 +203,11 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
     except _Refused:
         return False
     except BaseException as error:
+        if not running.started and _sqlite_busy(using, error):
+            raise WriteLockBusy(
+                f"message {message.id!r}: SQLite's write lock on database {using!r} stayed "
+                "taken by other writers; the handler did not start"
+            ) from error
         # The handler returned, and its transaction did not commit (its COMMIT failed, a
         # deferred constraint say, or it was rolled back): what it reported is undone.
         for callback in running.if_rolled_back:
@@ -249,6 +288,15 @@ def _delete(using: str, keys: list[int]) -> None:
     sql = delete_by_keys(connection, quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
     with connection.cursor() as cursor:
         cursor.execute(sql, keys)
+
+
+def _sqlite_busy(using: str, error: BaseException) -> bool:
+    """Whether ``error`` is SQLite's "database is locked" (SQLITE_BUSY): another connection
+    held the write lock past the busy timeout."""
+    if connections[using].vendor != "sqlite" or not isinstance(error, OperationalError):
+        return False
+    code = getattr(error.__cause__, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _aborted(using: str) -> bool:
