@@ -12,7 +12,8 @@ queue and message id). Its effects and that record commit together or not at all
 
 Two deliveries of one message running at once (a handler that outlived its delivery's
 deadline) wait for each other on the record's unique key: the second runs only if the first
-rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were written.
+rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were written, once their
+message has left the queue (acked, or a dead letter dropped).
 """
 
 import logging
@@ -27,6 +28,7 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from delayqueue_django import conf, mysql_errors
 from delayqueue_django.engine import loggable
+from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.handlers import Handler
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.message import Message
@@ -314,26 +316,36 @@ def _aborted(using: str) -> bool:
 
 
 def prune(queue: str, using: str, retention_ms: int) -> int:
-    """Delete the processed records of ``queue`` written more than ``retention_ms`` ago, in
-    statements of PRUNE_BATCH, at most PRUNE_BATCHES_PER_ROUND of them; returns how many.
+    """Delete the processed records of ``queue`` written more than ``retention_ms`` ago
+    whose message the queue no longer holds, in statements of PRUNE_BATCH, at most
+    PRUNE_BATCHES_PER_ROUND of them; returns how many.
 
     Each statement reads a range of the index on (queue, processed_ms): only old records,
-    never the whole table, whatever its size.
+    never the whole table, whatever its size. A record outlives the retention while its
+    message is still in the queue, in any state: a dead letter may be requeued (or a
+    delivery come again) at any time, and must find it. One round trip to the queue's
+    store per statement tells which are.
     """
     from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.registry import get_queue
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)
-    deleted = 0
+    deleted, after = 0, 0
     for _ in range(PRUNE_BATCHES_PER_ROUND):
         old = list(
-            records.filter(queue=queue, processed_ms__lt=cutoff)
+            records.filter(queue=queue, processed_ms__lt=cutoff, id__gt=after)
             .order_by("id")
-            .values_list("id", flat=True)[:PRUNE_BATCH]
+            .values_list("id", "message_id")[:PRUNE_BATCH]
         )
-        if old:
-            _delete(using, old)
-            deleted += len(old)
+        if not old:
+            break
+        after = old[-1][0]
+        held = get_queue(queue).held([message_id for _, message_id in old])
+        gone = [key for key, message_id in old if message_id not in held]
+        if gone:
+            _delete(using, gone)
+            deleted += len(gone)
         if len(old) < PRUNE_BATCH:
             break
     return deleted
@@ -346,8 +358,13 @@ def prune_queues(names: Sequence[str]) -> int:
     configs = conf.queue_configs()
     for name in names:
         config = configs.get(name)
-        if config is not None and config.exactly_once is not None:
+        if config is None or config.exactly_once is None:
+            continue
+        try:
             deleted += prune(name, config.exactly_once, config.exactly_once_retention_ms)
+        except QueueUnavailable as error:
+            # Without its store, no record can be known unneeded: all wait for the next round.
+            logger.warning("processed-message records of queue=%s not pruned: %s", name, error)
     if deleted:
         logger.info("deleted %d processed-message records past EXACTLY_ONCE_RETENTION", deleted)
     return deleted

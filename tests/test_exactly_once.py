@@ -536,3 +536,33 @@ def test_on_sqlite_a_worker_of_several_threads_handles_every_message_once(
     worker.run()
     assert sorted(effects(database)) == sorted(sent)
     assert queue.stats()["garbage"] == 0
+
+
+def test_a_dead_letter_requeued_past_the_retention_finds_its_record(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """Regression (issue #25, defect 8): a message whose handler committed and whose worker
+    died before the ack, on its last attempt, becomes a dead letter. Its processed record
+    was pruned after EXACTLY_ONCE_RETENTION while the dead letter lived on (GARBAGE_RETENTION
+    longer); requeued, it ran its handler again: two rows."""
+    queue = exactly_once(EXACTLY_ONCE_RETENTION=60, GARBAGE_RETENTION=None, RETRY_COUNT=0)
+    message_id = queue.send("x")
+    first = deliver(queue)
+    assert call_handler(writer(database), first).verdict is Verdict.ACK  # and never acked
+    wait_for(
+        lambda: queue.fetch(1).messages == [] and queue.stats()["garbage"] == 1,
+        what="the delivery to time out into a dead letter",
+    )
+    records = ProcessedMessage.objects.using(database).filter(message_id=message_id)
+    records.update(processed_ms=time.time_ns() // 1_000_000 - 120_000)  # past the retention
+
+    assert prune_queues(["default"]) == 0
+    assert records.exists()
+    assert queue.requeue([message_id]) == [message_id]
+    again = deliver(queue)
+    assert call_handler(writer(database), again).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+    assert queue.ack([again]) == {message_id}
+    # Its message gone, the record goes at the next round.
+    assert prune_queues(["default"]) == 1
+    assert not records.exists()
