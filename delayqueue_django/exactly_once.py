@@ -41,6 +41,9 @@ PRUNE_BATCHES_PER_ROUND = 10
 # libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
 # TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
 PQTRANS_INERROR = 3
+# The pause between two tries of the record's INSERT on SQLite, each of which waits the
+# busy timeout first: a connection whose timeout is 0 does not spin.
+WRITE_LOCK_RETRY_SECONDS = 0.01
 
 
 class AlreadyProcessed(Exception):
@@ -162,6 +165,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
         except WriteLockBusy:
             if time.monotonic() >= give_up:
                 raise
+            time.sleep(WRITE_LOCK_RETRY_SECONDS)
             logger.debug(
                 "message id=%s queue=%s waits for SQLite's write lock on database %s",
                 loggable(message.id),
