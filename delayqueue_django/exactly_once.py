@@ -12,17 +12,23 @@ queue and message id). Its effects and that record commit together or not at all
 
 Two deliveries of one message running at once (a handler that outlived its delivery's
 deadline) wait for each other on the record's unique key: the second runs only if the first
-rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were written.
+rolled back. Records are pruned ``EXACTLY_ONCE_RETENTION`` after they were written, once their
+message has left the queue (acked, or a dead letter dropped).
 """
 
 import logging
+import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 
 from delayqueue_django import conf, mysql_errors
+from delayqueue_django.engine import loggable
+from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.handlers import Handler
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.message import Message
@@ -35,10 +41,19 @@ PRUNE_BATCHES_PER_ROUND = 10
 # libpq's PQtransactionStatus() of a transaction aborted by an error (psycopg 3's
 # TransactionStatus.INERROR, psycopg2's TRANSACTION_STATUS_INERROR).
 PQTRANS_INERROR = 3
+# The pause between two tries of the record's INSERT on SQLite, each of which waits the
+# busy timeout first: a connection whose timeout is 0 does not spin.
+WRITE_LOCK_RETRY_SECONDS = 0.01
 
 
 class AlreadyProcessed(Exception):
     """The message's transaction committed before: acked without running the handler."""
+
+
+class WriteLockBusy(Exception):
+    """SQLite's write lock stayed taken by other writers for as long as the handler may
+    wait for it (half of MAX_CONSUME_DURATION): the handler never started, and the message
+    is handed back without using an attempt."""
 
 
 class _Refused(Exception):
@@ -86,6 +101,23 @@ class _ServerRollbacks:
         return bool(row and row[0])
 
 
+@dataclass
+class _Running:
+    """The transaction call_once runs a handler in: its database, the MySQL/MariaDB
+    rollbacks noted so far, and what to call once it committed, or ended without."""
+
+    using: str
+    rollbacks: _ServerRollbacks = field(default_factory=_ServerRollbacks)
+    if_rolled_back: list[Callable[[BaseException], None]] = field(default_factory=list)
+    if_committed: list[Callable[[], object]] = field(default_factory=list)
+    # Whether the handler was called: before, nothing but the record was written.
+    started: bool = False
+
+
+# Set while call_once runs a handler, for raise_if_rolled_back and on_rollback.
+_running: ContextVar[_Running | None] = ContextVar("delayqueue_exactly_once", default=None)
+
+
 def database_for(queue: str) -> str | None:
     """The database alias of an EXACTLY_ONCE queue, or None (a queue not configured, as in
     hand-made test setups, counts as at least once)."""
@@ -93,14 +125,59 @@ def database_for(queue: str) -> str | None:
     return None if config is None else config.exactly_once
 
 
+def committed(queue: str, message_id: str) -> bool:
+    """Whether a message's handler committed, as far as its queue can tell: on an
+    EXACTLY_ONCE queue, whether its processed record is there; elsewhere, True."""
+    from delayqueue_django.models import ProcessedMessage
+
+    using = database_for(queue)
+    if using is None:
+        return True
+    records = ProcessedMessage.objects.using(using)
+    try:
+        return records.filter(queue=queue, message_id=message_id).exists()
+    finally:
+        # Asked from a thread no request cycle ends (announcing exhaustions): its connection
+        # follows CONN_MAX_AGE as a handler's does, unless a caller's transaction holds it.
+        connection = connections[using]
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
 def call_once(handler: Handler, message: Message, using: str) -> Any:
     """Run the handler in a transaction on ``using`` that records the message as processed.
 
     Returns what the handler returned; raises AlreadyProcessed if the message's transaction
-    committed before (the handler did not run), and whatever the handler raised.
+    committed before (the handler did not run), WriteLockBusy if SQLite's write lock could
+    not be had in time (nor did it), and whatever the handler raised.
+
+    SQLite lets one transaction write at a time, and the record's INSERT, the transaction's
+    first write, waits for the others only its busy timeout (5 s by default): as the
+    handler has not started, the INSERT is tried again, up to half of MAX_CONSUME_DURATION
+    (the handler keeps the other half).
     """
+    config = conf.queue_configs().get(message.queue)
+    wait_seconds = (config.max_consume_ms if config else 0) / 2000
+    give_up = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return _call_once(handler, message, using)
+        except WriteLockBusy:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(WRITE_LOCK_RETRY_SECONDS)
+            logger.debug(
+                "message id=%s queue=%s waits for SQLite's write lock on database %s",
+                loggable(message.id),
+                message.queue,
+                using,
+            )
+
+
+def _call_once(handler: Handler, message: Message, using: str) -> Any:
     from delayqueue_django.models import ProcessedMessage
 
+    running = _Running(using)
     try:
         with transaction.atomic(using=using):
             try:
@@ -114,33 +191,97 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
                     )
             except IntegrityError:
                 raise AlreadyProcessed(message.id) from None
-            rollbacks = _ServerRollbacks()
-            if connections[using].vendor == "mysql":
-                with connections[using].execute_wrapper(rollbacks):
+            running.started = True
+            token = _running.set(running)
+            try:
+                if connections[using].vendor == "mysql":
+                    with connections[using].execute_wrapper(running.rollbacks):
+                        result = handler(message)
+                else:
                     result = handler(message)
-            else:
-                result = handler(message)
+            finally:
+                _running.reset(token)
             if result is False:
                 raise _Refused
-            if (
-                transaction.get_rollback(using=using)
-                or _aborted(using)
-                or rollbacks.rolled_back(using)
-            ):
-                # atomic() would roll back silently, or commit a transaction begun after
-                # the server's rollback, and the message be acked as handled.
-                raise RolledBack(
-                    f"message {message.id!r}: the handler returned, but its transaction on "
-                    f"database {using!r} was marked for rollback, aborted or rolled back by the "
-                    "server (a database error caught inside it, a deadlock, or "
-                    "set_rollback(True)); nothing it wrote was committed, so the message is "
-                    "retried. Catch database errors in a savepoint of their own "
-                    "(transaction.atomic()) inside an EXACTLY_ONCE handler, and let a "
-                    "deadlock propagate."
-                )
-            return result
+            # atomic() would roll back silently, or commit a transaction begun after the
+            # server's rollback, and the message be acked as handled.
+            _raise_if_rolled_back(message, running)
     except _Refused:
         return False
+    except BaseException as error:
+        if not running.started and _sqlite_busy(using, error):
+            raise WriteLockBusy(
+                f"message {message.id!r}: SQLite's write lock on database {using!r} stayed "
+                "taken by other writers; the handler did not start"
+            ) from error
+        # The handler returned, and its transaction did not commit (its COMMIT failed, a
+        # deferred constraint say, or it was rolled back): what it reported is undone.
+        for callback in running.if_rolled_back:
+            _call_logged(message, callback, error)
+        raise
+    # After the COMMIT, nothing may fail the delivery: it would be retried, found processed.
+    for after in running.if_committed:
+        _call_logged(message, after)
+    return result
+
+
+def _call_logged(message: Message, callback: Callable[..., object], *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception(
+            "exactly-once callback %r failed message id=%s queue=%s",
+            callback,
+            loggable(message.id),
+            message.queue,
+        )
+
+
+def on_commit(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` once the transaction call_once runs the handler in committed; at
+    once outside call_once. For what a handler announces as done (a signal), which a
+    failed COMMIT would belie."""
+    running = _running.get()
+    if running is None:
+        callback()
+    else:
+        running.if_committed.append(callback)
+
+
+def on_rollback(callback: Callable[[BaseException], None]) -> None:
+    """Have ``callback(error)`` called if the transaction call_once runs the handler in ends
+    without committing, once the handler returned; nothing outside call_once. For a handler
+    that reports its success before returning (the Django Tasks runner)."""
+    running = _running.get()
+    if running is not None:
+        running.if_rolled_back.append(callback)
+
+
+def raise_if_rolled_back(message: Message) -> None:
+    """Raise RolledBack if the transaction call_once runs the handler in will not commit;
+    nothing outside call_once. For a handler that reports its outcome before returning
+    (the Django Tasks runner): a transaction that rolls back is a failure, not a success."""
+    running = _running.get()
+    if running is not None:
+        _raise_if_rolled_back(message, running)
+
+
+def _raise_if_rolled_back(message: Message, running: _Running) -> None:
+    using = running.using
+    if (
+        transaction.get_rollback(using=using)
+        or _aborted(using)
+        or running.rollbacks.rolled_back(using)
+    ):
+        raise RolledBack(
+            f"message {message.id!r}: the handler returned, but its transaction on "
+            f"database {using!r} was marked for rollback, aborted or rolled back by the "
+            "server (a database error caught inside it, a deadlock, or "
+            "set_rollback(True)); nothing it wrote was committed, so the message is "
+            "retried. Catch database errors in a savepoint of their own "
+            "(transaction.atomic()) inside an EXACTLY_ONCE handler, and let a "
+            "deadlock propagate."
+        )
 
 
 def _delete(using: str, keys: list[int]) -> None:
@@ -153,6 +294,15 @@ def _delete(using: str, keys: list[int]) -> None:
     sql = delete_by_keys(connection, quote(ProcessedMessage._meta.db_table), quote("id"), len(keys))
     with connection.cursor() as cursor:
         cursor.execute(sql, keys)
+
+
+def _sqlite_busy(using: str, error: BaseException) -> bool:
+    """Whether ``error`` is SQLite's "database is locked" (SQLITE_BUSY): another connection
+    held the write lock past the busy timeout."""
+    if connections[using].vendor != "sqlite" or not isinstance(error, OperationalError):
+        return False
+    code = getattr(error.__cause__, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _aborted(using: str) -> bool:
@@ -170,26 +320,36 @@ def _aborted(using: str) -> bool:
 
 
 def prune(queue: str, using: str, retention_ms: int) -> int:
-    """Delete the processed records of ``queue`` written more than ``retention_ms`` ago, in
-    statements of PRUNE_BATCH, at most PRUNE_BATCHES_PER_ROUND of them; returns how many.
+    """Delete the processed records of ``queue`` written more than ``retention_ms`` ago
+    whose message the queue no longer holds, in statements of PRUNE_BATCH, at most
+    PRUNE_BATCHES_PER_ROUND of them; returns how many.
 
     Each statement reads a range of the index on (queue, processed_ms): only old records,
-    never the whole table, whatever its size.
+    never the whole table, whatever its size. A record outlives the retention while its
+    message is still in the queue, in any state: a dead letter may be requeued (or a
+    delivery come again) at any time, and must find it. One round trip to the queue's
+    store per statement tells which are.
     """
     from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.registry import get_queue
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)
-    deleted = 0
+    deleted, after = 0, 0
     for _ in range(PRUNE_BATCHES_PER_ROUND):
         old = list(
-            records.filter(queue=queue, processed_ms__lt=cutoff)
+            records.filter(queue=queue, processed_ms__lt=cutoff, id__gt=after)
             .order_by("id")
-            .values_list("id", flat=True)[:PRUNE_BATCH]
+            .values_list("id", "message_id")[:PRUNE_BATCH]
         )
-        if old:
-            _delete(using, old)
-            deleted += len(old)
+        if not old:
+            break
+        after = old[-1][0]
+        held = get_queue(queue).held([message_id for _, message_id in old])
+        gone = [key for key, message_id in old if message_id not in held]
+        if gone:
+            _delete(using, gone)
+            deleted += len(gone)
         if len(old) < PRUNE_BATCH:
             break
     return deleted
@@ -202,8 +362,13 @@ def prune_queues(names: Sequence[str]) -> int:
     configs = conf.queue_configs()
     for name in names:
         config = configs.get(name)
-        if config is not None and config.exactly_once is not None:
+        if config is None or config.exactly_once is None:
+            continue
+        try:
             deleted += prune(name, config.exactly_once, config.exactly_once_retention_ms)
+        except QueueUnavailable as error:
+            # Without its store, no record can be known unneeded: all wait for the next round.
+            logger.warning("processed-message records of queue=%s not pruned: %s", name, error)
     if deleted:
         logger.info("deleted %d processed-message records past EXACTLY_ONCE_RETENTION", deleted)
     return deleted

@@ -732,6 +732,11 @@ class Queue:
         return self.store.requeue([_check_id(i) for i in message_ids], self.config.retry_count)
 
     @_reaching_redis
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        """Those of these messages the queue still holds, in any state (dead letters too)."""
+        return self.store.held([_check_id(i) for i in message_ids])
+
+    @_reaching_redis
     def deliver_now(self, message_ids: Sequence[str]) -> list[str]:
         """Pending messages made due now."""
         return self.store.promote([_check_id(i) for i in message_ids])

@@ -308,3 +308,21 @@ def test_old_throughput_counts_are_pruned(redis_queue: Queue, raw: Any) -> None:
     assert raw.hkeys(key) == [f"{now_minute}:acked".encode()]
     with pytest.raises(ValueError, match="minutes must be"):
         queue.throughput(0)
+
+
+def test_held_names_the_messages_the_queue_still_holds_in_any_state(queue: Queue) -> None:
+    later = queue.send("later", delay=60)
+    dead = bury_one(queue)
+    taken = queue.send("in flight")
+    [message] = [m for m in fetch_when_due(queue) if m.id == taken]
+    acked = queue.send("acked")
+    [done] = [m for m in fetch_when_due(queue) if m.id == acked]
+    queue.ack([done])
+    removed = queue.send("removed", delay=60)
+    queue.cancel(removed)
+
+    asked = [later, dead, taken, acked, removed, "never-sent"]
+    assert queue.held(asked) == {later, dead, taken}
+    assert queue.held([]) == set()
+    queue.ack([message])
+    assert queue.held(asked) == {later, dead}

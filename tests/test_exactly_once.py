@@ -11,7 +11,13 @@ import pytest
 from django.db import DatabaseError, IntegrityError, close_old_connections, connections, transaction
 
 from delayqueue_django import conf, get_queue
-from delayqueue_django.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
+from delayqueue_django.exactly_once import (
+    PRUNE_BATCH,
+    WriteLockBusy,
+    call_once,
+    prune,
+    prune_queues,
+)
 from delayqueue_django.exceptions import QueueConfigurationError, Reject
 from delayqueue_django.message import Message
 from delayqueue_django.models import ProcessedMessage
@@ -427,3 +433,136 @@ def test_pruning_never_waits_for_the_record_of_a_handler_running(database: str) 
     finally:
         done.set()
         thread.join(30)
+
+
+def _short_busy_timeout(database: str, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """SQLite's busy timeout (Python's default is 5 s) made short, for the connections every
+    thread opens from now on (they share the alias's settings)."""
+    monkeypatch.setitem(connections[database].settings_dict["OPTIONS"], "timeout", seconds)
+    connections[database].close()
+
+
+def _holding_the_write_lock(database: str, held: threading.Event, release: threading.Event) -> None:
+    """Another writer's transaction: takes SQLite's write lock, holds it until ``release``."""
+    try:
+        with transaction.atomic(using=database):
+            Effect.objects.using(database).create(message_id="other writer")
+            held.set()
+            assert release.wait(30)
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.parametrize("database", database_params(("default",)), indirect=True)
+def test_on_sqlite_a_handler_waits_for_another_writer_past_the_busy_timeout(
+    exactly_once: Callable[..., Queue], database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue #25, defect 9): SQLite has one writer at a time. The record's
+    INSERT, the transaction's first write, waited for another handler's transaction only
+    SQLite's busy timeout (5 s), then failed with "database is locked": the delivery used an
+    attempt, and with --concurrency 4 and 2 s handlers messages became dead letters. The
+    handler had not started, so the INSERT is tried again."""
+    _short_busy_timeout(database, monkeypatch, 0.05)
+    queue = exactly_once(MAX_CONSUME_DURATION=20)
+    message_id = queue.send("x")
+    message = deliver(queue)
+    held, release = threading.Event(), threading.Event()
+    other = threading.Thread(target=_holding_the_write_lock, args=(database, held, release))
+    other.start()
+    tries: list[float] = []
+
+    def counting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "delayqueue_processed" in sql and sql.lstrip().upper().startswith("INSERT"):
+            tries.append(time.monotonic())
+            if len(tries) == 4:  # three busy timeouts waited out: let the other writer go
+                release.set()
+        return execute(sql, params, many, context)
+
+    try:
+        assert held.wait(10)
+        with connections[database].execute_wrapper(counting):
+            outcome = call_handler(writer(database), message, manage_connections=False)
+    finally:
+        release.set()
+        other.join(30)
+    assert outcome.verdict is Verdict.ACK, outcome.error
+    assert effects(database) == ["other writer", message_id]
+    assert len(tries) >= 4
+
+
+@pytest.mark.parametrize("database", database_params(("default",)), indirect=True)
+def test_on_sqlite_a_handler_that_never_gets_the_write_lock_is_handed_back(
+    exactly_once: Callable[..., Queue], database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait ends at half of MAX_CONSUME_DURATION, leaving the handler the other half:
+    the handler never started, so its message is handed back without using an attempt."""
+    _short_busy_timeout(database, monkeypatch, 0.05)
+    queue = exactly_once(MAX_CONSUME_DURATION=0.5)
+    queue.send("x")
+    message = deliver(queue)
+    held, release = threading.Event(), threading.Event()
+    other = threading.Thread(target=_holding_the_write_lock, args=(database, held, release))
+    other.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        outcome = call_handler(writer(database), message, manage_connections=False)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        other.join(30)
+    assert outcome.verdict is Verdict.RELEASE
+    assert isinstance(outcome.error, WriteLockBusy)
+    assert "database is locked" in str(outcome.error.__cause__)
+    assert 0.25 <= waited < 5
+    assert effects(database) == ["other writer"]
+
+
+@pytest.mark.parametrize("database", database_params(("default",)), indirect=True)
+def test_on_sqlite_a_worker_of_several_threads_handles_every_message_once(
+    exactly_once: Callable[..., Queue], database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report's case, scaled down: four threads whose handlers hold the write lock
+    longer than the busy timeout; no retries, so a lock error would make a dead letter."""
+    _short_busy_timeout(database, monkeypatch, 0.05)
+    queue = exactly_once(MAX_CONSUME_DURATION=30, RETRY_COUNT=0)
+    sent = queue.send_many([{"n": n} for n in range(8)])
+
+    def slow_writer(message: Message) -> None:
+        Effect.objects.using(database).create(message_id=message.id)
+        time.sleep(0.15)  # in its transaction: three busy timeouts
+
+    worker = Worker([(queue, slow_writer)], concurrency=4, burst=True, relay=False)
+    worker.run()
+    assert sorted(effects(database)) == sorted(sent)
+    assert queue.stats()["garbage"] == 0
+
+
+def test_a_dead_letter_requeued_past_the_retention_finds_its_record(
+    exactly_once: Callable[..., Queue], database: str
+) -> None:
+    """Regression (issue #25, defect 8): a message whose handler committed and whose worker
+    died before the ack, on its last attempt, becomes a dead letter. Its processed record
+    was pruned after EXACTLY_ONCE_RETENTION while the dead letter lived on (GARBAGE_RETENTION
+    longer); requeued, it ran its handler again: two rows."""
+    queue = exactly_once(EXACTLY_ONCE_RETENTION=60, GARBAGE_RETENTION=None, RETRY_COUNT=0)
+    message_id = queue.send("x")
+    first = deliver(queue)
+    assert call_handler(writer(database), first).verdict is Verdict.ACK  # and never acked
+    wait_for(
+        lambda: queue.fetch(1).messages == [] and queue.stats()["garbage"] == 1,
+        what="the delivery to time out into a dead letter",
+    )
+    records = ProcessedMessage.objects.using(database).filter(message_id=message_id)
+    records.update(processed_ms=time.time_ns() // 1_000_000 - 120_000)  # past the retention
+
+    assert prune_queues(["default"]) == 0
+    assert records.exists()
+    assert queue.requeue([message_id]) == [message_id]
+    again = deliver(queue)
+    assert call_handler(writer(database), again).verdict is Verdict.ACK
+    assert effects(database) == [message_id]
+    assert queue.ack([again]) == {message_id}
+    # Its message gone, the record goes at the next round.
+    assert prune_queues(["default"]) == 1
+    assert not records.exists()

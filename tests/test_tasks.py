@@ -24,6 +24,7 @@ from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.backend import DelayQueueBackend
+from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.compat import (
     INVALID_TASK_NAMES,
     BaseTaskBackend,
@@ -38,7 +39,9 @@ from delayqueue_django.tasks.compat import (
     task_finished,
     task_started,
 )
-from tests.helpers import redis_store
+from delayqueue_django.tasks.results import call_fields
+from tests.databases import database_params
+from tests.helpers import redis_store, wait_for
 from tests.redis_servers import RedisServer
 from tests.task_app import tasks
 from tests.task_app.models import Effect
@@ -460,6 +463,99 @@ def test_a_task_whose_last_delivery_timed_out_is_recorded_as_failed(
     ]
     assert received[-1] == ("finished", TaskResultStatus.FAILED, 0)
     assert tasks.calls == []
+
+
+def _rolled_back_task_fails(
+    redis_tasks_queue: Callable[..., Queue],
+    received: list[Any],
+    database: str,
+    rolls_back: Task[[str], str],
+    error_path: str = "delayqueue_django.exactly_once.RolledBack",
+    says: str = "set_rollback(True)",
+) -> None:
+    """Regression (issue #25, defect 4): on an EXACTLY_ONCE queue a task whose transaction
+    rolled back was recorded SUCCESSFUL with its return value (each attempt), while nothing
+    was committed and its message ended a dead letter."""
+    queue = redis_tasks_queue(RETRY_COUNT=1, EXACTLY_ONCE=database)
+    result = rolls_back.enqueue(database)
+
+    work()
+
+    result.refresh()
+    assert Effect.objects.using(database).count() == 0
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == [error_path] * 2
+    assert says in result.errors[-1].traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    assert [entry for entry in received if entry[0] == "finished"] == [
+        ("finished", TaskResultStatus.FAILED, 2)
+    ]
+    stored = queue.peek(result.id)
+    assert stored is not None
+    assert stored.state == "garbage"
+
+
+@pytest.mark.parametrize("database", database_params(("default", "postgresql", "mariadb")))
+def test_a_task_whose_exactly_once_transaction_was_marked_for_rollback_fails(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    _rolled_back_task_fails(redis_tasks_queue, received, database, tasks.writes_then_rolls_back)
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql",)))
+def test_a_task_that_caught_an_error_aborting_its_exactly_once_transaction_fails(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    _rolled_back_task_fails(
+        redis_tasks_queue, received, database, tasks.writes_then_catches_an_error
+    )
+
+
+@pytest.mark.parametrize("database", database_params(("default", "postgresql")))
+def test_a_task_whose_worker_died_before_its_exactly_once_commit_ends_failed(
+    redis_tasks_queue: Callable[..., Queue], database: str
+) -> None:
+    """SUCCESSFUL is written just before the COMMIT: a worker killed between the two, on
+    the last attempt, left a SUCCESSFUL result with nothing committed."""
+    queue = redis_tasks_queue(RETRY_COUNT=0, MAX_CONSUME_DURATION=0.05, EXACTLY_ONCE=database)
+    result = tasks.add.enqueue(1, 2)
+    [taken] = queue.fetch().messages
+    # What the dying worker wrote before its COMMIT, which never came.
+    records = DelayQueueBackend("default", {"QUEUES": ["default"]}).records(queue)
+    records.write(
+        taken.id, {**call_fields(TaskCall.from_payload(taken.payload)), "status": "RUNNING"}
+    )
+    records.write(taken.id, {"status": TaskResultStatus.SUCCESSFUL, "return_value": "3"})
+    wait_for(
+        lambda: queue.stats()["server_time_ms"] > taken.deadline_ms,
+        what="the dead worker's delivery to time out",
+    )
+
+    work()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == [
+        "delayqueue_django.exceptions.TaskAbandoned"
+    ]
+    assert tasks.calls == []
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql",)))
+def test_a_task_whose_exactly_once_commit_fails_fails(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    """The task returned and its transaction looked sound; its COMMIT failed (a deferred
+    foreign key): its SUCCESSFUL, written before the COMMIT, is undone."""
+    _rolled_back_task_fails(
+        redis_tasks_queue,
+        received,
+        database,
+        tasks.writes_what_its_commit_refuses,
+        error_path="django.db.utils.IntegrityError",
+        says="dq_orphan",
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -179,6 +179,10 @@ class Store(Protocol):
         """A message's whole payload, the very bytes stored (without the trace context a
         traced send put before them), or None if it has none."""
 
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        """Those of these messages the queue still holds, in any state (dead letters too):
+        those not yet acked, removed or dropped. One round trip per shard."""
+
     # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
 
     def read_schedules(self) -> ScheduleListing:

@@ -845,6 +845,12 @@ class ShardedStore:
     def peek_payload(self, message_id: str) -> bytes | None:
         return self.shard_for(message_id).peek_payload(message_id)
 
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for name, positions in self._group(message_ids).items():
+            found |= self._store(name).held([message_ids[i] for i in positions])
+        return found
+
     # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,
     # written with its schedule's record); a task's result with its message.
 

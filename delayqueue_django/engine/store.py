@@ -587,6 +587,18 @@ class RedisStore:
             return None
         return split_trace(payload if isinstance(payload, bytes) else payload.encode())[1]
 
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        # Every message held, whatever its state, has its payload: ack, remove and the
+        # dropping of dead letters delete it with the message.
+        if not message_ids:
+            return set()
+        pipe: Any = self.client.pipeline(transaction=False)
+        payloads = self.keys.key("payload")
+        for message_id in message_ids:
+            pipe.hexists(payloads, _wire(message_id))
+        found = pipe.execute()
+        return {message_id for message_id, there in zip(message_ids, found, strict=True) if there}
+
     # Schedules (schedule.lua, schedules.lua)
 
     def read_schedules(self) -> ScheduleListing:

@@ -17,6 +17,7 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
+from delayqueue_django import exactly_once
 from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject, TaskAbandoned
 from delayqueue_django.message import Message
@@ -83,11 +84,22 @@ def run_task(message: Message) -> None:
         # Inside the try: a return value JSON cannot carry fails the run, as it would
         # fail every reader of the result.
         returned = json.dumps(normalize_json(value), separators=(",", ":"))
+        # On an EXACTLY_ONCE queue the task ran in a transaction: one that will roll back
+        # (set_rollback, an error caught inside it) is this attempt's failure; its success
+        # would be recorded while nothing it wrote is committed.
+        exactly_once.raise_if_rolled_back(message)
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
         # Reject buries the message whatever retries are left: this attempt is its last.
         last = message.is_last_attempt or isinstance(error, Reject)
         _record_failure(backend, task, call, message.id, message.attempt, error, last=last)
         raise
+    # Recorded before the COMMIT (a worker that dies after it finds the message processed
+    # and runs it no more): if that COMMIT then fails, the attempt is recorded as failed.
+    exactly_once.on_rollback(
+        lambda error: _record_failure(
+            backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
+        )
+    )
     record = records.write(
         message.id,
         {
@@ -97,7 +109,7 @@ def run_task(message: Message) -> None:
         },
     )
     result = build_result(task, message.id, call, record)
-    task_finished.send(sender=type(backend), task_result=result)
+    exactly_once.on_commit(lambda: task_finished.send(sender=type(backend), task_result=result))
 
 
 @receiver(message_exhausted)
@@ -111,7 +123,12 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
     except NOT_A_TASK:
         return  # refused as a task when it was delivered; nothing ran, nothing to record
     record = backend.records(get_queue(queue)).read(message.id)
-    if record.get("status") in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+    status = record.get("status")
+    if status == TaskResultStatus.FAILED:
+        return
+    # On an EXACTLY_ONCE queue SUCCESSFUL is written just before the COMMIT: a worker that
+    # died between the two left it, with nothing committed, if no processed record says so.
+    if status == TaskResultStatus.SUCCESSFUL and exactly_once.committed(queue, message.id):
         return
     abandoned = TaskAbandoned(
         f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "

@@ -97,6 +97,15 @@ def _call_handler(
             result = handler(message)
         else:
             result = exactly_once.call_once(handler, message, database)
+    except exactly_once.WriteLockBusy as error:
+        outcome = Outcome(message, Verdict.RELEASE, error, time.perf_counter() - started)
+        logger.warning(
+            "message id=%s queue=%s attempt=%s handed back: %s",
+            loggable(message.id),
+            message.queue,
+            message.attempt,
+            error,
+        )
     except exactly_once.AlreadyProcessed:
         outcome = Outcome(message, Verdict.ACK, None, time.perf_counter() - started)
         logger.info(

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import suppress
 from typing import Any
+
+from django.db import DatabaseError, connections, transaction
 
 from delayqueue_django.exceptions import Reject
 from delayqueue_django.tasks.compat import TaskContext, task
+from tests.task_app.models import Effect
 
 calls: list[tuple[str, Any]] = []
 # How many more times ``flaky`` fails before it succeeds.
@@ -75,3 +79,37 @@ def rejects(reason: str) -> None:
     """Refuses its call for good: Reject dead-letters the message whatever retries are left."""
     calls.append(("rejects", reason))
     raise Reject(reason)
+
+
+@task
+def writes_then_rolls_back(database: str) -> str:
+    """Writes a row, then marks its transaction (on an EXACTLY_ONCE queue, the one it runs
+    in) for rollback, and returns as if all went well."""
+    Effect.objects.using(database).create(message_id="writes_then_rolls_back")
+    transaction.set_rollback(True, using=database)
+    return "done"
+
+
+@task
+def writes_then_catches_an_error(database: str) -> str:
+    """Writes a row, then catches a database error from a raw cursor: on PostgreSQL that
+    aborts its transaction, whose COMMIT becomes a ROLLBACK."""
+    Effect.objects.using(database).create(message_id="writes_then_catches_an_error")
+    with suppress(DatabaseError), connections[database].cursor() as cursor:
+        cursor.execute("SELECT * FROM no_such_table")
+    return "done"
+
+
+@task
+def writes_what_its_commit_refuses(database: str) -> str:
+    """Writes a row, and one that breaks a deferred foreign key: the COMMIT of its
+    transaction fails (PostgreSQL), after it returned."""
+    Effect.objects.using(database).create(message_id="writes_what_its_commit_refuses")
+    with connections[database].cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE dq_parent (id integer PRIMARY KEY) ON COMMIT DROP")
+        cursor.execute(
+            "CREATE TEMPORARY TABLE dq_orphan (parent_id integer REFERENCES dq_parent (id) "
+            "DEFERRABLE INITIALLY DEFERRED) ON COMMIT DROP"
+        )
+        cursor.execute("INSERT INTO dq_orphan VALUES (1)")
+    return "done"

@@ -671,6 +671,11 @@ class MemoryStore:
             payload = self._state().payloads.get(message_id)
         return None if payload is None else split_trace(payload)[1].encode("utf-8")
 
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        with self.server.lock:
+            payloads = self._state().payloads
+            return {message_id for message_id in message_ids if message_id in payloads}
+
     # Schedules (schedule.lua, schedules.lua)
 
     def read_schedules(self) -> ScheduleListing:
