@@ -205,3 +205,38 @@ def test_a_sharded_queue_is_sharded_in_memory_too(settings: Any) -> None:
         assert sorted(outcome.message.id for outcome in outcomes) == sorted(ids)
         assert {outcome.verdict for outcome in outcomes} == {Verdict.ACK}
         assert get_queue().stats()["pending"] == 0
+
+
+def schedule_every_second(settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": "memory://",
+            "HANDLER": "tests.worker_handlers.handle",
+            "SCHEDULES": {"heartbeat": {"EVERY": 1, "PAYLOAD": {"do": "ok"}}},
+        }
+    }
+
+
+def test_schedules_tick_only_when_asked(settings: Any) -> None:
+    """A settings schedule adds nothing to what a test counts unless it asks for schedules:
+    before, the first run_due() fired a tick on its own, so exact counts depended on the
+    clock."""
+    schedule_every_second(settings)
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC)) as queues:
+        sent = send({"do": "ok"})
+        handled = []
+        for _ in range(3):
+            handled += [outcome.message.id for outcome in queues.run_due()]
+            queues.advance(1)
+    assert handled == [sent]
+
+
+def test_schedules_tick_on_the_blocks_clock_when_asked(settings: Any) -> None:
+    schedule_every_second(settings)
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC), schedules=True) as queues:
+        ticks = []
+        for _ in range(3):
+            ticks += [outcome.message.id for outcome in queues.run_due()]
+            queues.advance(1)
+    # The first tick one period after the start, then one per second of the clock.
+    assert ticks == [f"tick:heartbeat:{1_893_456_000_000 + 1000 * n}" for n in (1, 2)]
