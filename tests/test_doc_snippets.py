@@ -2,7 +2,8 @@
 ``django-admin startproject`` with an app made by ``startapp``, against the private Redis.
 
 A snippet is the code block after a ``<!-- snippet-test: NAME -->`` line, in any page of
-``docs/`` (the quickstart, the signals and the Tasks guides); each name is used once.
+``docs/`` (the quickstart, the signals and the Tasks guides; the testing guide's is run
+by tests/test_testing.py, with the fixture it names); each name is used once.
 """
 
 import os
@@ -196,5 +197,6 @@ def test_every_marked_snippet_is_run() -> None:
         "tasks-settings",
         "tasks",
         "tasks-enqueue",
+        "testing-dead-letter",  # in tests/test_testing.py
     }
     assert marked == run

@@ -11,6 +11,7 @@ from delayqueue_django import get_queue, send, signals
 from delayqueue_django.message import Message
 from delayqueue_django.testing import MemoryQueues, Verdict, memory_queues
 from tests.redis_servers import RedisServer
+from tests.test_doc_snippets import snippet
 
 FOUND: list[bool] = []
 
@@ -240,3 +241,19 @@ def test_schedules_tick_on_the_blocks_clock_when_asked(settings: Any) -> None:
             queues.advance(1)
     # The first tick one period after the start, then one per second of the clock.
     assert ticks == [f"tick:heartbeat:{1_893_456_000_000 + 1000 * n}" for n in (1, 2)]
+
+
+def test_the_guides_dead_letter_example_passes(settings: Any) -> None:
+    """The testing guide's example of asserting that a message ended dead, run as written
+    with the fixture its conftest.py offers."""
+    settings.DELAYQUEUES = {
+        "payments": {
+            "URL": "memory://",
+            "HANDLER": "tests.test_testing.fail",
+            "RETRY_COUNT": 2,
+        }
+    }
+    namespace: dict[str, Any] = {}
+    exec(snippet("testing-dead-letter"), namespace)
+    with memory_queues() as queues:
+        namespace["test_a_card_that_is_always_declined_ends_dead"](queues)
