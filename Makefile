@@ -71,7 +71,7 @@ else
 # the client's connection options, the benchmark script, the tracing spans (OpenTelemetry's
 # API), the schedules' failure handling and catch-ups on every store, the send fuzzer, the
 # worker's in-process tests (its threads, batches and verdicts), the demo script's
-# processes and the package's build (make dist).
+# processes, the package's build (make dist) and a test run's Ctrl-C.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -81,7 +81,8 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_connection_options.py --ignore=tests/test_benchmarks.py \
 	--ignore=tests/test_tracing.py --ignore=tests/test_schedule_failures.py \
 	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py \
-	--ignore=tests/test_worker.py --ignore=tests/test_demo.py --ignore=tests/test_dist.py
+	--ignore=tests/test_worker.py --ignore=tests/test_demo.py --ignore=tests/test_dist.py \
+	--ignore=tests/test_interrupt.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"
