@@ -141,7 +141,17 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
             with socket.socket() as sock:
                 assert sock.connect_ex(("127.0.0.1", private)) != 0  # its Redis is gone too
     finally:
-        if demo.poll() is None:
+        end_demo(demo)
+
+
+def end_demo(demo: "subprocess.Popen[bytes]") -> None:
+    """After a failure, stop the demo as Ctrl-C does: its worker and web server run in
+    sessions of their own, which a kill of the script alone would leave running."""
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGINT)
+        try:
+            demo.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             demo.kill()
             demo.wait()
 
@@ -159,8 +169,11 @@ def start_demo(env: dict[str, str], log: Path) -> "subprocess.Popen[bytes]":
 
 
 def stop_demo(demo: "subprocess.Popen[bytes]") -> None:
-    demo.send_signal(signal.SIGINT)
-    assert demo.wait(timeout=60) == 0
+    try:
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 0
+    finally:
+        end_demo(demo)
 
 
 @pytest.mark.timeout(180)
