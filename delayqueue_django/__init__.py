@@ -66,8 +66,18 @@ def send(
 
 
 def cancel(message_id: str, *, queue: str = "default") -> bool:
-    """True if the message was waiting and will now never be delivered; else False."""
-    return get_queue(queue).cancel(message_id)
+    """True if the message was waiting and will now never be delivered; else False.
+
+    It looks on ``queue`` only: an id does not name its queue, so a message sent to
+    another queue needs that queue's name here (with DEBUG on, a miss that another queue
+    holds is logged as a warning naming it).
+    """
+    from delayqueue_django.cancel_hint import hint_if_elsewhere
+
+    cancelled = get_queue(queue).cancel(message_id)
+    if not cancelled:
+        hint_if_elsewhere(message_id, queue=queue)
+    return cancelled
 
 
 async def asend(
@@ -95,4 +105,11 @@ async def asend(
 
 async def acancel(message_id: str, *, queue: str = "default") -> bool:
     """``cancel`` for async views."""
-    return await get_queue(queue).acancel(message_id)
+    from asgiref.sync import sync_to_async
+
+    from delayqueue_django.cancel_hint import hint_if_elsewhere
+
+    cancelled = await get_queue(queue).acancel(message_id)
+    if not cancelled:
+        await sync_to_async(hint_if_elsewhere, thread_sensitive=False)(message_id, queue=queue)
+    return cancelled

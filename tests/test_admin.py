@@ -6,6 +6,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.definition import Schedule
+from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import heartbeat
 from tests.backends import SHARDED_BACKENDS
 from tests.conftest import MEMORY_URL, queue_settings
@@ -28,6 +30,10 @@ from tests.helpers import fetch_when_due, redis_store, send_what_reaches_redis, 
 from tests.redis_servers import RedisClusterServers
 
 pytestmark = pytest.mark.django_db
+
+PACKAGE_STATIC = (
+    Path(__file__).resolve().parent.parent / "delayqueue_django/static/delayqueue_django"
+)
 
 
 def url(name: str, *args: str) -> str:
@@ -394,6 +400,55 @@ def test_times_are_shown_to_the_second(users: dict[str, User | None], queue: Que
     assert "<td>2030-01-02 03:04:05 UTC</td>" in overview
 
 
+# A time as the admin shows every one: to the second, with its zone.
+SHOWN_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+def test_the_schedules_times_are_shown_as_every_other_time(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    """Before, the schedules table alone used Django's default format, with no zone
+    ("May 6, 2030, 3:04 a.m.") beside the page's "2030-05-06 03:04:05 UTC"."""
+    info = queue.schedules.add("poll", every=300, payload=1)
+    assert info.schedule is not None
+    assert info.next_run is not None
+    ScheduleRunner(queue).run_due(round(info.next_run.timestamp() * 1000) + 1)
+    since = datetime(2030, 5, 6, 3, 4, 5, tzinfo=UTC)
+    failure = ScheduleFailure("RuntimeError: down", round(since.timestamp() * 1000))
+    queue.store.report_schedule_failure("poll", info.schedule.fingerprint, failure)
+    ran = queue.schedules.get("poll")
+    assert ran.last_run is not None
+    assert ran.next_run is not None
+
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    row = page[page.index("<td>poll</td>") :]
+    row = row[: row.index("</tr>")]
+    assert f"<td>{ran.last_run:%Y-%m-%d %H:%M:%S} UTC</td>" in row
+    assert f">{ran.next_run:%Y-%m-%d %H:%M:%S} UTC</a></td>" in row
+    assert "failing since 2030-05-06 03:04:05 UTC: RuntimeError: down" in row
+    assert not re.search(r"\b[ap]\.m\.", page)  # nowhere Django's default format
+    # The throughput bars' tooltips: each minute with its zone.
+    assert re.search(r'class="dq-bar" title="\d\d:\d\d UTC:', page)
+
+
+def test_the_message_pages_buttons_are_labelled(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    """Before, Delete had the admin's deletelink class, meant for links: on a button it
+    put the icon in place of the button's colour, and its white label vanished."""
+    message_id = queue.send("later", delay=3600)
+    page = client_for(users["superuser"]).get(url("message", "default", message_id))
+    buttons = re.findall(
+        r'<button type="submit" class="([^"]*)">([^<]*)</button>', page.content.decode()
+    )
+    assert buttons == [("button", "Deliver now"), ("button dq-delete", "Delete")]
+    css = (PACKAGE_STATIC / "admin.css").read_text()
+    rule = re.search(r"\.button\.dq-delete \{([^}]*)\}", css)
+    assert rule is not None
+    assert "background: var(--delete-button-bg)" in rule.group(1)
+    assert "color: var(--button-fg)" in rule.group(1)
+
+
 def test_the_json_view_gives_the_counts(users: dict[str, User | None], queue: Queue) -> None:
     queue.send("x", delay=60)
     bury(queue)
@@ -613,7 +668,7 @@ def test_the_queue_page_shows_a_failing_schedule_and_why(
     reply = queue.store.report_schedule_failure("poll", info.schedule.fingerprint, failure)
     assert reply.status == "failed"
     page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
-    assert 'class="dq-error">failing since May 6, 2024' in page
+    assert 'class="dq-error">failing since 2024-05-06 12:00:00 UTC' in page
     assert "RuntimeError: &lt;no&gt; payload" in page
 
 

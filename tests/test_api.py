@@ -8,6 +8,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
@@ -63,6 +64,61 @@ def test_send_to_a_named_queue_with_a_retry_count() -> None:
     assert delayqueue.get_queue("default").stats()["pending"] == 0
     assert delayqueue.cancel(message_id, queue="default") is False
     assert delayqueue.cancel(message_id, queue="other") is True
+
+
+OTHER_QUEUE_HINT = (
+    "cancel({id!r}) looked on queue 'default' only, which does not hold it; queue 'other' "
+    "does (pending). An id does not name its queue: pass queue='other'. (Checked because "
+    "DEBUG is on.)"
+)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["cancel", "acancel"])
+def test_a_cancel_on_the_wrong_queue_says_which_holds_it_under_debug(
+    asynchronous: bool, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, cancel(id) of another queue's message answered False and said nothing, as
+    for a message already handled."""
+    settings.DEBUG = True
+    message_id = delayqueue.send("x", queue="other", delay=60)
+    with caplog.at_level("WARNING", logger="delayqueue_django"):
+        if asynchronous:
+            cancelled = async_to_sync(delayqueue.acancel)(message_id)
+        else:
+            cancelled = delayqueue.cancel(message_id)
+    assert cancelled is False
+    assert [record.getMessage() for record in caplog.records] == [
+        OTHER_QUEUE_HINT.format(id=message_id)
+    ]
+    assert delayqueue.cancel(message_id, queue="other") is True
+
+
+def test_a_cancel_that_finds_nothing_anywhere_says_nothing(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.DEBUG = True
+    message_id = delayqueue.send("x", queue="other", delay=60)
+    with caplog.at_level("WARNING", logger="delayqueue_django"):
+        assert delayqueue.cancel(message_id, queue="other") is True
+        assert delayqueue.cancel(message_id) is False
+        assert delayqueue.cancel("nothing-here") is False
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
+def test_only_debug_looks_at_the_other_queues_on_a_miss(debug: bool, settings: Any) -> None:
+    """With DEBUG off (production), a miss costs no look at the other queues: no read-only
+    Function call (a peek) reaches their Redis, here the test's, which both queues share."""
+    settings.DEBUG = debug
+    message_id = delayqueue.send("x", queue="other", delay=60)
+    client = redis_store(delayqueue.get_queue("other")).client
+
+    def peeks() -> int:
+        return int(client.info("commandstats").get("cmdstat_fcall_ro", {}).get("calls", 0))
+
+    before = peeks()
+    assert delayqueue.cancel(message_id) is False
+    assert peeks() - before == (1 if debug else 0)
 
 
 def test_payloads_use_djangos_json_encoder() -> None:

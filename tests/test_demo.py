@@ -43,6 +43,9 @@ def fetch(port: int, path: str) -> str | None:
         return None
 
 
+DEMO_KEYS = "{delayqueue-demo:orders}* and {delayqueue-demo:warehouse}*"
+
+
 def path_without_redis(tmp_path: Path) -> str:
     """A PATH as on a machine with nothing but Python: one folder holding a python link."""
     folder = tmp_path / "bin"
@@ -87,6 +90,16 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
         wait_for(lambda: "Ctrl-C stops everything" in out.read_text(), timeout=60, what="the demo")
         text = out.read_text()
         assert f"Shop:   http://127.0.0.1:{port}/" in text
+        # Which Redis, under which keys, and what becomes of them: said before anything else.
+        if redis_found == "given":
+            assert text.startswith(
+                f"Using the Redis of REDIS_URL: {redis_server.url}.\n"
+                f"The demo's queues keep their keys under {DEMO_KEYS} on {redis_server.url}. "
+                "They are deleted when the demo stops; nothing else on that Redis is touched.\n"
+            )
+        else:
+            assert f"The demo's queues keep their keys under {DEMO_KEYS} on this private " in text
+        assert "W030" not in text  # the demo's own migrate: no warning of the tables it makes
         assert "password 'demo-admin'" in text
         found = re.search(r"Worker pid (\d+), web server pid (\d+)", text)
         assert found is not None
@@ -128,6 +141,97 @@ def test_the_demo_serves_the_site_and_stops_cleanly(
             with socket.socket() as sock:
                 assert sock.connect_ex(("127.0.0.1", private)) != 0  # its Redis is gone too
     finally:
-        if demo.poll() is None:
+        end_demo(demo)
+
+
+def end_demo(demo: "subprocess.Popen[bytes]") -> None:
+    """After a failure, stop the demo as Ctrl-C does: its worker and web server run in
+    sessions of their own, which a kill of the script alone would leave running."""
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGINT)
+        try:
+            demo.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             demo.kill()
             demo.wait()
+
+
+def start_demo(env: dict[str, str], log: Path) -> "subprocess.Popen[bytes]":
+    with log.open("w") as out:
+        demo = subprocess.Popen(
+            [sys.executable, str(ROOT / "example_project" / "demo.py")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), timeout=60, what="the demo")
+    return demo
+
+
+def stop_demo(demo: "subprocess.Popen[bytes]") -> None:
+    try:
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 0
+    finally:
+        end_demo(demo)
+
+
+@pytest.mark.timeout(180)
+def test_a_second_run_cancels_the_orders_whose_timers_the_first_deleted(
+    redis_server: RedisServer, tmp_path: Path, settings: Any
+) -> None:
+    """Before, on a Redis the demo did not start, a second run showed the first run's
+    unpaid orders "awaiting payment (in 0 s)" for ever: their timers left with the keys
+    the first run deleted on exit."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "DEMO_PORT": str(port),
+        "DEMO_DATABASE": str(tmp_path / "db.sqlite3"),
+        "REDIS_URL": redis_server.url,
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    first = start_demo(env, tmp_path / "first.log")
+    try:
+        ordered = subprocess.run(
+            [sys.executable, str(ROOT / "example_project" / "manage.py"), "shell", "-c",
+             "from datetime import timedelta\n"
+             "from django.db import transaction\n"
+             "from django.utils import timezone\n"
+             "from shop.models import Order\n"
+             "from shop.views import schedule_timers\n"
+             "with transaction.atomic():\n"
+             "    hour = timedelta(hours=1)\n"
+             "    order = Order.objects.create(item='kettle', pay_by=timezone.now() + hour)\n"
+             "    schedule_timers(order, hour)\n"
+             "print(order.expiry_message_id)\n"],
+            env={**env, "DJANGO_SETTINGS_MODULE": "demo_site.settings"},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert ordered.returncode == 0, ordered.stderr
+        expiry = ordered.stdout.split()[-1]  # (after the shell's own line on Django 5.2+)
+        settings.DELAYQUEUES = {
+            "orders": {"URL": redis_server.url, "KEY_PREFIX": "delayqueue-demo"}
+        }
+        # Relayed by the demo's worker: in Redis, where the first run's exit deletes it.
+        wait_for(lambda: get_queue("orders").peek(expiry) is not None, timeout=30)
+        home = fetch(port, "/?live=1")
+        assert home is not None
+        assert "awaiting payment" in home
+    finally:
+        stop_demo(first)
+    assert get_queue("orders").peek(expiry) is None
+
+    second = start_demo(env, tmp_path / "second.log")
+    try:
+        said = (tmp_path / "second.log").read_text()
+        assert "Cancelled 1 order(s) of an earlier run whose expiry timers are gone" in said
+        # (The first run's port may still be held a while: the demo then picks another.)
+        serving = re.search(r"Shop:   http://127.0.0.1:(\d+)/", said)
+        assert serving is not None
+        home = fetch(int(serving.group(1)), "/?live=1")
+        assert home is not None
+        assert "awaiting payment" not in home
+        assert "cancelled (not paid in time)" in home
+    finally:
+        stop_demo(second)

@@ -113,6 +113,35 @@ def test_an_order_rolled_back_sends_nothing(redis_server: RedisServer) -> None:
     assert redis_server.client().dbsize() == 0
 
 
+def test_orders_whose_timers_are_gone_are_cancelled_and_no_other(
+    redis_server: RedisServer,
+) -> None:
+    """make demo deletes its keys from a Redis it did not start when it stops: the next
+    run cancels the orders whose expiry went with them (before, they stayed "awaiting
+    payment (in 0 s)" for ever), and keeps those whose expiry waits in the outbox or in
+    Redis."""
+    from shop.orphans import cancel_orders_without_timers
+
+    client = Client()
+    create_order(client, "kettle")
+    create_order(client, "teapot")
+    run_worker()  # relays both orders' timers to Redis (none is due yet)
+    create_order(client, "cup")  # its timers still in the outbox
+    assert cancel_orders_without_timers() == 0
+    # As the demo's exit does on a Redis it did not start: the queues' keys deleted.
+    redis_server.client().flushall()
+
+    assert cancel_orders_without_timers() == 2
+    statuses = dict(Order.objects.values_list("item", "status"))
+    assert statuses == {"kettle": "cancelled", "teapot": "cancelled", "cup": "awaiting"}
+    said = Event.objects.filter(kind="cancelled").values_list("text", flat=True)
+    assert [text.split(": ", 1)[1] for text in said] == [
+        "cancelled at start, its expiry timer was gone (an earlier run's keys were deleted "
+        "from Redis)"
+    ] * 2
+    assert cancel_orders_without_timers() == 0
+
+
 def test_an_expiry_delivered_again_after_its_commit_changes_nothing_twice() -> None:
     """The worker died after the expiry's transaction committed, before its ack: the
     redelivery is acked without running the handler, so one event, not two."""

@@ -54,7 +54,7 @@ def on_memory(settings: Any, start: datetime, **schedules: Any) -> Any:
     settings.DELAYQUEUES = {
         "default": {"URL": "memory://", "HANDLER": HANDLER, "SCHEDULES": schedules}
     }
-    return memory_queues(start=start)
+    return memory_queues(start=start, schedules=True)
 
 
 def handle_due(queue: Queue, runner: ScheduleRunner) -> int:
@@ -477,7 +477,7 @@ def task_schedule(settings: Any) -> Iterator[MemoryQueues]:
     settings.TASKS = {
         "default": {"BACKEND": "delayqueue_django.tasks.DelayQueueBackend", "QUEUES": ["default"]}
     }
-    with memory_queues(start=datetime(2024, 5, 6, 12, tzinfo=UTC)) as queues:
+    with memory_queues(start=datetime(2024, 5, 6, 12, tzinfo=UTC), schedules=True) as queues:
         yield queues
 
 

@@ -11,6 +11,7 @@ from delayqueue_django import get_queue, send, signals
 from delayqueue_django.message import Message
 from delayqueue_django.testing import MemoryQueues, Verdict, memory_queues
 from tests.redis_servers import RedisServer
+from tests.test_doc_snippets import snippet
 
 FOUND: list[bool] = []
 
@@ -205,3 +206,54 @@ def test_a_sharded_queue_is_sharded_in_memory_too(settings: Any) -> None:
         assert sorted(outcome.message.id for outcome in outcomes) == sorted(ids)
         assert {outcome.verdict for outcome in outcomes} == {Verdict.ACK}
         assert get_queue().stats()["pending"] == 0
+
+
+def schedule_every_second(settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": "memory://",
+            "HANDLER": "tests.worker_handlers.handle",
+            "SCHEDULES": {"heartbeat": {"EVERY": 1, "PAYLOAD": {"do": "ok"}}},
+        }
+    }
+
+
+def test_schedules_tick_only_when_asked(settings: Any) -> None:
+    """A settings schedule adds nothing to what a test counts unless it asks for schedules:
+    before, the first run_due() fired a tick on its own, so exact counts depended on the
+    clock."""
+    schedule_every_second(settings)
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC)) as queues:
+        sent = send({"do": "ok"})
+        handled = []
+        for _ in range(3):
+            handled += [outcome.message.id for outcome in queues.run_due()]
+            queues.advance(1)
+    assert handled == [sent]
+
+
+def test_schedules_tick_on_the_blocks_clock_when_asked(settings: Any) -> None:
+    schedule_every_second(settings)
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC), schedules=True) as queues:
+        ticks = []
+        for _ in range(3):
+            ticks += [outcome.message.id for outcome in queues.run_due()]
+            queues.advance(1)
+    # The first tick one period after the start, then one per second of the clock.
+    assert ticks == [f"tick:heartbeat:{1_893_456_000_000 + 1000 * n}" for n in (1, 2)]
+
+
+def test_the_guides_dead_letter_example_passes(settings: Any) -> None:
+    """The testing guide's example of asserting that a message ended dead, run as written
+    with the fixture its conftest.py offers."""
+    settings.DELAYQUEUES = {
+        "payments": {
+            "URL": "memory://",
+            "HANDLER": "tests.test_testing.fail",
+            "RETRY_COUNT": 2,
+        }
+    }
+    namespace: dict[str, Any] = {}
+    exec(snippet("testing-dead-letter"), namespace)
+    with memory_queues() as queues:
+        namespace["test_a_card_that_is_always_declined_ends_dead"](queues)

@@ -4,6 +4,7 @@ memory of the process that sends them; and end on Ctrl-C with one line instead o
 traceback."""
 
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,15 @@ class OwnProcessCommand(BaseCommand):
             # comes here only when it falls outside that stop.
             self.stderr.write(f"{argv[1]}: interrupted")
             sys.exit(INTERRUPTED)
+
+    def stop_signals(self) -> tuple[signal.Signals, ...]:
+        """The signals this command takes for its graceful stop: SIGTERM always (a
+        supervisor's), Ctrl-C's SIGINT only in a process of its own. Through call_command,
+        Ctrl-C is the caller's, as a KeyboardInterrupt: taken by the command, a test run's
+        first Ctrl-C only stopped the worker it was running and the tests went on, and a
+        second raised SystemExit in the test, which pytest reports as a failure and goes
+        on after."""
+        return (signal.SIGTERM, signal.SIGINT) if self.own_process else (signal.SIGTERM,)
 
     def refuse_memory_queues(self, queues: Sequence[Queue], *, instead: str) -> None:
         """In a process of its own, say that a memory queue cannot be seen, and what to do

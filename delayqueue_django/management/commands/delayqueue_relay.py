@@ -127,9 +127,7 @@ class Command(OwnProcessCommand):
             relay.stop()
 
         try:
-            previous = {
-                sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-            }
+            previous = {sig: signal.signal(sig, on_signal) for sig in self.stop_signals()}
         except ValueError:  # not the main thread: the caller stops the relay itself
             previous = {}
         try:

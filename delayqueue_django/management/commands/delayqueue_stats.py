@@ -34,7 +34,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _stopped_by_signal(stop: threading.Event) -> Iterator[None]:
+def _stopped_by_signal(
+    stop: threading.Event, signals: tuple[signal.Signals, ...] = STOP_SIGNALS
+) -> Iterator[None]:
     """In the main thread, a first SIGINT (Ctrl-C) or SIGTERM sets ``stop``: the report
     being made is finished, and the loop ends, whatever code the signal fell in (a
     KeyboardInterrupt there could be caught on its way). A second one interrupts at once
@@ -43,14 +45,14 @@ def _stopped_by_signal(stop: threading.Event) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    previous = {signum: signal.getsignal(signum) for signum in signals}
 
     def first(signum: int, frame: Any) -> None:
         stop.set()
-        for each in STOP_SIGNALS:
+        for each in signals:
             signal.signal(each, signal.default_int_handler)
 
-    for signum in STOP_SIGNALS:
+    for signum in signals:
         signal.signal(signum, first)
     try:
         yield
@@ -137,7 +139,7 @@ class Command(OwnProcessCommand):
             self._verdict(reports, max_lag, require_workers)
             return
         stop = threading.Event()
-        with _stopped_by_signal(stop):
+        with _stopped_by_signal(stop, self.stop_signals()):
             try:
                 while not stop.is_set():
                     self._print(

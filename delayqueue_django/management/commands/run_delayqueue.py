@@ -246,7 +246,14 @@ class Command(OwnProcessCommand):
             # sees it knows SIGTERM now means a clean stop.
             self._banner(worker, verbosity)
             self._advise([consumer.queue for consumer in worker.consumers])
-            worker.run()
+            try:
+                worker.run()
+            except KeyboardInterrupt:
+                # The caller's Ctrl-C (call_command: see stop_signals): leave at once, as on
+                # a second signal, so that no thread of this worker goes on fetching.
+                worker.request_stop()
+                worker.request_stop()
+                raise
         if verbosity >= 1:
             self.stdout.write(
                 f"Worker {worker.worker_id} stopped: "
@@ -343,9 +350,7 @@ class Command(OwnProcessCommand):
             worker.request_stop()
 
         try:
-            previous = {
-                sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-            }
+            previous = {sig: signal.signal(sig, on_signal) for sig in self.stop_signals()}
         except ValueError:  # not the main thread: the caller stops the worker itself
             previous = {}
         try:
