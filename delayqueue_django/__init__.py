@@ -9,12 +9,12 @@ delayqueue.cancel(message_id)
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from delayqueue_django.handlers import handler
-from delayqueue_django.message import Message
-from delayqueue_django.outgoing import Outgoing
+from delayqueue_django.core.handlers import handler
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.outgoing import Outgoing
 
 if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
+    from delayqueue_django.core.queue import Queue
 
 __all__ = [
     "Message",
@@ -30,7 +30,7 @@ __all__ = [
 
 def get_queue(name: str = "default") -> "Queue":
     """The queue configured as ``DELAYQUEUES[name]``."""
-    from delayqueue_django.registry import get_queue as lookup
+    from delayqueue_django.core.registry import get_queue as lookup
 
     return lookup(name)
 

@@ -8,7 +8,7 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     # Queues are built from DELAYQUEUES and may hold a cache's connection: rebuild them.
     # (USE_TZ and TIME_ZONE are read on every call, so they need nothing.)
     if setting in ("DELAYQUEUES", "CACHES"):
-        from delayqueue_django import registry
+        from delayqueue_django.core import registry
 
         registry.reset()
 

@@ -10,9 +10,9 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from delayqueue_django import conf, handlers
-from delayqueue_django import outbox as outbox_table
+from delayqueue_django.core import conf, handlers
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.outbox import table as outbox_table
 
 
 @register()

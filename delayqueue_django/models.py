@@ -37,7 +37,7 @@ class ExactCharField(models.CharField):  # type: ignore[type-arg]
 
 class OutboxMessage(models.Model):
     """A message written in the sender's database transaction, waiting for a relay to move
-    it to its queue in Redis (see delayqueue_django.outbox)."""
+    it to its queue in Redis (see delayqueue_django.outbox.table)."""
 
     id = models.BigAutoField(primary_key=True)
     queue = ExactCharField(max_length=100)

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django import conf, get_queue
+from delayqueue_django import get_queue
 from delayqueue_django.checks import check_delayqueues, check_schedule_tasks
+from delayqueue_django.core import conf
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.schedules.definition import Schedule
 

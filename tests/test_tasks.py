@@ -20,9 +20,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import shard_name, shard_of
-from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.compat import (
     INVALID_TASK_NAMES,

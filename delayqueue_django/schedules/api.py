@@ -27,7 +27,7 @@ from delayqueue_django.schedules.definition import (
 from delayqueue_django.schedules.runner import tick_payload
 
 if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
+    from delayqueue_django.core.queue import Queue
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from delayqueue_django.encoding import encode_payload
+from delayqueue_django.core.encoding import encode_payload
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine.records import (
     ScheduleFailure,
     ScheduleRecord,
@@ -43,11 +44,10 @@ from delayqueue_django.engine.records import (
     parse_tick_id,
 )
 from delayqueue_django.exceptions import InvalidSchedule
-from delayqueue_django.message import Message
 from delayqueue_django.schedules.definition import SETTINGS, RecentTicks, Schedule
 
 if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
+    from delayqueue_django.core.queue import Queue
 
 logger = logging.getLogger("delayqueue_django.schedules")
 

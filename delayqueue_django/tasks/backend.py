@@ -18,10 +18,11 @@ from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 
-from delayqueue_django import conf, handlers, outbox
+from delayqueue_django.core import conf, handlers
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.registry import get_queue
 from delayqueue_django.exceptions import QueueConfigurationError
-from delayqueue_django.queue import Queue
-from delayqueue_django.registry import get_queue
+from delayqueue_django.outbox import table as outbox
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import delayqueue_backends
 from delayqueue_django.tasks.compat import (

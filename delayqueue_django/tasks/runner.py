@@ -17,11 +17,11 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Exhausted
+from delayqueue_django.core.registry import get_queue
 from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject, TaskAbandoned
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Exhausted
-from delayqueue_django.registry import get_queue
 from delayqueue_django.signals import message_exhausted
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.timings import Timings
 from delayqueue_django.engine import loggable
 from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
-from delayqueue_django.handlers import Handler
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
 from delayqueue_django.schedules.runner import ScheduleRunner
-from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat, verdicts
-from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 from delayqueue_django.worker.pool import Running

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.message import Message
 from delayqueue_django.worker.handling import Outcome, Verdict
 
 if TYPE_CHECKING:

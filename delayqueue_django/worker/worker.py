@@ -23,13 +23,14 @@ import time
 from secrets import token_hex
 from typing import Any
 
-from delayqueue_django import conf, exactly_once
-from delayqueue_django.handlers import Handler
-from delayqueue_django.queue import Queue
+from delayqueue_django.core import conf
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.outbox import exactly_once
+from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.outages import Outages
 from delayqueue_django.worker.pool import HandlerPool
-from delayqueue_django.worker.relay import RELAY_POLL_SECONDS, OutboxRelay
 
 logger = logging.getLogger("delayqueue_django.worker")
 

@@ -10,14 +10,14 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from delayqueue_django import conf, registry
+from delayqueue_django.core import conf, registry
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.commands.run_delayqueue import (
     non_negative_seconds,
     positive_int,
 )
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.worker.relay import RELAY_BATCH_SIZE, RELAY_POLL_SECONDS, OutboxRelay
+from delayqueue_django.outbox.relay import RELAY_BATCH_SIZE, RELAY_POLL_SECONDS, OutboxRelay
 
 
 class Command(OwnProcessCommand):

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django import client_options
-from delayqueue_django.client_options import CLUSTER_URL_SCHEMES
+from delayqueue_django.core import client_options
+from delayqueue_django.core.client_options import CLUSTER_URL_SCHEMES
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.shards import MAX_SHARDS
 from delayqueue_django.exceptions import InvalidSchedule, QueueConfigurationError
@@ -47,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "SEND_ON_COMMIT": False,
     # Recurring messages, by name (see delayqueue_django.schedules).
     "SCHEDULES": {},
-    # Sends go through the transactional outbox (see delayqueue_django.outbox).
+    # Sends go through the transactional outbox (see delayqueue_django.outbox.table).
     "OUTBOX": False,
     # True or a database alias: handlers' database effects happen once per message.
     "EXACTLY_ONCE": False,

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from delayqueue_django import conf, mysql_errors
+from delayqueue_django.core import conf
+from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.key_deletes import delete_by_keys
-from delayqueue_django.outbox import doorbell
-from delayqueue_django.queue import Queue
-from delayqueue_django.worker.backoff import Backoff
+from delayqueue_django.outbox import mysql_errors
+from delayqueue_django.outbox.key_deletes import delete_by_keys
+from delayqueue_django.outbox.table import doorbell
 
 logger = logging.getLogger("delayqueue_django.relay")
 

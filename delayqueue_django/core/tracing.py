@@ -18,7 +18,7 @@ from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.records import TRACE_MARK
 
 if TYPE_CHECKING:
-    from delayqueue_django.message import Message
+    from delayqueue_django.core.message import Message
     from delayqueue_django.worker.handling import Outcome
 
 try:

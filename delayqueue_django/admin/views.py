@@ -17,11 +17,12 @@ from django.urls import reverse
 from django.utils.http import content_disposition_header
 from redis.exceptions import RedisError
 
-from delayqueue_django import registry
-from delayqueue_django.encoding import decode_payload
+from delayqueue_django.core import registry
+from delayqueue_django.core.encoding import decode_payload
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, StoredMessage, loggable, printable
 from delayqueue_django.exceptions import InvalidSchedule, UnknownQueue, UnknownSchedule
-from delayqueue_django.monitoring import (
+from delayqueue_django.monitoring.reports import (
     describe_running,
     outbox_report,
     queue_report,
@@ -31,7 +32,6 @@ from delayqueue_django.monitoring import (
     shard_reports,
     unreachable,
 )
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.api import ScheduleInfo
 from delayqueue_django.worker import heartbeat
 

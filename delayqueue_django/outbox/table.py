@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Count, Min
 
-from delayqueue_django import conf
+from delayqueue_django.core import conf
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
 

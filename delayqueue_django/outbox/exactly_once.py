@@ -22,10 +22,11 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from delayqueue_django import conf, mysql_errors
-from delayqueue_django.handlers import Handler
-from delayqueue_django.key_deletes import delete_by_keys
-from delayqueue_django.message import Message
+from delayqueue_django.core import conf
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.message import Message
+from delayqueue_django.outbox import mysql_errors
+from delayqueue_django.outbox.key_deletes import delete_by_keys
 
 logger = logging.getLogger("delayqueue_django.worker")
 

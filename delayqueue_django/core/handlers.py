@@ -12,8 +12,8 @@ from importlib import import_module
 from types import ModuleType
 from typing import Any
 
-from delayqueue_django.conf import QueueConfig
-from delayqueue_django.message import Message
+from delayqueue_django.core.conf import QueueConfig
+from delayqueue_django.core.message import Message
 
 Handler = Callable[[Message], Any]
 
