@@ -13,6 +13,16 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
         registry.reset()
 
 
+def plug_in_features() -> None:
+    """Fill the core's slots (core.features) with the wings: the one place that knows them
+    all, so that the core imports none. (Imported here, not at the top: Django imports this
+    module before the models can be, and the wings use them.)"""
+    from delayqueue_django.core import features
+    from delayqueue_django.outbox import table
+
+    features.plug_outbox(table)
+
+
 class DelayQueueConfig(AppConfig):
     name = "delayqueue_django"
     verbose_name = "Delay queues"
@@ -20,5 +30,7 @@ class DelayQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from delayqueue_django import checks  # noqa: F401  (registers the system checks)
+
+        plug_in_features()
 
         setting_changed.connect(_settings_changed, dispatch_uid="delayqueue_django.settings")

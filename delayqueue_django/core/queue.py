@@ -19,7 +19,7 @@ from django.db import transaction
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django.core import connections, tracing
+from delayqueue_django.core import connections, features, tracing
 from delayqueue_django.core.conf import QueueConfig
 from delayqueue_django.core.encoding import (
     decode_payload,
@@ -48,7 +48,6 @@ from delayqueue_django.engine.records import TRACE_MARK, split_trace
 from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.exceptions import ConflictingOptions
-from delayqueue_django.outbox import table as outbox_table
 from delayqueue_django.schedules.api import Schedules
 
 logger = logging.getLogger("delayqueue_django")
@@ -284,7 +283,7 @@ class Queue:
         using: str | None,
     ) -> None:
         if through_outbox:
-            outbox_table.write(self.name, prepared, using=using)
+            features.outbox().write(self.name, prepared, using=using)
         elif self._on_commit(on_commit):
             # A delay still counts from when Redis receives the message, at the commit.
             transaction.on_commit(partial(self._write, prepared), using=using)
@@ -665,7 +664,7 @@ class Queue:
         """This queue's rows waiting in the outbox (DELAYQUEUE_OUTBOX_DATABASES), read from
         the database: ``outbox`` (how many) and ``outbox_age_ms`` (how long the oldest has
         waited; 0 when none). ``stats()`` includes them for a queue whose OUTBOX option is on."""
-        return outbox_table.waiting(self.name)
+        return features.outbox().waiting(self.name)
 
     def check_invariants(self) -> InvariantReport:
         """Check the queue's state in Redis: every message in exactly one state, nothing

@@ -18,11 +18,10 @@ from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 
-from delayqueue_django.core import conf, handlers
+from delayqueue_django.core import conf, features, handlers
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.registry import get_queue
 from delayqueue_django.exceptions import QueueConfigurationError
-from delayqueue_django.outbox import table as outbox
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import delayqueue_backends
 from delayqueue_django.tasks.compat import (
@@ -175,7 +174,9 @@ class DelayQueueBackend(BaseTaskBackend):
             if stored is not None and stored.payload is not None:
                 payload = json.loads(stored.payload)
                 status = TaskResultStatus.FAILED if stored.state == "garbage" else None
-            elif queue.config.outbox and (waiting := outbox.payload_of(queue.name, result_id)):
+            elif queue.config.outbox and (
+                waiting := features.outbox().payload_of(queue.name, result_id)
+            ):
                 payload = json.loads(waiting)
             else:
                 return None

@@ -1,0 +1,49 @@
+"""Where the feature wings plug into the core, which imports none of them.
+
+The core (settings, ``Queue``, handler resolution) has a few places where a feature takes
+part: a send through the outbox, a Tasks queue's handler, a schedule naming a task, the
+SCHEDULES option and ``Queue.schedules``. Each is a slot here, typed by what the core asks
+of it; ``DelayQueueConfig.ready()`` (``apps.py``, the one module that knows every wing)
+fills them when Django starts. A slot left empty says so when it is used: a project that
+did not install the app has no wings plugged in.
+"""
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from delayqueue_django.engine import NewMessage
+from delayqueue_django.exceptions import QueueConfigurationError
+
+NOT_PLUGGED_IN = (
+    "the {feature} is not plugged in: delayqueue_django plugs its features in when Django "
+    'starts (DelayQueueConfig.ready); add "delayqueue_django" to INSTALLED_APPS.'
+)
+
+
+class OutboxTable(Protocol):
+    """What the core asks of the outbox: ``send(outbox=True)`` writes there, ``stats()``
+    and the Tasks backend read what waits there (``delayqueue_django.outbox.table``)."""
+
+    def write(self, queue_name: str, messages: Sequence[NewMessage], *, using: str | None) -> None:
+        """Write prepared messages as outbox rows in the current transaction on ``using``."""
+
+    def waiting(self, queue_name: str) -> dict[str, int]:
+        """``outbox`` (rows waiting) and ``outbox_age_ms`` (the oldest one's wait)."""
+
+    def payload_of(self, queue_name: str, message_id: str) -> str | None:
+        """The payload of a message still waiting in the outbox, or None."""
+
+
+_outbox: OutboxTable | None = None
+
+
+def plug_outbox(table: OutboxTable) -> None:
+    global _outbox
+    _outbox = table
+
+
+def outbox() -> OutboxTable:
+    """The outbox plugged in; QueueConfigurationError if none is."""
+    if _outbox is None:
+        raise QueueConfigurationError(NOT_PLUGGED_IN.format(feature="outbox"))
+    return _outbox
