@@ -19,8 +19,10 @@ def plug_in_features() -> None:
     module before the models can be, and the wings use them.)"""
     from delayqueue_django.core import features
     from delayqueue_django.outbox import table
+    from delayqueue_django.tasks.plugin import TaskMessages
 
     features.plug_outbox(table)
+    features.plug_tasks(TaskMessages())
 
 
 class DelayQueueConfig(AppConfig):

@@ -8,9 +8,11 @@ fills them when Django starts. A slot left empty says so when it is used: a proj
 did not install the app has no wings plugged in.
 """
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
 
@@ -47,3 +49,37 @@ def outbox() -> OutboxTable:
     if _outbox is None:
         raise QueueConfigurationError(NOT_PLUGGED_IN.format(feature="outbox"))
     return _outbox
+
+
+class TaskMessages(Protocol):
+    """What the core asks of the Tasks wing: a queue that carries tasks has their runner
+    for handler, and a schedule may name a task (``delayqueue_django.tasks.plugin``)."""
+
+    def handler_for(self, queue: str) -> Callable[[Message], Any] | None:
+        """The handler of a queue that carries tasks; None for any other queue."""
+
+    def call_payload(
+        self,
+        task: str,
+        *,
+        queue: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        enqueued_at: datetime,
+        run_after: datetime,
+    ) -> Any | None:
+        """The payload of a message that calls ``task`` on ``queue``, or None if no task
+        backend carries that queue."""
+
+
+_tasks: TaskMessages | None = None
+
+
+def plug_tasks(tasks: TaskMessages) -> None:
+    global _tasks
+    _tasks = tasks
+
+
+def tasks() -> TaskMessages | None:
+    """The Tasks wing, or None: then no queue carries tasks."""
+    return _tasks

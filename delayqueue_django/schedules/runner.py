@@ -34,6 +34,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from delayqueue_django.core import features
 from delayqueue_django.core.encoding import encode_payload
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine.records import (
@@ -112,30 +113,26 @@ def tick_payload(schedule: Schedule, queue: str, at_ms: int, now_ms: int) -> str
     due then (on the first DelayQueueBackend whose QUEUES list the queue)."""
     if schedule.task is None:
         return schedule.payload
-    from delayqueue_django.tasks.call import TaskCall
-    from delayqueue_django.tasks.claims import DEFAULT_TASK_QUEUES, delayqueue_backends
-
-    aliases = [
-        alias
-        for alias, params in sorted(delayqueue_backends().items())
-        if queue in params.get("QUEUES", DEFAULT_TASK_QUEUES)
-    ]
-    if not aliases:
+    tasks = features.tasks()
+    payload = (
+        None
+        if tasks is None
+        else tasks.call_payload(
+            schedule.task,
+            queue=queue,
+            args=schedule.args,
+            kwargs=schedule.kwargs,
+            enqueued_at=_moment(now_ms),
+            run_after=_moment(at_ms),
+        )
+    )
+    if payload is None:
         raise InvalidSchedule(
             f"schedule {schedule.name!r} runs task {schedule.task!r}, but no "
             f"DelayQueueBackend in TASKS carries queue {queue!r}",
             "E049",
         )
-    call = TaskCall(
-        task_path=schedule.task,
-        backend=aliases[0],
-        queue_name=queue,
-        args=schedule.args,
-        kwargs=schedule.kwargs,
-        enqueued_at=_moment(now_ms).isoformat(),
-        run_after=_moment(at_ms).isoformat(),
-    )
-    return encode_payload(call.to_payload(), max_bytes=2**31, queue=queue)
+    return encode_payload(payload, max_bytes=2**31, queue=queue)
 
 
 def _moment(ms: int) -> datetime:
