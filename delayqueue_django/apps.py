@@ -17,12 +17,18 @@ def plug_in_features() -> None:
     """Fill the core's slots (core.features) with the wings: the one place that knows them
     all, so that the core imports none. (Imported here, not at the top: Django imports this
     module before the models can be, and the wings use them.)"""
-    from delayqueue_django.core import features
+    from delayqueue_django.core import features, registry
     from delayqueue_django.outbox import table
+    from delayqueue_django.schedules import option
+    from delayqueue_django.schedules.api import Schedules
     from delayqueue_django.tasks.plugin import TaskMessages
 
     features.plug_outbox(table)
     features.plug_tasks(TaskMessages())
+    features.plug_queue_option(option.OPTION, option.read_schedules)
+    features.plug_schedules(Schedules)
+    # Settings parsed before (a module-level get_queue, say) had no wing to read theirs.
+    registry.reset()
 
 
 class DelayQueueConfig(AppConfig):

@@ -13,6 +13,7 @@ from django.db import DatabaseError, connections
 from delayqueue_django.core import conf, handlers
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
+from delayqueue_django.schedules.option import declared_schedules
 
 
 @register()
@@ -90,7 +91,7 @@ def check_schedule_tasks(
     task_queues = task_queue_names()
     errors: list[CheckMessage] = []
     for name, config in configs.items():
-        for schedule in config.schedules:
+        for schedule in declared_schedules(config):
             where = f"DELAYQUEUES[{name!r}]['SCHEDULES'][{schedule.name!r}]"
             if name in task_queues and schedule.task is None:
                 errors.append(

@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django.core import client_options
+from delayqueue_django.core import client_options, features
 from delayqueue_django.core.client_options import CLUSTER_URL_SCHEMES
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.shards import MAX_SHARDS
-from delayqueue_django.exceptions import InvalidSchedule, QueueConfigurationError
-from delayqueue_django.schedules.definition import SETTINGS, Schedule, Subject, build
+from delayqueue_django.exceptions import QueueConfigurationError
 
 SETTING = "DELAYQUEUES"
 
@@ -100,7 +99,8 @@ class QueueConfig:
     stage_batch_size: int
     send_batch_size: int
     send_on_commit: bool
-    schedules: tuple[Schedule, ...] = ()
+    # What the feature wings read from their options (core.features), by option name.
+    feature_options: Mapping[str, object] = field(default_factory=dict)
     outbox: bool = False
     # The database alias processed message ids are recorded in, or None: at least once.
     exactly_once: str | None = None
@@ -353,39 +353,18 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
         )
 
 
-def _check_schedules(
+def _read_feature_options(
     name: str, options: Mapping[str, Any], problems: list[Problem]
-) -> tuple[Schedule, ...] | None:
-    """The queue's SCHEDULES, each checked (E040-E048); None if any is invalid."""
-    where = f"{SETTING}[{name!r}]['SCHEDULES']"
-    declared = options["SCHEDULES"]
-    if not isinstance(declared, Mapping):
-        problems.append(
-            Problem(
-                "delayqueue_django.E040",
-                f"{where} must be a dict of schedules by name, not {type(declared).__name__}.",
-                hint='e.g. {"nightly-report": {"CRON": "0 3 * * *", "PAYLOAD": {"report": 1}}}',
-            )
-        )
-        return None
-    schedules, before = [], len(problems)
-    time_zone = getattr(settings, "TIME_ZONE", None) or "UTC"
-    for schedule_name, schedule_options in declared.items():
-        try:
-            schedules.append(
-                build(
-                    schedule_name,
-                    schedule_options,
-                    subject=Subject(f"{where}[{schedule_name!r}]"),
-                    queue=name,
-                    max_payload_bytes=options["MAX_PAYLOAD_BYTES"],
-                    default_time_zone=time_zone,
-                    source=SETTINGS,
-                )
-            )
-        except InvalidSchedule as error:
-            problems.append(Problem(f"delayqueue_django.{error.check_id}", str(error)))
-    return tuple(schedules) if len(problems) == before else None
+) -> dict[str, object] | None:
+    """What each feature wing reads from its option of the queue (core.features); None if
+    any reported a problem."""
+    before = len(problems)
+
+    def report(check_id: str, msg: str, hint: str | None = None) -> None:
+        problems.append(Problem(f"delayqueue_django.{check_id}", msg, hint))
+
+    read = {option: reader(name, options, report) for option, reader in features.queue_options()}
+    return read if len(problems) == before else None
 
 
 def _check_outbox_options(where: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
@@ -523,8 +502,8 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         )
     if len(problems) > before or unknown:
         return None
-    schedules = _check_schedules(name, options, problems)
-    if schedules is None:
+    feature_options = _read_feature_options(name, options, problems)
+    if feature_options is None:
         return None
     retention = options["GARBAGE_RETENTION"]
     return QueueConfig(
@@ -543,7 +522,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         stage_batch_size=options["STAGE_BATCH_SIZE"],
         send_batch_size=options["SEND_BATCH_SIZE"],
         send_on_commit=options["SEND_ON_COMMIT"],
-        schedules=schedules,
+        feature_options=feature_options,
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),
         exactly_once_retention_ms=_seconds_to_ms(options["EXACTLY_ONCE_RETENTION"]) or 1,

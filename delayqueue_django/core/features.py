@@ -8,7 +8,7 @@ fills them when Django starts. A slot left empty says so when it is used: a proj
 did not install the app has no wings plugged in.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -83,3 +83,48 @@ def plug_tasks(tasks: TaskMessages) -> None:
 def tasks() -> TaskMessages | None:
     """The Tasks wing, or None: then no queue carries tasks."""
     return _tasks
+
+
+class Report(Protocol):
+    """Says what is wrong with an option: a system check's id (``E040``), its message and
+    a hint; the core raises or reports it as it does its own options' problems."""
+
+    def __call__(self, check_id: str, msg: str, hint: str | None = None) -> None: ...
+
+
+class QueueOptionReader(Protocol):
+    """Reads a feature's option of one queue (``options`` holds them all, defaults filled
+    in): what it returns is kept in ``QueueConfig.feature_options`` under the option's name
+    for the feature to use; a problem is reported (and makes the queue's settings
+    invalid), never raised."""
+
+    def __call__(self, queue: str, options: Mapping[str, Any], report: Report, /) -> object: ...
+
+
+_queue_options: dict[str, QueueOptionReader] = {}
+
+
+def plug_queue_option(option: str, reader: QueueOptionReader) -> None:
+    """Have ``reader`` read DELAYQUEUES' ``option`` (listed in core.conf.DEFAULTS) of every
+    queue the settings are parsed for from now on."""
+    _queue_options[option] = reader
+
+
+def queue_options() -> Iterable[tuple[str, QueueOptionReader]]:
+    return list(_queue_options.items())
+
+
+# Queue.schedules: the schedules wing's view of a queue.
+_schedules: Callable[[Any], Any] | None = None
+
+
+def plug_schedules(view: Callable[[Any], Any]) -> None:
+    global _schedules
+    _schedules = view
+
+
+def schedules_of(queue: Any) -> Any:
+    """The schedules wing's view of ``queue`` (``schedules.api.Schedules``)."""
+    if _schedules is None:
+        raise QueueConfigurationError(NOT_PLUGGED_IN.format(feature="schedules API"))
+    return _schedules(queue)

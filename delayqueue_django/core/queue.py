@@ -48,7 +48,6 @@ from delayqueue_django.engine.records import TRACE_MARK, split_trace
 from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.exceptions import ConflictingOptions
-from delayqueue_django.schedules.api import Schedules
 
 logger = logging.getLogger("delayqueue_django")
 
@@ -186,9 +185,10 @@ class Queue:
         )
 
     @property
-    def schedules(self) -> Schedules:
-        """The queue's recurring messages: list, add, change, pause, resume, remove."""
-        return Schedules(self)
+    def schedules(self) -> Any:
+        """The queue's recurring messages: list, add, change, pause, resume, remove (a
+        ``delayqueue_django.schedules.api.Schedules``, which the schedules wing plugs in)."""
+        return features.schedules_of(self)
 
     # Producing
 

@@ -46,6 +46,7 @@ from delayqueue_django.engine.records import (
 )
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.schedules.definition import SETTINGS, RecentTicks, Schedule
+from delayqueue_django.schedules.option import declared_schedules
 
 if TYPE_CHECKING:
     from delayqueue_django.core.queue import Queue
@@ -204,7 +205,7 @@ class ScheduleRunner:
         now, records = self.queue.store.read_schedules()
         self._seen(now)
         stored = {record.name: record for record in records}
-        declared = {schedule.name: schedule for schedule in self.queue.config.schedules}
+        declared = {schedule.name: schedule for schedule in declared_schedules(self.queue.config)}
         for schedule in declared.values():
             record = stored.get(schedule.name)
             if record is None or record.definition != schedule.to_json():
