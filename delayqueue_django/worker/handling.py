@@ -78,7 +78,7 @@ def call_handler(
             manage_connections=manage_connections,
             connections_checked=connections_checked,
         )
-        tracing.record_outcome(span, outcome)
+        tracing.record_outcome(span, outcome.verdict.value, outcome.error)
     return outcome
 
 
