@@ -14,6 +14,7 @@ from delayqueue_django.core import conf, handlers
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
 from delayqueue_django.schedules.option import declared_schedules
+from delayqueue_django.tasks.claims import task_queue_names
 
 
 @register()
@@ -85,8 +86,6 @@ def check_schedule_tasks(
 ) -> list[CheckMessage]:
     """A task queue's messages are task calls, so its schedules must name a TASK; any other
     queue's handler gets PAYLOAD, so its schedules must not."""
-    from delayqueue_django.tasks.claims import task_queue_names
-
     configs, _ = conf.parse(conf.raw_setting())
     task_queues = task_queue_names()
     errors: list[CheckMessage] = []

@@ -7,9 +7,9 @@ import logging
 import math
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
@@ -34,9 +34,6 @@ from delayqueue_django.monitoring.reports import (
 )
 from delayqueue_django.schedules.api import ScheduleInfo
 from delayqueue_django.worker import heartbeat
-
-if TYPE_CHECKING:
-    from delayqueue_django.admin import QueueAdmin
 
 logger = logging.getLogger("delayqueue_django.admin")
 
@@ -104,7 +101,7 @@ def binary_size(size: int) -> str:
 class QueueViews:
     """The views, bound to the ModelAdmin that registers them."""
 
-    def __init__(self, model_admin: "QueueAdmin") -> None:
+    def __init__(self, model_admin: "admin.ModelAdmin[Any]") -> None:
         self.model_admin = model_admin
         self.admin_site = model_admin.admin_site
         self.opts = model_admin.model._meta

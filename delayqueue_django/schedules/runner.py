@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from delayqueue_django.core import features
 from delayqueue_django.core.encoding import encode_payload
 from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import (
     ScheduleFailure,
     ScheduleRecord,
@@ -47,9 +48,6 @@ from delayqueue_django.engine.records import (
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.schedules.definition import SETTINGS, RecentTicks, Schedule
 from delayqueue_django.schedules.option import declared_schedules
-
-if TYPE_CHECKING:
-    from delayqueue_django.core.queue import Queue
 
 logger = logging.getLogger("delayqueue_django.schedules")
 
@@ -145,7 +143,7 @@ class ScheduleRunner:
     """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
     loop; ``guard`` wraps its handler. Thread-safe."""
 
-    def __init__(self, queue: "Queue") -> None:
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
         self._lock = threading.RLock()
         self._known: dict[str, Known] = {}

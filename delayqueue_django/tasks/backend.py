@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from functools import partial
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.core import checks
@@ -53,6 +53,8 @@ class DelayQueueBackend(BaseTaskBackend):
     supports_get_result = True
     # A delay queue orders by due time only; priorities would be a promise it cannot keep.
     supports_priority = False
+    # How tasks.claims tells this class and its subclasses from other backends.
+    carries_delayqueues: ClassVar[bool] = True
 
     # Enqueueing
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -34,11 +34,9 @@ from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import heartbeat, verdicts
 from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.pool import Running
+from delayqueue_django.worker.outages import Outages
+from delayqueue_django.worker.pool import HandlerPool, Running
 from delayqueue_django.worker.wakeup import WakeupListener
-
-if TYPE_CHECKING:
-    from delayqueue_django.worker.worker import Worker
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -55,8 +53,47 @@ ANNOUNCE_RETRY_SECONDS = 1.0
 VERDICT_FLUSH_SECONDS = 0.005
 
 
+class Host(Protocol):
+    """What a consumer asks of the worker that runs it (worker.worker's Worker, which
+    builds on the consumers): its options, its shared state and events, the --max-messages
+    accounting and the heartbeat's details."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def burst(self) -> bool: ...
+    @property
+    def heartbeat_interval(self) -> float: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def stopping(self) -> threading.Event: ...
+    @property
+    def abandoning(self) -> threading.Event: ...
+    @property
+    def outages(self) -> Outages: ...
+    @property
+    def pool(self) -> HandlerPool: ...
+    @property
+    def gave_up(self) -> str | None: ...
+
+    def count(self, *, handled: int, failed: int) -> None: ...
+
+    def summarize(self) -> None: ...
+
+    def reserve(self, consumer: "QueueConsumer", wanted: int) -> int: ...
+
+    def fetched(self, consumer: "QueueConsumer") -> None: ...
+
+    def shares_freed(self) -> None: ...
+
+    def details(self) -> dict[str, Any]: ...
+
+
 class QueueConsumer(threading.Thread):
-    def __init__(self, worker: "Worker", queue: Queue, handler: Handler) -> None:
+    def __init__(self, worker: Host, queue: Queue, handler: Handler) -> None:
         super().__init__(name=f"delayqueue-consumer-{queue.name}", daemon=True)
         self.worker = worker
         self.queue = queue
