@@ -7,18 +7,23 @@ delayqueue.cancel(message_id)
 """
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delayqueue_django.core.handlers import handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.outgoing import Outgoing
-
-if TYPE_CHECKING:
-    from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue import Exhausted, Fetched, Queue
+from delayqueue_django.core.registry import get_queue
+from delayqueue_django.schedules.api import ScheduleInfo, Schedules
 
 __all__ = [
+    "Exhausted",
+    "Fetched",
     "Message",
     "Outgoing",
+    "Queue",
+    "ScheduleInfo",
+    "Schedules",
     "acancel",
     "asend",
     "cancel",
@@ -26,13 +31,6 @@ __all__ = [
     "handler",
     "send",
 ]
-
-
-def get_queue(name: str = "default") -> "Queue":
-    """The queue configured as ``DELAYQUEUES[name]``."""
-    from delayqueue_django.core.registry import get_queue as lookup
-
-    return lookup(name)
 
 
 def send(
