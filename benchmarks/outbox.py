@@ -161,7 +161,7 @@ def _nothing(message: Any) -> None:
 
 
 def _empty_outbox() -> None:
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     OutboxMessage.objects.all().delete()
 

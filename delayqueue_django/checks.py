@@ -154,7 +154,7 @@ def check_outbox_tables(
     """``check --database ALIAS`` (and ``migrate``): the tables of the outbox and of the
     processed ids exist where queues using them write, i.e. the migration was applied
     (W030); and no outbox holds rows of a queue DELAYQUEUES no longer has (W031)."""
-    from delayqueue_django.models import OutboxMessage, ProcessedMessage
+    from delayqueue_django.outbox.models import OutboxMessage, ProcessedMessage
 
     configs, problems = conf.parse(conf.raw_setting())
     if problems or not databases:
@@ -200,7 +200,7 @@ def _outbox_databases() -> list[str]:
 def _stranded_rows(alias: str, configs: Mapping[str, conf.QueueConfig]) -> list[CheckMessage]:
     """W031: outbox rows of a queue no longer in DELAYQUEUES (renamed or removed with rows
     still waiting): no relay reads them, and no report counts them."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     stranded = outbox_table.stranded(alias, configs)
     if not stranded:

@@ -15,8 +15,8 @@ from delayqueue_django.core import conf
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueConfigurationError, Reject
-from delayqueue_django.models import ProcessedMessage
 from delayqueue_django.outbox.exactly_once import PRUNE_BATCH, call_once, prune, prune_queues
+from delayqueue_django.outbox.models import ProcessedMessage
 from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict, call_handler

@@ -17,7 +17,7 @@ import delayqueue_django as delayqueue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import ConflictingOptions, QueueConfigurationError
-from delayqueue_django.models import OutboxMessage
+from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import RELAY_RECORD_MS, OutboxRelay
 from delayqueue_django.outbox.table import now_ms
 from delayqueue_django.worker import Worker

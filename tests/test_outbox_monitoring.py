@@ -16,8 +16,8 @@ from django.test import Client
 
 import delayqueue_django as delayqueue
 from delayqueue_django import checks
-from delayqueue_django.models import OutboxMessage
 from delayqueue_django.monitoring.reports import queue_report
+from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.outbox.table import now_ms
 from tests.databases import database_params

@@ -100,7 +100,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
     Returns what the handler returned; raises AlreadyProcessed if the message's transaction
     committed before (the handler did not run), and whatever the handler raised.
     """
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     try:
         with transaction.atomic(using=using):
@@ -147,7 +147,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
 def _delete(using: str, keys: list[int]) -> None:
     """Delete processed records by primary key, never waiting for the record of a handler
     running meanwhile (see key_deletes)."""
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     connection = connections[using]
     quote = connection.ops.quote_name
@@ -177,7 +177,7 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
     Each statement reads a range of the index on (queue, processed_ms): only old records,
     never the whole table, whatever its size.
     """
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)

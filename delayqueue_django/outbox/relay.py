@@ -149,7 +149,7 @@ class OutboxRelay:
 
     def _take(self, alias: str) -> list[OutboxRow]:
         """Take (delete, in the transaction) up to batch_size rows of our queues."""
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         connection = connections[alias]
         quote = connection.ops.quote_name
@@ -269,7 +269,7 @@ class OutboxRelay:
 
     def has_rows(self, alias: str) -> bool:
         """Whether our queues have rows on ``alias``: a plain read, no lock taken."""
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         return OutboxMessage.objects.using(alias).filter(queue__in=list(self.queues)).exists()
 
@@ -379,7 +379,7 @@ class OutboxRelay:
         return backoff.next()
 
     def _table_exists(self, alias: str) -> bool:
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         try:
             with connections[alias].cursor() as cursor:

@@ -62,7 +62,7 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
     """Write prepared messages as outbox rows in the current transaction on ``using``, in
     one INSERT, and ring the relays of this process when it commits (at once outside a
     transaction, where the row is committed as it is written)."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     alias = using or DEFAULT_DB_ALIAS
     databases = conf.outbox_databases()
@@ -94,7 +94,7 @@ def waiting(queue_name: str) -> dict[str, int]:
     """A queue's rows waiting in the outbox tables of DELAYQUEUE_OUTBOX_DATABASES: ``outbox``
     (how many) and ``outbox_age_ms`` (how long the oldest has waited, on this process's
     clock; 0 when none waits). One aggregate query per database."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     count, oldest = 0, None
     for alias in conf.outbox_databases():
@@ -113,7 +113,7 @@ def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, in
     """The outbox rows on ``alias`` whose queue is not among ``configured``: no relay sends
     them (a relay reads only its own queues' rows). By queue name: how many, and when the
     oldest was written (ms since the epoch). One aggregate query."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     found = (
         OutboxMessage.objects.using(alias)
@@ -127,7 +127,7 @@ def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, in
 
 def payload_of(queue_name: str, message_id: str) -> str | None:
     """The payload of a message still waiting in the outbox, or None."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     for alias in conf.outbox_databases():
         found = (
