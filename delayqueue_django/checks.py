@@ -13,6 +13,11 @@ from django.db import DatabaseError, connections
 from delayqueue_django.core import conf, handlers
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
+from delayqueue_django.outbox.databases import (
+    OUTBOX_DATABASES_SETTING,
+    outbox_databases,
+    outbox_databases_problem,
+)
 from delayqueue_django.schedules.option import declared_schedules
 from delayqueue_django.tasks.claims import task_queue_names
 
@@ -138,8 +143,8 @@ def check_memory_queues_in_deployment(
 def check_outbox_databases(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    value = getattr(settings, conf.OUTBOX_DATABASES_SETTING, None)
-    problem = None if value is None else conf.outbox_databases_problem(value)
+    value = getattr(settings, OUTBOX_DATABASES_SETTING, None)
+    problem = None if value is None else outbox_databases_problem(value)
     if problem is None:
         return []
     return [Error(problem.msg, hint=problem.hint, id=problem.id)]
@@ -159,20 +164,20 @@ def check_outbox_tables(
     configs, problems = conf.parse(conf.raw_setting())
     if problems or not databases:
         return []
-    outbox_databases = _outbox_databases()
+    outbox_aliases = _outbox_databases()
     needed: dict[str, set[str]] = {}
     if any(config.outbox for config in configs.values()):
-        for alias in outbox_databases:
+        for alias in outbox_aliases:
             needed.setdefault(alias, set()).add(OutboxMessage._meta.db_table)
     for config in configs.values():
         if config.exactly_once is not None:
             needed.setdefault(config.exactly_once, set()).add(ProcessedMessage._meta.db_table)
     messages: list[CheckMessage] = []
-    for alias in sorted((set(needed) | set(outbox_databases)) & set(databases)):
+    for alias in sorted((set(needed) | set(outbox_aliases)) & set(databases)):
         try:
             with connections[alias].cursor() as cursor:
                 tables = set(connections[alias].introspection.table_names(cursor))
-            if alias in outbox_databases and OutboxMessage._meta.db_table in tables:
+            if alias in outbox_aliases and OutboxMessage._meta.db_table in tables:
                 messages += _stranded_rows(alias, configs)
         except DatabaseError:
             continue  # a database that cannot be reached is not this check's finding
@@ -192,7 +197,7 @@ def check_outbox_tables(
 
 def _outbox_databases() -> list[str]:
     try:
-        return conf.outbox_databases()
+        return outbox_databases()
     except QueueConfigurationError:
         return []  # check_outbox_databases reports it
 

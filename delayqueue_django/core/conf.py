@@ -55,9 +55,6 @@ DEFAULTS: dict[str, Any] = {
     "SHARDS": 1,
 }
 
-# The databases whose outbox tables relays read, and where send(outbox=True) may write.
-OUTBOX_DATABASES_SETTING = "DELAYQUEUE_OUTBOX_DATABASES"
-
 URL_SCHEMES = ("redis", "rediss", "unix")
 # "memory://" or "memory://name": the in-process store, for tests and quick local runs.
 MEMORY_URL_PREFIX = "memory://"
@@ -415,28 +412,6 @@ def _exactly_once_alias(value: Any) -> str | None:
     if value is True:
         return DEFAULT_DB_ALIAS
     return value or None
-
-
-def outbox_databases() -> list[str]:
-    """The database aliases of DELAYQUEUE_OUTBOX_DATABASES (default: the default one)."""
-    value = getattr(settings, OUTBOX_DATABASES_SETTING, [DEFAULT_DB_ALIAS])
-    problem = outbox_databases_problem(value)
-    if problem:
-        raise QueueConfigurationError(problem.msg)
-    return list(value)
-
-
-def outbox_databases_problem(value: Any) -> Problem | None:
-    databases = getattr(settings, "DATABASES", {})
-    if isinstance(value, list | tuple) and all(
-        isinstance(alias, str) and alias in databases for alias in value
-    ):
-        return None
-    return Problem(
-        "delayqueue_django.E034",
-        f"{OUTBOX_DATABASES_SETTING} must be a list of aliases in DATABASES, not {value!r}.",
-        hint=f"Database aliases configured: {', '.join(map(repr, databases)) or 'none'}.",
-    )
 
 
 def _nack_delays_ms(value: Any) -> tuple[int, ...] | None:

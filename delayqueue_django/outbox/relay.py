@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from delayqueue_django.core import conf
 from delayqueue_django.core.backoff import Backoff
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.outbox import mysql_errors
+from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.key_deletes import delete_by_keys
 from delayqueue_django.outbox.table import doorbell
 
@@ -105,7 +105,7 @@ class OutboxRelay:
         idle_limit_seconds: float = RELAY_IDLE_LIMIT_SECONDS,
     ) -> None:
         self.queues = {queue.name: queue for queue in queues}
-        self.databases = list(conf.outbox_databases() if databases is None else databases)
+        self.databases = list(outbox_databases() if databases is None else databases)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.idle_limit_seconds = idle_limit_seconds

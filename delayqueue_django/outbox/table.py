@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Count, Min
 
-from delayqueue_django.core import conf
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.outbox.databases import OUTBOX_DATABASES_SETTING, outbox_databases
 
 
 def _system_clock_us() -> int:
@@ -65,11 +65,11 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
     from delayqueue_django.outbox.models import OutboxMessage
 
     alias = using or DEFAULT_DB_ALIAS
-    databases = conf.outbox_databases()
+    databases = outbox_databases()
     if alias not in databases:
         raise QueueConfigurationError(
             f"send(outbox=True) on database {alias!r}, which is not in "
-            f"{conf.OUTBOX_DATABASES_SETTING} ({', '.join(map(repr, databases)) or 'empty'}): "
+            f"{OUTBOX_DATABASES_SETTING} ({', '.join(map(repr, databases)) or 'empty'}): "
             "no relay would read its outbox. Add it to that setting."
         )
     written_us = _clock_us()
@@ -97,7 +97,7 @@ def waiting(queue_name: str) -> dict[str, int]:
     from delayqueue_django.outbox.models import OutboxMessage
 
     count, oldest = 0, None
-    for alias in conf.outbox_databases():
+    for alias in outbox_databases():
         found = (
             OutboxMessage.objects.using(alias)
             .filter(queue=queue_name)
@@ -129,7 +129,7 @@ def payload_of(queue_name: str, message_id: str) -> str | None:
     """The payload of a message still waiting in the outbox, or None."""
     from delayqueue_django.outbox.models import OutboxMessage
 
-    for alias in conf.outbox_databases():
+    for alias in outbox_databases():
         found = (
             OutboxMessage.objects.using(alias)
             .filter(queue=queue_name, message_id=message_id)
