@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from delayqueue_django import get_queue
-from delayqueue_django.admin.views import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
+from delayqueue_django.admin.display import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage, printable, sharded_store
 from delayqueue_django.engine.records import ScheduleFailure
