@@ -9,6 +9,7 @@ did not install the app has no wings plugged in.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -51,6 +52,19 @@ def outbox() -> OutboxTable:
     return _outbox
 
 
+@dataclass(frozen=True)
+class TaskCallSpec:
+    """A call of a task, due at ``run_after``, that the core wants as a message of
+    ``queue`` (a schedule's tick)."""
+
+    task: str
+    queue: str
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    enqueued_at: datetime
+    run_after: datetime
+
+
 class TaskMessages(Protocol):
     """What the core asks of the Tasks wing: a queue that carries tasks has their runner
     for handler, and a schedule may name a task (``delayqueue_django.tasks.plugin``)."""
@@ -58,18 +72,9 @@ class TaskMessages(Protocol):
     def handler_for(self, queue: str) -> Callable[[Message], Any] | None:
         """The handler of a queue that carries tasks; None for any other queue."""
 
-    def call_payload(
-        self,
-        task: str,
-        *,
-        queue: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        enqueued_at: datetime,
-        run_after: datetime,
-    ) -> Any | None:
-        """The payload of a message that calls ``task`` on ``queue``, or None if no task
-        backend carries that queue."""
+    def call_payload(self, call: TaskCallSpec) -> Any | None:
+        """The payload of a message that makes ``call``, or None if no task backend
+        carries its queue."""
 
 
 _tasks: TaskMessages | None = None

@@ -117,12 +117,14 @@ def tick_payload(schedule: Schedule, queue: str, at_ms: int, now_ms: int) -> str
         None
         if tasks is None
         else tasks.call_payload(
-            schedule.task,
-            queue=queue,
-            args=schedule.args,
-            kwargs=schedule.kwargs,
-            enqueued_at=_moment(now_ms),
-            run_after=_moment(at_ms),
+            features.TaskCallSpec(
+                task=schedule.task,
+                queue=queue,
+                args=schedule.args,
+                kwargs=schedule.kwargs,
+                enqueued_at=_moment(now_ms),
+                run_after=_moment(at_ms),
+            )
         )
     )
     if payload is None:

@@ -1,10 +1,10 @@
 """The Tasks wing as the core sees it (``core.features.TaskMessages``): a queue that a
 DelayQueueBackend lists runs its messages as tasks, and a schedule may name a task."""
 
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
+from delayqueue_django.core.features import TaskCallSpec
 from delayqueue_django.core.message import Message
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import (
@@ -24,32 +24,22 @@ class TaskMessages:
 
         return run_task
 
-    def call_payload(
-        self,
-        task: str,
-        *,
-        queue: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        enqueued_at: datetime,
-        run_after: datetime,
-    ) -> Any | None:
-        """A call of ``task`` due at ``run_after``, on the first DelayQueueBackend (by alias)
-        whose QUEUES list ``queue``."""
+    def call_payload(self, call: TaskCallSpec) -> Any | None:
+        """A call due at ``call.run_after``, on the first DelayQueueBackend (by alias)
+        whose QUEUES list its queue."""
         aliases = [
             alias
             for alias, params in sorted(delayqueue_backends().items())
-            if queue in params.get("QUEUES", DEFAULT_TASK_QUEUES)
+            if call.queue in params.get("QUEUES", DEFAULT_TASK_QUEUES)
         ]
         if not aliases:
             return None
-        call = TaskCall(
-            task_path=task,
+        return TaskCall(
+            task_path=call.task,
             backend=aliases[0],
-            queue_name=queue,
-            args=list(args),
-            kwargs=dict(kwargs),
-            enqueued_at=enqueued_at.isoformat(),
-            run_after=run_after.isoformat(),
-        )
-        return call.to_payload()
+            queue_name=call.queue,
+            args=list(call.args),
+            kwargs=dict(call.kwargs),
+            enqueued_at=call.enqueued_at.isoformat(),
+            run_after=call.run_after.isoformat(),
+        ).to_payload()
