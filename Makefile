@@ -1,5 +1,6 @@
-# make test  — the whole suite: lint, types, the docs build, tests on Django 5.2 and (where
-#              Python 3.13 is found) again on Django 6.1. Each bootstraps its own virtualenv.
+# make test  — the whole suite: lint, types, the import contracts, the docs build, tests on
+#              Django 5.2 and (where Python 3.13 is found) again on Django 6.1. Each
+#              bootstraps its own virtualenv.
 # make docs  — the documentation site (MkDocs), into site/; strict: a warning fails it.
 # make demo  — the example project against Redis.
 # make bench — the benchmark suite (a private Redis, real workers): a Markdown table.
@@ -47,6 +48,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy delayqueue_django tests example_project benchmarks
+	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # NO_MKDOCS_2_WARNING: Material prints a notice about MkDocs 2.0 on every build otherwise.

@@ -4,7 +4,7 @@ import os
 import time
 from typing import TextIO
 
-from delayqueue_django.message import Message
+from delayqueue_django.core.message import Message
 
 
 def noop(message: Message) -> None:

@@ -110,7 +110,7 @@ def relay_rate(count: int) -> float:
     """Messages per second one relay moves from the outbox to Redis: ``count`` rows written
     first (committed), then relayed in batches of 1,000 by one OutboxRelay."""
     from delayqueue_django import get_queue
-    from delayqueue_django.worker.relay import OutboxRelay
+    from delayqueue_django.outbox.relay import OutboxRelay
 
     queue = get_queue()
     for start in range(0, count, 1000):
@@ -134,7 +134,7 @@ def exactly_once_cost_us(count: int) -> float:
     from django.test import override_settings
 
     from delayqueue_django import get_queue
-    from delayqueue_django.conf import raw_setting
+    from delayqueue_django.core.conf import raw_setting
     from delayqueue_django.worker.handling import call_handler
 
     def run(exactly_once: bool) -> float:
@@ -161,7 +161,7 @@ def _nothing(message: Any) -> None:
 
 
 def _empty_outbox() -> None:
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     OutboxMessage.objects.all().delete()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 
 # Every way a client runs server-side Lua: scripts (EVALSHA and kin) and functions (FCALL).
 SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})

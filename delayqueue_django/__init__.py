@@ -7,18 +7,26 @@ delayqueue.cancel(message_id)
 """
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from delayqueue_django.handlers import handler
-from delayqueue_django.message import Message
-from delayqueue_django.outgoing import Outgoing
+from asgiref.sync import sync_to_async
 
-if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
+from delayqueue_django.core.cancel_hint import hint_if_elsewhere
+from delayqueue_django.core.handlers import handler
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.outgoing import Outgoing
+from delayqueue_django.core.queue import Exhausted, Fetched, Queue
+from delayqueue_django.core.registry import get_queue
+from delayqueue_django.schedules.api import ScheduleInfo, Schedules
 
 __all__ = [
+    "Exhausted",
+    "Fetched",
     "Message",
     "Outgoing",
+    "Queue",
+    "ScheduleInfo",
+    "Schedules",
     "acancel",
     "asend",
     "cancel",
@@ -26,13 +34,6 @@ __all__ = [
     "handler",
     "send",
 ]
-
-
-def get_queue(name: str = "default") -> "Queue":
-    """The queue configured as ``DELAYQUEUES[name]``."""
-    from delayqueue_django.registry import get_queue as lookup
-
-    return lookup(name)
 
 
 def send(
@@ -72,8 +73,6 @@ def cancel(message_id: str, *, queue: str = "default") -> bool:
     another queue needs that queue's name here (with DEBUG on, a miss that another queue
     holds is logged as a warning naming it).
     """
-    from delayqueue_django.cancel_hint import hint_if_elsewhere
-
     cancelled = get_queue(queue).cancel(message_id)
     if not cancelled:
         hint_if_elsewhere(message_id, queue=queue)
@@ -105,10 +104,6 @@ async def asend(
 
 async def acancel(message_id: str, *, queue: str = "default") -> bool:
     """``cancel`` for async views."""
-    from asgiref.sync import sync_to_async
-
-    from delayqueue_django.cancel_hint import hint_if_elsewhere
-
     cancelled = await get_queue(queue).acancel(message_id)
     if not cancelled:
         await sync_to_async(hint_if_elsewhere, thread_sensitive=False)(message_id, queue=queue)

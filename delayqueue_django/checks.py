@@ -11,9 +11,16 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from delayqueue_django import conf, handlers
-from delayqueue_django import outbox as outbox_table
+from delayqueue_django.core import conf, handlers
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.outbox import table as outbox_table
+from delayqueue_django.outbox.databases import (
+    OUTBOX_DATABASES_SETTING,
+    outbox_databases,
+    outbox_databases_problem,
+)
+from delayqueue_django.schedules.option import declared_schedules
+from delayqueue_django.tasks.claims import task_queue_names
 
 
 @register()
@@ -85,13 +92,11 @@ def check_schedule_tasks(
 ) -> list[CheckMessage]:
     """A task queue's messages are task calls, so its schedules must name a TASK; any other
     queue's handler gets PAYLOAD, so its schedules must not."""
-    from delayqueue_django.tasks.claims import task_queue_names
-
     configs, _ = conf.parse(conf.raw_setting())
     task_queues = task_queue_names()
     errors: list[CheckMessage] = []
     for name, config in configs.items():
-        for schedule in config.schedules:
+        for schedule in declared_schedules(config):
             where = f"DELAYQUEUES[{name!r}]['SCHEDULES'][{schedule.name!r}]"
             if name in task_queues and schedule.task is None:
                 errors.append(
@@ -139,8 +144,8 @@ def check_memory_queues_in_deployment(
 def check_outbox_databases(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    value = getattr(settings, conf.OUTBOX_DATABASES_SETTING, None)
-    problem = None if value is None else conf.outbox_databases_problem(value)
+    value = getattr(settings, OUTBOX_DATABASES_SETTING, None)
+    problem = None if value is None else outbox_databases_problem(value)
     if problem is None:
         return []
     return [Error(problem.msg, hint=problem.hint, id=problem.id)]
@@ -155,25 +160,25 @@ def check_outbox_tables(
     """``check --database ALIAS`` (and ``migrate``): the tables of the outbox and of the
     processed ids exist where queues using them write, i.e. the migration was applied
     (W030); and no outbox holds rows of a queue DELAYQUEUES no longer has (W031)."""
-    from delayqueue_django.models import OutboxMessage, ProcessedMessage
+    from delayqueue_django.outbox.models import OutboxMessage, ProcessedMessage
 
     configs, problems = conf.parse(conf.raw_setting())
     if problems or not databases:
         return []
-    outbox_databases = _outbox_databases()
+    outbox_aliases = _outbox_databases()
     needed: dict[str, set[str]] = {}
     if any(config.outbox for config in configs.values()):
-        for alias in outbox_databases:
+        for alias in outbox_aliases:
             needed.setdefault(alias, set()).add(OutboxMessage._meta.db_table)
     for config in configs.values():
         if config.exactly_once is not None:
             needed.setdefault(config.exactly_once, set()).add(ProcessedMessage._meta.db_table)
     messages: list[CheckMessage] = []
-    for alias in sorted((set(needed) | set(outbox_databases)) & set(databases)):
+    for alias in sorted((set(needed) | set(outbox_aliases)) & set(databases)):
         try:
             with connections[alias].cursor() as cursor:
                 tables = set(connections[alias].introspection.table_names(cursor))
-            if alias in outbox_databases and OutboxMessage._meta.db_table in tables:
+            if alias in outbox_aliases and OutboxMessage._meta.db_table in tables:
                 messages += _stranded_rows(alias, configs)
         except DatabaseError:
             continue  # a database that cannot be reached is not this check's finding
@@ -209,7 +214,7 @@ def _run_by_migrate() -> bool:
 
 def _outbox_databases() -> list[str]:
     try:
-        return conf.outbox_databases()
+        return outbox_databases()
     except QueueConfigurationError:
         return []  # check_outbox_databases reports it
 
@@ -217,7 +222,7 @@ def _outbox_databases() -> list[str]:
 def _stranded_rows(alias: str, configs: Mapping[str, conf.QueueConfig]) -> list[CheckMessage]:
     """W031: outbox rows of a queue no longer in DELAYQUEUES (renamed or removed with rows
     still waiting): no relay reads them, and no report counts them."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     stranded = outbox_table.stranded(alias, configs)
     if not stranded:

@@ -1,11 +1,12 @@
-"""An unmanaged model, so the admin lists the queues in its sidebar and Django creates the
-permissions that guard the queue pages; and the two tables that join the queue to the
-database's transactions: the outbox, and the processed ids of EXACTLY_ONCE queues."""
-
-from typing import ClassVar
+"""The app's models, where Django looks for them: an unmanaged model, so the admin lists the
+queues in its sidebar and Django creates the permissions that guard the queue pages; and
+the outbox wing's two tables (outbox/models.py), registered by being imported here."""
 
 from django.db import models
-from django.db.backends.base.base import BaseDatabaseWrapper
+
+from delayqueue_django.outbox.models import OutboxMessage, ProcessedMessage
+
+__all__ = ["OutboxMessage", "ProcessedMessage", "Queue"]
 
 
 class Queue(models.Model):
@@ -21,65 +22,3 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return "queue"
-
-
-class ExactCharField(models.CharField):  # type: ignore[type-arg]
-    """Text compared byte for byte on every database: message ids and queue names differ by
-    case alone ("aB" and "Ab" are two messages), and MySQL/MariaDB's default collations
-    ignore case, which would make one message's record answer for another."""
-
-    def db_type(self, connection: BaseDatabaseWrapper) -> str | None:
-        column = super().db_type(connection)
-        if connection.vendor == "mysql":
-            return f"{column} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-        return column
-
-
-class OutboxMessage(models.Model):
-    """A message written in the sender's database transaction, waiting for a relay to move
-    it to its queue in Redis (see delayqueue_django.outbox)."""
-
-    id = models.BigAutoField(primary_key=True)
-    queue = ExactCharField(max_length=100)
-    message_id = ExactCharField(max_length=100)
-    payload = models.TextField()  # the JSON text, as send encoded it
-    retry_count = models.PositiveIntegerField()
-    # When the message is due, in ms since the epoch, fixed when the row was written on the
-    # writing process's clock; a time already past when it is relayed means due at once.
-    due_ms = models.BigIntegerField()
-    written_ms = models.BigIntegerField()  # the writing process's clock, for the oldest's age
-
-    class Meta:
-        db_table = "delayqueue_outbox"
-        default_permissions = ()
-        verbose_name = "outbox message"
-
-    def __str__(self) -> str:
-        return f"{self.queue}:{self.message_id}"
-
-
-class ProcessedMessage(models.Model):
-    """A message whose handler's transaction committed, on an EXACTLY_ONCE queue: a
-    redelivery finds it here and is acked without running the handler again."""
-
-    id = models.BigAutoField(primary_key=True)
-    queue = ExactCharField(max_length=100)
-    message_id = ExactCharField(max_length=255)
-    processed_ms = models.BigIntegerField()
-
-    class Meta:
-        db_table = "delayqueue_processed"
-        default_permissions = ()
-        verbose_name = "processed message"
-        constraints: ClassVar = [
-            models.UniqueConstraint(
-                fields=["queue", "message_id"], name="delayqueue_processed_once"
-            )
-        ]
-        # For pruning: the old records of a queue, read as a range.
-        indexes: ClassVar = [
-            models.Index(fields=["queue", "processed_ms"], name="delayqueue_processed_age")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.queue}:{self.message_id}"

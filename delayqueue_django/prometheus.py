@@ -32,9 +32,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
-from delayqueue_django import registry
-from delayqueue_django.monitoring import outbox_report, queue_totals, shard_down, shard_reports
-from delayqueue_django.timings import HISTOGRAMS, histogram_from_totals
+from delayqueue_django.core import registry
+from delayqueue_django.core.timings import HISTOGRAMS, histogram_from_totals
+from delayqueue_django.monitoring.reports import (
+    outbox_report,
+    queue_totals,
+    shard_down,
+    shard_reports,
+)
 from delayqueue_django.worker import heartbeat
 
 try:

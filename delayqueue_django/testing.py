@@ -23,16 +23,17 @@ from typing import Any
 
 from django.test import override_settings
 
-from delayqueue_django import conf, outbox, registry
-from delayqueue_django.encoding import decode_payload
+from delayqueue_django.core import conf, registry
+from delayqueue_django.core.encoding import decode_payload
+from delayqueue_django.core.handlers import resolve
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import ManualClock, MemoryServer, add_server, remove_server
 from delayqueue_django.engine.records import split_trace
-from delayqueue_django.handlers import resolve
-from delayqueue_django.queue import Queue
+from delayqueue_django.outbox import table as outbox
+from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.relay import OutboxRelay
 
 __all__ = ["MemoryQueues", "Outcome", "SentMessage", "Verdict", "memory_queues"]
 

@@ -5,9 +5,9 @@ import pytest
 import redis
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.queue import Queue
 from tests.backends import (
     BACKEND_OPTIONS,
     REDIS_BACKENDS,

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, RedisStore
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.exceptions import QueueUnavailable
-from delayqueue_django.queue import Queue
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition") -> Any:

@@ -13,7 +13,8 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 import delayqueue_django as delayqueue
-from delayqueue_django import registry
+from delayqueue_django.core import registry
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import store as store_module
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.exceptions import (
@@ -27,7 +28,6 @@ from delayqueue_django.exceptions import (
     UnknownQueue,
     UnsupportedRedisVersion,
 )
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisServer
 

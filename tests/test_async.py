@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import delayqueue_django as delayqueue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.exceptions import InvalidDelay, PayloadEncodingError
-from delayqueue_django.queue import Queue
 from tests.redis_servers import RedisServer
 
 

@@ -8,10 +8,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.memory import get_server
 from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.queue import Queue
 from tests.backends import SHARDED_BACKENDS
 
 

@@ -11,8 +11,9 @@ from django.core.checks import Error, Warning
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from delayqueue_django import get_queue, handlers
+from delayqueue_django import get_queue
 from delayqueue_django.checks import check_delayqueues, check_handlers, check_metrics_token
+from delayqueue_django.core import handlers
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.exceptions import QueueConfigurationError
 

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from delayqueue_django import connections, get_queue, send
-from delayqueue_django.client_options import (
+from delayqueue_django import get_queue, send
+from delayqueue_django.core import connections
+from delayqueue_django.core.client_options import (
     CONNECT_TIMEOUT_SECONDS,
     HEALTH_CHECK_SECONDS,
     SOCKET_TIMEOUT_SECONDS,
     keepalive_options,
 )
 from delayqueue_django.exceptions import QueueConfigurationError
-from delayqueue_django.monitoring import queue_report
+from delayqueue_django.monitoring.reports import queue_report
 from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
 from tests.tcp_relay import TcpRelay

@@ -12,7 +12,8 @@ from django.core.management import BaseCommand, load_command_class
 from django.dispatch import Signal
 
 import delayqueue_django
-from delayqueue_django import conf, signals
+from delayqueue_django import signals
+from delayqueue_django.core import conf
 
 PACKAGE = Path(delayqueue_django.__file__).parent
 REFERENCE = PACKAGE.parent / "docs" / "reference"

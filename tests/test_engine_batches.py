@@ -6,9 +6,9 @@ from collections.abc import Callable
 import pytest
 
 from delayqueue_django import Outgoing
-from delayqueue_django.conf import MAX_BATCH_SIZE
+from delayqueue_django.core.conf import MAX_BATCH_SIZE
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.queue import Queue
 from tests.backends import one_shard
 from tests.helpers import wait_for
 

@@ -4,7 +4,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.helpers import states_of
 
 

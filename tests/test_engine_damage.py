@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, NewMessage
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, states_of
 
 

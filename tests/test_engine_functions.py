@@ -11,6 +11,7 @@ import pytest
 from django.test import override_settings
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.scripts import (
     ALLOWED_OUT_OF_MEMORY,
     READ_ONLY,
@@ -18,7 +19,6 @@ from delayqueue_django.engine.scripts import (
     _library,
     library,
 )
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisClusterServers, RedisServer
 

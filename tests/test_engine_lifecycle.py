@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, redis_store, states_of, store_time_ms, wait_for
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.helpers import fetch_when_due, states_of, store_time_ms
 
 
@@ -250,7 +250,7 @@ def test_retention_expires_only_announced_dead_letters_past_their_time(
 def test_retention_reaches_announced_dead_letters_behind_whole_batches_of_unannounced_ones(
     configure: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from delayqueue_django import queue as queue_module
+    from delayqueue_django.core import queue as queue_module
 
     monkeypatch.setattr(queue_module, "GARBAGE_DROP_BATCH", 2)  # each script call examines 2
     queue = configure(GARBAGE_RETENTION=0.05)

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.queue import Queue
 from tests.helpers import states_of, store_time_ms, wait_for
 
 KEEP_MS = 60_000

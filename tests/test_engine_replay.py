@@ -15,9 +15,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import DuplicateMessageId
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due, redis_store
 from tests.redis_servers import RedisServer
 

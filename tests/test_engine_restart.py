@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.helpers import fetch_when_due
 from tests.redis_servers import RedisServer
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import redis
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.records import ScheduleFailure, Tick, parse_tick_id, tick_id
 from delayqueue_django.exceptions import InvalidSchedule
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.definition import Schedule
 from tests.helpers import fetch_when_due, states_of, store_time_ms
 

@@ -3,8 +3,8 @@ memory store: a condition variable), through the store's wake-up subscription.""
 
 from typing import Any
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import WakeupSubscription
-from delayqueue_django.queue import Queue
 from tests.backends import one_shard
 
 

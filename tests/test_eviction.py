@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.queue import Queue
 from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
 

@@ -10,21 +10,22 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, IntegrityError, close_old_connections, connections, transaction
 
-from delayqueue_django import conf, get_queue
-from delayqueue_django.exactly_once import (
+from delayqueue_django import get_queue
+from delayqueue_django.core import conf
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.exceptions import QueueConfigurationError, Reject
+from delayqueue_django.outbox.exactly_once import (
     PRUNE_BATCH,
     WriteLockBusy,
     call_once,
     prune,
     prune_queues,
 )
-from delayqueue_django.exceptions import QueueConfigurationError, Reject
-from delayqueue_django.message import Message
-from delayqueue_django.models import ProcessedMessage
-from delayqueue_django.queue import Queue
+from delayqueue_django.outbox.models import ProcessedMessage
+from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict, call_handler
-from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params
 from tests.helpers import short_lock_waits, wait_for
 from tests.task_app.models import Effect

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayqueue_django import get_queue
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 
 pytestmark = pytest.mark.django_db
 

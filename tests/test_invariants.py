@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.invariants import InvariantReport
-from delayqueue_django.queue import Queue
 from tests.helpers import fetch_when_due
 
 

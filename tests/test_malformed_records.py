@@ -14,8 +14,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage, loggable, printable
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 from tests.helpers import fetch_when_due, states_of
 from tests.redis_servers import RedisServer

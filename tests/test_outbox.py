@@ -14,13 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import delayqueue_django as delayqueue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import ConflictingOptions, QueueConfigurationError
-from delayqueue_django.models import OutboxMessage
-from delayqueue_django.outbox import now_ms
-from delayqueue_django.queue import Queue
+from delayqueue_django.outbox.models import OutboxMessage
+from delayqueue_django.outbox.relay import RELAY_RECORD_MS, OutboxRelay
+from delayqueue_django.outbox.table import now_ms
 from delayqueue_django.worker import Worker
-from delayqueue_django.worker.relay import RELAY_RECORD_MS, OutboxRelay
 from tests.databases import database_params
 from tests.helpers import short_lock_waits, wait_for
 from tests.redis_servers import RedisServer
@@ -385,7 +385,7 @@ def test_run_delayqueue_burst_relays_the_outbox_first(database: str) -> None:
         delayqueue.send({"n": 1}, outbox=True, using=database)
         call_command("run_delayqueue", "default", burst=True, verbosity=0)
     finally:
-        from delayqueue_django import handlers
+        from delayqueue_django.core import handlers
 
         handlers._registered.pop("default", None)
     assert handled == [{"n": 1}]

@@ -16,10 +16,10 @@ from django.test import Client
 
 import delayqueue_django as delayqueue
 from delayqueue_django import checks
-from delayqueue_django.models import OutboxMessage
-from delayqueue_django.monitoring import queue_report
-from delayqueue_django.outbox import now_ms
-from delayqueue_django.worker.relay import OutboxRelay
+from delayqueue_django.monitoring.reports import queue_report
+from delayqueue_django.outbox.models import OutboxMessage
+from delayqueue_django.outbox.relay import OutboxRelay
+from delayqueue_django.outbox.table import now_ms
 from tests.databases import database_params
 from tests.helpers import wait_for
 from tests.test_prometheus import TOKEN, of, scrape

@@ -10,8 +10,8 @@ from django.test import Client
 from django.urls import reverse
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.queue import Queue
 from tests.helpers import states_of
 
 TOO_DEEP = "[" * 100_000 + "]" * 100_000

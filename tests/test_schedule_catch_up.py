@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import Tick, parse_tick_id
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.definition import Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
 from tests.helpers import store_time_ms, wait_for

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import ScheduleRecord, Tick
 from delayqueue_django.exceptions import InvalidSchedule
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules import runner as runner_module
 from delayqueue_django.schedules.definition import Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner

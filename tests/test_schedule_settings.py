@@ -6,10 +6,12 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django import conf, get_queue
+from delayqueue_django import get_queue
 from delayqueue_django.checks import check_delayqueues, check_schedule_tasks
+from delayqueue_django.core import conf
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.schedules.definition import Schedule
+from delayqueue_django.schedules.option import declared_schedules
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
 WHERE = "DELAYQUEUES['default']['SCHEDULES']"
@@ -38,7 +40,7 @@ def test_schedules_are_parsed_with_their_defaults(settings: Any) -> None:
         }
     }
     assert check_delayqueues() == []
-    nightly, poll, utc = get_queue().config.schedules
+    nightly, poll, utc = declared_schedules(get_queue().config)
     assert (nightly.name, nightly.cron, nightly.every_ms) == ("nightly-report", "0 3 * * *", None)
     assert nightly.time_zone == "Europe/Berlin"  # settings.TIME_ZONE
     assert nightly.payload == '{"report":"sales"}'
@@ -52,13 +54,13 @@ def test_schedules_are_parsed_with_their_defaults(settings: Any) -> None:
 def test_a_queue_without_schedules_has_none(settings: Any) -> None:
     assert conf.DEFAULTS["SCHEDULES"] == {}
     settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
-    assert get_queue().config.schedules == ()
+    assert declared_schedules(get_queue().config) == ()
 
 
 def test_a_changed_definition_has_another_fingerprint(settings: Any) -> None:
     def fingerprint(**options: Any) -> str:
         settings.DELAYQUEUES = {"default": {"URL": "memory://", "SCHEDULES": {"a": options}}}
-        [schedule] = conf.queue_configs()["default"].schedules
+        [schedule] = declared_schedules(conf.queue_configs()["default"])
         return schedule.fingerprint
 
     base = fingerprint(CRON="0 3 * * *", PAYLOAD=1)

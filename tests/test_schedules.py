@@ -15,11 +15,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.handlers import resolve
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import parse_tick_id
 from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
-from delayqueue_django.handlers import resolve
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.definition import RecentTicks, Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.testing import MemoryQueues, memory_queues

@@ -19,6 +19,8 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 import delayqueue_django
 from delayqueue_django import get_queue
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, FetchResult, NewMessage, sharded_store
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
@@ -32,8 +34,6 @@ from delayqueue_django.engine.shards import (
     slot_of,
 )
 from delayqueue_django.exceptions import QueueUnavailable
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from tests.helpers import fetch_when_due, wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer

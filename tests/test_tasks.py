@@ -20,9 +20,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import shard_name, shard_of
-from delayqueue_django.queue import Queue
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.compat import (
@@ -470,7 +470,7 @@ def _rolled_back_task_fails(
     received: list[Any],
     database: str,
     rolls_back: Task[[str], str],
-    error_path: str = "delayqueue_django.exactly_once.RolledBack",
+    error_path: str = "delayqueue_django.outbox.exactly_once.RolledBack",
     says: str = "set_rollback(True)",
 ) -> None:
     """Regression (issue #25, defect 4): on an EXACTLY_ONCE queue a task whose transaction

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from delayqueue_django import get_queue, send, signals
-from delayqueue_django.message import Message
+from delayqueue_django.core.message import Message
 from delayqueue_django.testing import MemoryQueues, Verdict, memory_queues
 from tests.redis_servers import RedisServer
 from tests.test_doc_snippets import snippet

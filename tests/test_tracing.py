@@ -26,11 +26,11 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from delayqueue_django import get_queue
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueUnavailable, Reject
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
+from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.worker.handling import Verdict, call_handler
-from delayqueue_django.worker.relay import OutboxRelay
 from tests.helpers import redis_store, wait_for
 from tests.redis_servers import free_port
 
@@ -265,9 +265,9 @@ sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 import django
 from django.conf import settings
 settings.configure()
-from delayqueue_django import tracing
+from delayqueue_django.core import tracing
 from delayqueue_django.engine.records import split_trace
-import delayqueue_django.queue, delayqueue_django.worker.handling
+import delayqueue_django.core.queue, delayqueue_django.worker.handling
 assert not tracing.ENABLED
 assert not [name for name in sys.modules if name.startswith("opentelemetry") and sys.modules[name]]
 print(split_trace("^00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01^[1]"))
@@ -295,7 +295,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from delayqueue_django import get_queue, tracing
+from delayqueue_django import get_queue
+from delayqueue_django.core import tracing
 from delayqueue_django.worker.handling import call_handler
 
 def send_and_handle():

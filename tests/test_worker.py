@@ -17,8 +17,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from delayqueue_django import Message, get_queue, signals
-from delayqueue_django.queue import Queue
-from delayqueue_django.timings import histogram_from_totals
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.timings import histogram_from_totals
 from delayqueue_django.worker import Worker, heartbeat
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer

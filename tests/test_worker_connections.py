@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from delayqueue_django import get_queue, stores
+from delayqueue_django import get_queue
+from delayqueue_django.core import stores
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import WakeupSubscription
 from delayqueue_django.engine.pubsub import PROBE_AFTER_SECONDS, PROBE_REPLY_SECONDS
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from tests.helpers import redis_store, wait_for
 from tests.redis_servers import RedisServer

@@ -19,9 +19,9 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from delayqueue_django import get_queue, signals
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueUnavailable, RedisOutOfMemory
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker import Worker
 from tests.redis_servers import RedisServer, free_port
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from delayqueue_django import get_queue
-from delayqueue_django.message import Message
+from delayqueue_django.core.message import Message
 from delayqueue_django.worker import Worker
 from tests.redis_servers import RedisServer
 
@@ -97,7 +97,7 @@ def test_an_idle_worker_rechecks_the_queue_even_with_a_message_due_much_later(
 ) -> None:
     """how-it-works.md: an idle worker re-checks the queue every 30 s (IDLE_RECHECK_SECONDS),
     in case a wake-up was lost; a message due in an hour must not put that off an hour."""
-    from delayqueue_django.queue import Queue
+    from delayqueue_django.core.queue import Queue
     from delayqueue_django.worker import consumer
 
     monkeypatch.setattr(consumer, "IDLE_RECHECK_SECONDS", 0.5)

@@ -17,7 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer, free_port
 from tests.worker_handlers import LOG_KEY, read_log

@@ -18,10 +18,10 @@ from typing import Any
 from django.dispatch import receiver
 
 from delayqueue_django import get_queue, handler, signals
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.exceptions import Reject
-from delayqueue_django.message import Message
 
 LOG_KEY = "test:log"
 MEMORY_LOG: list[str] = []

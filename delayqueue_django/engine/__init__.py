@@ -1,7 +1,7 @@
 """Where a queue's messages live: the ``Store`` protocol, the Redis store (key layout, Lua
 scripts and the store that runs them) and the in-memory store (``engine.memory``).
 
-Nothing in this package imports Django; ``delayqueue_django.queue`` wraps it with settings,
+Nothing in this package imports Django; ``delayqueue_django.core.queue`` wraps it with settings,
 JSON encoding and the public API.
 """
 

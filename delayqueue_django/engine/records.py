@@ -67,7 +67,7 @@ class StoreLimits:
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"
-# (see delayqueue_django/tracing.py); JSON text never starts with "^". Untraced messages
+# (see delayqueue_django/core/tracing.py); JSON text never starts with "^". Untraced messages
 # are stored as they always were.
 TRACE_MARK = "^"
 

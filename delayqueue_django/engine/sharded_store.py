@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.engine.errors import is_outage, timed_out
+from delayqueue_django.engine.errors import timed_out
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ChannelSubscription, ShardStore, Store
 from delayqueue_django.engine.records import (
@@ -63,6 +63,7 @@ from delayqueue_django.engine.records import (
     StoreLimits,
     Tick,
 )
+from delayqueue_django.engine.shard_stats import partial_stats, read_stats
 from delayqueue_django.engine.shards import (
     LAYOUTS_CHANGED,
     MAX_SHARDS,
@@ -95,8 +96,6 @@ IDLE_LOOK_SHARDS = 30
 # empty, and a later send there publishes nothing behind its older head. The consumer's
 # idle look (worker.consumer.IDLE_RECHECK_SECONDS) covers a queue with nothing due.
 LOOK_AGAIN_SECONDS = 30.0
-# Counts that add up across shards; the other stats are times (see combined_stats).
-_TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
 
 T = TypeVar("T")
 
@@ -976,51 +975,6 @@ class ShardedWakeups:
             self._store.listening(-1)
 
 
-def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
-    """Stats over shards: counts and totals add up; the latest server time, the earliest
-    next due time (-1: none pending anywhere), the largest lag."""
-    combined: dict[str, int] = {}
-    for stats in per_shard:
-        for name, value in stats.items():
-            if name not in _TIMES:
-                combined[name] = combined.get(name, 0) + value
-    if per_shard:
-        combined["server_time_ms"] = max(stats["server_time_ms"] for stats in per_shard)
-        next_due = [stats["next_due_ms"] for stats in per_shard if stats["next_due_ms"] >= 0]
-        combined["next_due_ms"] = min(next_due) if next_due else -1
-        combined["lag_ms"] = max(stats["lag_ms"] for stats in per_shard)
-    return combined
-
-
-def partial_stats(answered: Sequence[Mapping[str, int]], shards: int) -> dict[str, int]:
-    """The stats of the shards that answered, added up (see combined_stats), and
-    ``shards_down``: how many of the queue's ``shards`` did not."""
-    return {**combined_stats(answered), "shards_down": shards - len(answered)}
-
-
-def read_stats(
-    stores: Mapping[str, ShardStore],
-) -> dict[str, dict[str, int] | RedisError | OSError]:
-    """Each shard's stats, by shard name, one round trip each; or the error of a shard
-    that could not be read. A server that did not answer is not asked again for its other
-    shards: they get its error (each would wait out its own socket timeout, as in
-    ShardedStore.hold_siblings)."""
-    read: dict[str, dict[str, int] | RedisError | OSError] = {}
-    silent: dict[str, RedisError | OSError] = {}  # server_name() -> its error
-    for name, store in stores.items():
-        server = store.server_name()
-        if server in silent:
-            read[name] = silent[server]
-            continue
-        try:
-            read[name] = store.stats()
-        except (RedisError, OSError) as error:
-            read[name] = error
-            if is_outage(error):  # not a refusal: its other shards would fail alike
-                silent[server] = error
-    return read
-
-
 def parts(store: Store) -> dict[str, ShardStore]:
     """A queue's stores that each hold one set of keys, by shard name: every shard of a
     sharded queue, else the store itself as shard "0"."""
@@ -1045,9 +999,6 @@ def _refusal_id(refusal: tuple[str, int, int]) -> str:
 __all__ = [
     "ShardedStore",
     "ShardedWakeups",
-    "combined_stats",
     "layout_names",
-    "partial_stats",
     "parts",
-    "read_stats",
 ]

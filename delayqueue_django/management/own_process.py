@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from django.core.management.base import BaseCommand, CommandError
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 
 # The package logger's level for each --verbosity.
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}

@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-import delayqueue_django.models
+import delayqueue_django.outbox.models
 
 
 class Migration(migrations.Migration):
@@ -13,8 +13,8 @@ class Migration(migrations.Migration):
             name="OutboxMessage",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("queue", delayqueue_django.models.ExactCharField(max_length=100)),
-                ("message_id", delayqueue_django.models.ExactCharField(max_length=100)),
+                ("queue", delayqueue_django.outbox.models.ExactCharField(max_length=100)),
+                ("message_id", delayqueue_django.outbox.models.ExactCharField(max_length=100)),
                 ("payload", models.TextField()),
                 ("retry_count", models.PositiveIntegerField()),
                 ("due_ms", models.BigIntegerField()),
@@ -30,8 +30,8 @@ class Migration(migrations.Migration):
             name="ProcessedMessage",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("queue", delayqueue_django.models.ExactCharField(max_length=100)),
-                ("message_id", delayqueue_django.models.ExactCharField(max_length=255)),
+                ("queue", delayqueue_django.outbox.models.ExactCharField(max_length=100)),
+                ("message_id", delayqueue_django.outbox.models.ExactCharField(max_length=255)),
                 ("processed_ms", models.BigIntegerField()),
             ],
             options={

@@ -10,10 +10,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import ScheduleRecord, ScheduleReply, Tick, tick_id
 from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
 from delayqueue_django.schedules.definition import (
@@ -25,9 +26,6 @@ from delayqueue_django.schedules.definition import (
     build,
 )
 from delayqueue_django.schedules.runner import tick_payload
-
-if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def describe(
 class Schedules:
     """The run-time API of one queue's schedules."""
 
-    def __init__(self, queue: "Queue") -> None:
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
 
     def all(self) -> list[ScheduleInfo]:

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from delayqueue_django.encoding import encode_payload
+from delayqueue_django.core.encoding import encode_payload
 from delayqueue_django.exceptions import InvalidSchedule, PayloadEncodingError, PayloadTooLarge
 
 MISSED_POLICIES = ("skip", "once", "all")

@@ -28,13 +28,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from delayqueue_django.encoding import encode_payload
+from delayqueue_django.core import features
+from delayqueue_django.core.encoding import encode_payload
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import (
     ScheduleFailure,
     ScheduleRecord,
@@ -43,11 +46,8 @@ from delayqueue_django.engine.records import (
     parse_tick_id,
 )
 from delayqueue_django.exceptions import InvalidSchedule
-from delayqueue_django.message import Message
 from delayqueue_django.schedules.definition import SETTINGS, RecentTicks, Schedule
-
-if TYPE_CHECKING:
-    from delayqueue_django.queue import Queue
+from delayqueue_django.schedules.option import declared_schedules
 
 logger = logging.getLogger("delayqueue_django.schedules")
 
@@ -112,30 +112,28 @@ def tick_payload(schedule: Schedule, queue: str, at_ms: int, now_ms: int) -> str
     due then (on the first DelayQueueBackend whose QUEUES list the queue)."""
     if schedule.task is None:
         return schedule.payload
-    from delayqueue_django.tasks.call import TaskCall
-    from delayqueue_django.tasks.claims import DEFAULT_TASK_QUEUES, delayqueue_backends
-
-    aliases = [
-        alias
-        for alias, params in sorted(delayqueue_backends().items())
-        if queue in params.get("QUEUES", DEFAULT_TASK_QUEUES)
-    ]
-    if not aliases:
+    tasks = features.tasks()
+    payload = (
+        None
+        if tasks is None
+        else tasks.call_payload(
+            features.TaskCallSpec(
+                task=schedule.task,
+                queue=queue,
+                args=schedule.args,
+                kwargs=schedule.kwargs,
+                enqueued_at=_moment(now_ms),
+                run_after=_moment(at_ms),
+            )
+        )
+    )
+    if payload is None:
         raise InvalidSchedule(
             f"schedule {schedule.name!r} runs task {schedule.task!r}, but no "
             f"DelayQueueBackend in TASKS carries queue {queue!r}",
             "E049",
         )
-    call = TaskCall(
-        task_path=schedule.task,
-        backend=aliases[0],
-        queue_name=queue,
-        args=schedule.args,
-        kwargs=schedule.kwargs,
-        enqueued_at=_moment(now_ms).isoformat(),
-        run_after=_moment(at_ms).isoformat(),
-    )
-    return encode_payload(call.to_payload(), max_bytes=2**31, queue=queue)
+    return encode_payload(payload, max_bytes=2**31, queue=queue)
 
 
 def _moment(ms: int) -> datetime:
@@ -147,7 +145,7 @@ class ScheduleRunner:
     """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
     loop; ``guard`` wraps its handler. Thread-safe."""
 
-    def __init__(self, queue: "Queue") -> None:
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
         self._lock = threading.RLock()
         self._known: dict[str, Known] = {}
@@ -207,7 +205,7 @@ class ScheduleRunner:
         now, records = self.queue.store.read_schedules()
         self._seen(now)
         stored = {record.name: record for record in records}
-        declared = {schedule.name: schedule for schedule in self.queue.config.schedules}
+        declared = {schedule.name: schedule for schedule in declared_schedules(self.queue.config)}
         for schedule in declared.values():
             record = stored.get(schedule.name)
             if record is None or record.definition != schedule.to_json():

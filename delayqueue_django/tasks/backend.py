@@ -11,17 +11,17 @@ import json
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from functools import partial
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 
-from delayqueue_django import conf, handlers, outbox
+from delayqueue_django.core import conf, features, handlers
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.registry import get_queue
 from delayqueue_django.exceptions import QueueConfigurationError
-from delayqueue_django.queue import Queue
-from delayqueue_django.registry import get_queue
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import delayqueue_backends
 from delayqueue_django.tasks.compat import (
@@ -53,6 +53,8 @@ class DelayQueueBackend(BaseTaskBackend):
     supports_get_result = True
     # A delay queue orders by due time only; priorities would be a promise it cannot keep.
     supports_priority = False
+    # How tasks.claims tells this class and its subclasses from other backends.
+    carries_delayqueues: ClassVar[bool] = True
 
     # Enqueueing
 
@@ -174,7 +176,9 @@ class DelayQueueBackend(BaseTaskBackend):
             if stored is not None and stored.payload is not None:
                 payload = json.loads(stored.payload)
                 status = TaskResultStatus.FAILED if stored.state == "garbage" else None
-            elif queue.config.outbox and (waiting := outbox.payload_of(queue.name, result_id)):
+            elif queue.config.outbox and (
+                waiting := features.outbox().payload_of(queue.name, result_id)
+            ):
                 payload = json.loads(waiting)
             else:
                 return None

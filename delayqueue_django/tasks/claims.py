@@ -11,6 +11,10 @@ from django.utils.module_loading import import_string
 
 DEFAULT_TASK_QUEUES = ("default",)
 
+# The class attribute that tells DelayQueueBackend and its subclasses from other backends,
+# without importing the backend here (it imports this module, and needs the framework).
+CARRIES_DELAYQUEUES = "carries_delayqueues"
+
 
 def delayqueue_backends() -> dict[str, dict[str, Any]]:
     """The TASKS entries whose BACKEND is DelayQueueBackend or a subclass, by alias."""
@@ -23,9 +27,7 @@ def delayqueue_backends() -> dict[str, dict[str, Any]]:
             backend_class = import_string(path)
         except ImportError:
             continue  # the framework reports unknown backends itself
-        from delayqueue_django.tasks.backend import DelayQueueBackend
-
-        if isinstance(backend_class, type) and issubclass(backend_class, DelayQueueBackend):
+        if getattr(backend_class, CARRIES_DELAYQUEUES, False) is True:
             found[alias] = params
     return found
 

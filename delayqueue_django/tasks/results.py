@@ -24,7 +24,7 @@ import json
 from datetime import datetime
 from typing import ParamSpec, TypeVar
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 

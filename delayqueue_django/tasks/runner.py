@@ -17,12 +17,12 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
-from delayqueue_django import exactly_once
+from delayqueue_django.core import features
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Exhausted
+from delayqueue_django.core.registry import get_queue
 from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject, TaskAbandoned
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Exhausted
-from delayqueue_django.registry import get_queue
 from delayqueue_django.signals import message_exhausted
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
@@ -87,7 +87,7 @@ def run_task(message: Message) -> None:
         # On an EXACTLY_ONCE queue the task ran in a transaction: one that will roll back
         # (set_rollback, an error caught inside it) is this attempt's failure; its success
         # would be recorded while nothing it wrote is committed.
-        exactly_once.raise_if_rolled_back(message)
+        features.handler_transaction().raise_if_rolled_back(message)
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
         # Reject buries the message whatever retries are left: this attempt is its last.
         last = message.is_last_attempt or isinstance(error, Reject)
@@ -95,7 +95,7 @@ def run_task(message: Message) -> None:
         raise
     # Recorded before the COMMIT (a worker that dies after it finds the message processed
     # and runs it no more): if that COMMIT then fails, the attempt is recorded as failed.
-    exactly_once.on_rollback(
+    features.handler_transaction().on_rollback(
         lambda error: _record_failure(
             backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
         )
@@ -109,7 +109,9 @@ def run_task(message: Message) -> None:
         },
     )
     result = build_result(task, message.id, call, record)
-    exactly_once.on_commit(lambda: task_finished.send(sender=type(backend), task_result=result))
+    features.handler_transaction().on_commit(
+        lambda: task_finished.send(sender=type(backend), task_result=result)
+    )
 
 
 @receiver(message_exhausted)
@@ -128,7 +130,9 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
         return
     # On an EXACTLY_ONCE queue SUCCESSFUL is written just before the COMMIT: a worker that
     # died between the two left it, with nothing committed, if no processed record says so.
-    if status == TaskResultStatus.SUCCESSFUL and exactly_once.committed(queue, message.id):
+    if status == TaskResultStatus.SUCCESSFUL and features.handler_transaction().committed(
+        queue, message.id
+    ):
         return
     abandoned = TaskAbandoned(
         f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "

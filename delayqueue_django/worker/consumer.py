@@ -17,28 +17,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.timings import Timings
 from delayqueue_django.engine import loggable
 from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
-from delayqueue_django.handlers import Handler
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
 from delayqueue_django.schedules.runner import ScheduleRunner
-from delayqueue_django.timings import Timings
 from delayqueue_django.worker import heartbeat, verdicts
-from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
-from delayqueue_django.worker.pool import Running
+from delayqueue_django.worker.outages import Outages
+from delayqueue_django.worker.pool import HandlerPool, Running
 from delayqueue_django.worker.wakeup import WakeupListener
-
-if TYPE_CHECKING:
-    from delayqueue_django.worker.worker import Worker
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -55,8 +53,47 @@ ANNOUNCE_RETRY_SECONDS = 1.0
 VERDICT_FLUSH_SECONDS = 0.005
 
 
+class Host(Protocol):
+    """What a consumer asks of the worker that runs it (worker.worker's Worker, which
+    builds on the consumers): its options, its shared state and events, the --max-messages
+    accounting and the heartbeat's details."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def burst(self) -> bool: ...
+    @property
+    def heartbeat_interval(self) -> float: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def stopping(self) -> threading.Event: ...
+    @property
+    def abandoning(self) -> threading.Event: ...
+    @property
+    def outages(self) -> Outages: ...
+    @property
+    def pool(self) -> HandlerPool: ...
+    @property
+    def gave_up(self) -> str | None: ...
+
+    def count(self, *, handled: int, failed: int) -> None: ...
+
+    def summarize(self) -> None: ...
+
+    def reserve(self, consumer: "QueueConsumer", wanted: int) -> int: ...
+
+    def fetched(self, consumer: "QueueConsumer") -> None: ...
+
+    def shares_freed(self) -> None: ...
+
+    def details(self) -> dict[str, Any]: ...
+
+
 class QueueConsumer(threading.Thread):
-    def __init__(self, worker: "Worker", queue: Queue, handler: Handler) -> None:
+    def __init__(self, worker: Host, queue: Queue, handler: Handler) -> None:
         super().__init__(name=f"delayqueue-consumer-{queue.name}", daemon=True)
         self.worker = worker
         self.queue = queue

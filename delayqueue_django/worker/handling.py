@@ -7,11 +7,12 @@ from enum import Enum
 
 from django.db import close_old_connections
 
-from delayqueue_django import exactly_once, tracing
+from delayqueue_django.core import tracing
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import Reject
-from delayqueue_django.handlers import Handler
-from delayqueue_django.message import Message
+from delayqueue_django.outbox import exactly_once
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -77,7 +78,7 @@ def call_handler(
             manage_connections=manage_connections,
             connections_checked=connections_checked,
         )
-        tracing.record_outcome(span, outcome)
+        tracing.record_outcome(span, outcome.verdict.value, outcome.error)
     return outcome
 
 

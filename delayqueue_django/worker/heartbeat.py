@@ -9,8 +9,8 @@ import json
 import logging
 from typing import Any
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import loggable, printable
-from delayqueue_django.queue import Queue
 
 logger = logging.getLogger("delayqueue_django")
 

@@ -6,8 +6,8 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from delayqueue_django import registry
-from delayqueue_django.handlers import resolve
+from delayqueue_django.core import registry
+from delayqueue_django.core.handlers import resolve
 from delayqueue_django.worker.worker import Worker
 
 

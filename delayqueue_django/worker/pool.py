@@ -14,21 +14,31 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.message import Message
 from delayqueue_django.worker.handling import Outcome, Verdict
-
-if TYPE_CHECKING:
-    from delayqueue_django.worker.consumer import QueueConsumer
 
 logger = logging.getLogger("delayqueue_django.worker")
 
 
+class Consumer(Protocol):
+    """What the pool asks of the consumer whose messages it runs (worker.consumer's
+    QueueConsumer, which builds on the pool)."""
+
+    def is_stale(self, fetched_at: float) -> bool: ...
+
+    def handle(self, message: Message, *, back_to_back: bool = False) -> Outcome: ...
+
+    def report(self, outcome: Outcome) -> None: ...
+
+    def redis_now_ms(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
-    consumer: "QueueConsumer"
+    consumer: Consumer
     message: Message
     fetched_at: float  # time.monotonic()
 
@@ -73,21 +83,19 @@ class HandlerPool:
         with self._lock:
             return sorted(self._running.values(), key=lambda running: running.started_at)
 
-    def oldest_buffered(self, consumer: "QueueConsumer") -> float | None:
+    def oldest_buffered(self, consumer: Consumer) -> float | None:
         """When the consumer's oldest buffered job was fetched (time.monotonic()), or None."""
         with self._lock:
             # A consumer's jobs wait in fetch order: its first is its oldest.
             return next((job.fetched_at for job in self._jobs if job.consumer is consumer), None)
 
-    def submit(self, consumer: "QueueConsumer", messages: list[Message]) -> None:
+    def submit(self, consumer: Consumer, messages: list[Message]) -> None:
         now = time.monotonic()
         with self._lock:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
             self._lock.notify(len(messages))
 
-    def take_back(
-        self, consumer: "QueueConsumer", fetched_before: float | None = None
-    ) -> list[Message]:
+    def take_back(self, consumer: Consumer, fetched_before: float | None = None) -> list[Message]:
         """Remove and return the consumer's buffered messages: all of them, or those fetched
         before ``fetched_before`` (time.monotonic()). The room they leave is told as a
         thread's is: no thread may free up for long (they are all busy, or these would have

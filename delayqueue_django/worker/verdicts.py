@@ -13,10 +13,10 @@ from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
 from delayqueue_django import signals
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import loggable
 from delayqueue_django.engine.shards import shard_name, shard_of
-from delayqueue_django.message import Message
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker.handling import Outcome, Verdict
 
 logger = logging.getLogger("delayqueue_django.worker")

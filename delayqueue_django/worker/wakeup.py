@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.errors import is_outage
 from delayqueue_django.engine.protocol import WakeupSubscription
-from delayqueue_django.queue import Queue
-from delayqueue_django.worker.backoff import Backoff
 from delayqueue_django.worker.outages import Outages
 
 logger = logging.getLogger("delayqueue_django.worker")

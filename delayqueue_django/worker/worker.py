@@ -23,13 +23,14 @@ import time
 from secrets import token_hex
 from typing import Any
 
-from delayqueue_django import conf, exactly_once
-from delayqueue_django.handlers import Handler
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.outbox import exactly_once
+from delayqueue_django.outbox.databases import outbox_databases
+from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.outages import Outages
 from delayqueue_django.worker.pool import HandlerPool
-from delayqueue_django.worker.relay import RELAY_POLL_SECONDS, OutboxRelay
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -94,7 +95,7 @@ class Worker:
         # pruning the processed ids of those that are EXACTLY_ONCE.
         chosen = [queue for queue, _ in queues]
         self.exactly_once = [queue.name for queue in chosen if queue.config.exactly_once]
-        databases = conf.outbox_databases() if relay else []
+        databases = outbox_databases() if relay else []
         self.relay: OutboxRelay | None = None
         if databases or self.exactly_once:
             self.relay = OutboxRelay(chosen, databases=databases, poll_seconds=relay_poll)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.chaos.ledger import Entry
 
 WAITING_STATES = ("pending", "ready", "unack", "retry")

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from delayqueue_django import get_queue
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.chaos.figures import FIGURES, Figures
 from tests.chaos.fleet import WorkerFleet
 

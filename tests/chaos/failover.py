@@ -5,8 +5,8 @@ the asynchronous-replication window before each kill."""
 import time
 from collections.abc import Callable
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.invariants import Problem
-from delayqueue_django.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.accounting import drain, first_handled_after, lost_outside_windows, tally
 from tests.chaos.figures import Figures

@@ -4,8 +4,8 @@ refuse the message for good (``{"reject": true}``: a dead letter whose exhaustio
 
 import time
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.exceptions import Reject
-from delayqueue_django.message import Message
 from tests.chaos import ledger
 
 

@@ -3,7 +3,7 @@
 import os
 import time
 
-from delayqueue_django.message import Message
+from delayqueue_django.core.message import Message
 from tests.chaos import ledger
 from tests.task_app.models import Effect
 

@@ -10,8 +10,8 @@ from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django.outgoing import Outgoing
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.outgoing import Outgoing
+from delayqueue_django.core.queue import Queue
 
 # Errors that tell the caller the send may not have happened: it knows to send again.
 # (BusyLoadingError, Redis loading its AOF, is a ConnectionError.)

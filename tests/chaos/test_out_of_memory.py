@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from redis.exceptions import OutOfMemoryError
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import DelayQueueError, RedisOutOfMemory
-from delayqueue_django.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.accounting import drain, tally
 from tests.chaos.conftest import queue_settings

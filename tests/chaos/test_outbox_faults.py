@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from delayqueue_django.models import OutboxMessage
-from delayqueue_django.outgoing import Outgoing
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.outgoing import Outgoing
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.outbox.models import OutboxMessage
 from tests.chaos import ledger
 from tests.chaos.accounting import drain, tally
 from tests.chaos.conftest import queue_settings

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.accounting import drain, first_handled_after, lost_outside_windows, tally
 from tests.chaos.conftest import queue_settings

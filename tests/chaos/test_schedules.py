@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import parse_tick_id
-from delayqueue_django.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.conftest import queue_settings
 from tests.chaos.figures import Figures

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.queue import Queue
 from tests.chaos.conftest import queue_settings
 from tests.chaos.failover import conclude_failover
 from tests.chaos.figures import Figures

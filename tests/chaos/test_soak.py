@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from delayqueue_django.outgoing import Outgoing
-from delayqueue_django.queue import Queue
+from delayqueue_django.core.outgoing import Outgoing
+from delayqueue_django.core.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.accounting import WAITING_STATES, drain, tally
 from tests.chaos.conftest import queue_settings

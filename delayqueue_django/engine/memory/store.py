@@ -20,6 +20,7 @@ from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.memory import prelude
 from delayqueue_django.engine.memory.server import (
     MemoryServer,
     MemoryWakeups,
@@ -116,10 +117,10 @@ class MemoryStore:
             dues = []
             for message, replay in zip(batch, replayed, strict=True):
                 if replay:
-                    dues.append(_replayed_due(state, message.id, now))
+                    dues.append(prelude.replayed_due(state, message.id, now))
                     continue
                 if message.at_ms is None:
-                    due = _due_after(now, now_us, *divmod(message.delay_us, 1000))
+                    due = prelude.due_after(now, now_us, *divmod(message.delay_us, 1000))
                 else:
                     # A time already past is due now (see send.lua).
                     due = max(message.at_ms, now)
@@ -194,9 +195,9 @@ class MemoryStore:
 
             if from_("pending") and state.pending.remove(message_id):
                 removed = "pending"
-            elif from_("ready") and _remove_first(state.ready, message_id):
+            elif from_("ready") and prelude.remove_first(state.ready, message_id):
                 removed = "ready"
-            elif from_("retry") and _remove_first(state.retry, message_id):
+            elif from_("retry") and prelude.remove_first(state.retry, message_id):
                 removed = "retry"
             elif include_in_flight_and_dead:
                 if from_("garbage") and state.garbage.remove(message_id):
@@ -204,7 +205,7 @@ class MemoryStore:
                 elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
-                _forget(state, message_id)
+                prelude.forget(state, message_id)
             return removed
 
     # Consumers
@@ -236,7 +237,7 @@ class MemoryStore:
                 continue
             meta.lease += 1
             state.unack.add(message_id, deadline)
-            deliveries.append(_delivery(state, message_id, meta, deadline))
+            deliveries.append(prelude.delivery(state, message_id, meta, deadline))
         return deliveries
 
     def _take_due(
@@ -255,12 +256,12 @@ class MemoryStore:
             # Its redelivery is due from the moment the deadline passed.
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
-                _bury(state, message_id, now)
+                prelude.bury(state, message_id, now)
             else:
                 state.retry.append(message_id)
-                _count_total(state, "retried", 1)
-        _count(state, now, "failed", expired)
-        _count_total(state, "timed_out", expired)
+                prelude.count_total(state, "retried", 1)
+        prelude.count(state, now, "failed", expired)
+        prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
         for message_id, _ in state.pending.pop_upto(now, room()):
@@ -275,7 +276,7 @@ class MemoryStore:
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
                 state.unack.add(message_id, deadline)
-                deliveries.append(_delivery(state, message_id, meta, deadline))
+                deliveries.append(prelude.delivery(state, message_id, meta, deadline))
         return deliveries, expired
 
     def _fetched(
@@ -348,12 +349,12 @@ class MemoryStore:
                 return set(replayed)
             acked: list[str] = []
             for message_id, lease in leases:
-                if _holds(state, message_id, lease):
+                if prelude.holds(state, message_id, lease):
                     state.unack.remove(message_id)
                     state.payloads.pop(message_id, None)
                     state.metas.pop(message_id, None)
                     acked.append(message_id)
-            _count(state, now, "acked", len(acked))
+            prelude.count(state, now, "acked", len(acked))
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
             return set(acked)
 
@@ -375,23 +376,23 @@ class MemoryStore:
             earliest: int | None = None
             outcomes = []
             for message_id, lease, delay_ms in refusals:
-                if not _holds(state, message_id, lease):
+                if not prelude.holds(state, message_id, lease):
                     continue
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
                 if meta.attempt > meta.budget or delay_ms < 0:
-                    _bury(state, message_id, now)
+                    prelude.bury(state, message_id, now)
                     outcomes.append(NackOutcome(message_id, True, now))
                 else:
-                    meta.due = _due_after(now, now_us, delay_ms, 0)
+                    meta.due = prelude.due_after(now, now_us, delay_ms, 0)
                     state.pending.add(message_id, meta.due)
-                    _count_total(state, "retried", 1)
+                    prelude.count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
                     outcomes.append(NackOutcome(message_id, False, meta.due))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
-            _count(state, now, "failed", len(outcomes))
+            prelude.count(state, now, "failed", len(outcomes))
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
 
@@ -403,7 +404,7 @@ class MemoryStore:
             released: deque[str] = deque()
             # Walk backwards and push to the front, so the first id given ends up first.
             for message_id, lease in reversed(leases):
-                if not _holds(state, message_id, lease):
+                if not prelude.holds(state, message_id, lease):
                     continue
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
@@ -422,7 +423,7 @@ class MemoryStore:
             deadline = self._now() + self._limits.consume_ms
             extended = []
             for message_id, lease in leases:
-                if _holds(state, message_id, lease):
+                if prelude.holds(state, message_id, lease):
                     state.unack.add(message_id, deadline)
                     extended.append(message_id)
             return deadline, extended
@@ -541,7 +542,7 @@ class MemoryStore:
                 if keep_unannounced and message_id in state.exhausted:
                     continue
                 state.garbage.remove(message_id)
-                _forget(state, message_id)
+                prelude.forget(state, message_id)
                 dropped += 1
             return dropped, len(candidates) - dropped
 
@@ -608,7 +609,7 @@ class MemoryStore:
         with self.server.lock:
             state = self._state()
             for name, count in increments.items():
-                _count_total(state, name, count)
+                prelude.count_total(state, name, count)
 
     def totals(self) -> dict[str, int]:
         with self.server.lock:
@@ -633,12 +634,14 @@ class MemoryStore:
             entries: list[tuple[str, int | None]]
             if state in ("ready", "retry"):
                 staged = queue.ready if state == "ready" else queue.retry
-                entries = [(message_id, None) for message_id in _slice(staged, offset, limit)]
+                entries = [
+                    (message_id, None) for message_id in prelude.staged_slice(staged, offset, limit)
+                ]
             else:
                 scored = {"pending": queue.pending, "unack": queue.unack}.get(state, queue.garbage)
                 entries = list(scored.page(offset, limit))
             return [
-                _stored(queue, message_id, state, score, preview_bytes=preview_bytes)
+                prelude.stored(queue, message_id, state, score, preview_bytes=preview_bytes)
                 for message_id, score in entries
             ]
 
@@ -652,16 +655,16 @@ class MemoryStore:
             ):
                 score = scored.score(message_id)
                 if score is not None:
-                    return _stored(
+                    return prelude.stored(
                         queue, message_id, name, score, peeked=True, preview_bytes=preview_bytes
                     )
             for name, staged in (("ready", queue.ready), ("retry", queue.retry)):
                 if message_id in staged:
-                    return _stored(
+                    return prelude.stored(
                         queue, message_id, name, None, peeked=True, preview_bytes=preview_bytes
                     )
             if message_id in queue.payloads or message_id in queue.metas:
-                return _stored(
+                return prelude.stored(
                     queue, message_id, "unknown", None, peeked=True, preview_bytes=preview_bytes
                 )
             return None
@@ -682,30 +685,30 @@ class MemoryStore:
         with self.server.lock:
             state = self._state()
             names = sorted(state.schedules.keys() | state.schedule_ticks.keys())
-            return self._now(), [_schedule_record(state, name) for name in names]
+            return self._now(), [prelude.schedule_record(state, name) for name in names]
 
     def read_schedule(self, name: str) -> ScheduleRecord | None:
         with self.server.lock:
             state = self._state()
             if name not in state.schedules and name not in state.schedule_ticks:
                 return None
-            return _schedule_record(state, name)
+            return prelude.schedule_record(state, name)
 
     def write_tick(self, name: str, fingerprint: str, tick: Tick) -> ScheduleReply:
         with self.server.lock:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
             if record is None:
-                return _schedule_reply("missing", None, now)
+                return prelude.schedule_reply("missing", None, now)
             if record.paused:
-                return _schedule_reply("paused", record, now)
+                return prelude.schedule_reply("paused", record, now)
             if record.fingerprint != fingerprint:
-                return _schedule_reply("stale", record, now)
+                return prelude.schedule_reply("stale", record, now)
             if tick.at_ms <= record.cursor:
-                return _schedule_reply("behind", record, now)
+                return prelude.schedule_reply("behind", record, now)
             self._write_tick(state, name, record, tick)
             state.schedule_failures.pop(name, None)
-            return _schedule_reply("written", record, now)
+            return prelude.schedule_reply("written", record, now)
 
     def define_schedule(
         self,
@@ -722,31 +725,35 @@ class MemoryStore:
             record = state.schedule_ticks.get(name)
             exists = record is not None or name in state.schedules
             if expect == "new" and exists:
-                return _schedule_reply("exists", record, now)
+                return prelude.schedule_reply("exists", record, now)
             if expect == "existing" and not exists:
-                return _schedule_reply("missing", record, now)
+                return prelude.schedule_reply("missing", record, now)
             state.schedules[name] = definition
             if record is not None and record.fingerprint == fingerprint:
-                return _schedule_reply("unchanged", record, now)
+                return prelude.schedule_reply("unchanged", record, now)
             if record is None:
                 # New: ticks of a schedule of this name removed before are not its own.
                 record = state.schedule_ticks[name] = TickRecord(fingerprint, since=start_ms)
-            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record, due_too=False))
+            record.cursor = max(
+                start_ms, prelude.drop_waiting_tick(state, name, record, due_too=False)
+            )
             record.fingerprint = fingerprint
             if first is not None and first.at_ms > record.cursor and not record.paused:
                 self._write_tick(state, name, record, first)
             state.schedule_failures.pop(name, None)
-            return _schedule_reply("defined", record, now)
+            return prelude.schedule_reply("defined", record, now)
 
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
         with self.server.lock:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
             if record is None:
-                return _schedule_reply("missing", None, now)
-            record.cursor = max(start_ms, _drop_waiting_tick(state, name, record, due_too=True))
+                return prelude.schedule_reply("missing", None, now)
+            record.cursor = max(
+                start_ms, prelude.drop_waiting_tick(state, name, record, due_too=True)
+            )
             record.paused = True
-            return _schedule_reply("paused", record, now)
+            return prelude.schedule_reply("paused", record, now)
 
     def resume_schedule(
         self, name: str, fingerprint: str, start_ms: int, first: Tick | None
@@ -755,15 +762,15 @@ class MemoryStore:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
             if record is None:
-                return _schedule_reply("missing", None, now)
+                return prelude.schedule_reply("missing", None, now)
             if record.paused and record.fingerprint != fingerprint:
-                return _schedule_reply("stale", record, now)
+                return prelude.schedule_reply("stale", record, now)
             if record.paused:
                 record.paused, record.since = False, start_ms
                 record.cursor = max(start_ms, record.cursor)
                 if first is not None and first.at_ms > record.cursor:
                     self._write_tick(state, name, record, first)
-            return _schedule_reply("resumed", record, now)
+            return prelude.schedule_reply("resumed", record, now)
 
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         with self.server.lock:
@@ -773,14 +780,14 @@ class MemoryStore:
                 found = state.schedules.pop(name, None) is not None
                 if found:
                     state.schedule_failures.pop(name, None)
-                return _schedule_reply("removed" if found else "missing", None, now)
+                return prelude.schedule_reply("removed" if found else "missing", None, now)
             if fingerprint and record.fingerprint != fingerprint:
-                return _schedule_reply("stale", record, now)
-            _drop_waiting_tick(state, name, record, due_too=True)
+                return prelude.schedule_reply("stale", record, now)
+            prelude.drop_waiting_tick(state, name, record, due_too=True)
             del state.schedule_ticks[name]
             state.schedules.pop(name, None)
             state.schedule_failures.pop(name, None)
-            return _schedule_reply("removed", record, now)
+            return prelude.schedule_reply("removed", record, now)
 
     def report_schedule_failure(
         self, name: str, fingerprint: str, failure: ScheduleFailure
@@ -789,12 +796,12 @@ class MemoryStore:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
             if record is None:
-                return _schedule_reply("missing", None, now)
+                return prelude.schedule_reply("missing", None, now)
             if record.fingerprint != fingerprint:
-                return _schedule_reply("stale", record, now)
+                return prelude.schedule_reply("stale", record, now)
             reason = failure.reason[:LONGEST_FAILURE_REASON]
             state.schedule_failures[name] = ScheduleFailure(reason, failure.since_ms)
-            return _schedule_reply("failed", record, now)
+            return prelude.schedule_reply("failed", record, now)
 
     def _write_tick(self, state: QueueState, name: str, record: TickRecord, tick: Tick) -> None:
         """The tick as a message due at its time, and the cursor moved to it (schedule.lua's
@@ -859,164 +866,3 @@ class MemoryStore:
             for worker_id in [w for w, (_, expires) in beats.items() if expires <= now]:
                 del beats[worker_id]
             return {worker_id: details for worker_id, (details, _) in beats.items()}
-
-
-# The prelude's helpers (_prelude.lua), on a QueueState.
-
-
-def _due_after(now: int, now_us: int, delay_ms: int, delay_us: int) -> int:
-    """When a delay from the clock reading (now, now_us) runs out, in whole ms, rounded up:
-    nothing is handed out before its time. No delay at all is due at ``now`` itself."""
-    if delay_ms == 0 and delay_us == 0:
-        return now
-    return now + delay_ms + -(-(now_us + delay_us) // 1000)
-
-
-def _replayed_due(state: QueueState, message_id: str, now: int) -> int:
-    """A replayed send's due time: its pending score, else when it last became due (it is
-    staged, in flight or dead), else now (send.lua)."""
-    score = state.pending.score(message_id)
-    if score is not None:
-        return score
-    meta = state.metas.get(message_id)
-    return meta.due if meta is not None and meta.due > 0 else now
-
-
-def _take_out(state: QueueState, message_id: str) -> bool:
-    """Take out a tick if it was never handed out; True if it was (schedule.lua)."""
-    meta = state.metas.get(message_id)
-    if (meta is None or meta.attempt == 0) and (
-        state.pending.remove(message_id) or _remove_first(state.ready, message_id)
-    ):
-        state.payloads.pop(message_id, None)
-        state.metas.pop(message_id, None)
-        return True
-    return False
-
-
-def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord, *, due_too: bool) -> int:
-    """Take out the tick the schedule waits on if it was never handed out (with ``due_too``,
-    the one before it as well, which may still wait behind a backlog); else return the time
-    of the tick that fired, the floor of the cursor (schedule.lua)."""
-    if record.tick == 0:
-        return 0
-    if due_too and record.previous > 0:
-        _take_out(state, tick_id(name, record.previous))
-    if _take_out(state, tick_id(name, record.tick)):
-        record.tick = 0
-        return 0
-    fired = record.tick
-    record.previous, record.tick = record.tick, 0
-    return fired
-
-
-def _schedule_record(state: QueueState, name: str) -> ScheduleRecord:
-    record = state.schedule_ticks.get(name)
-    definition = state.schedules.get(name)
-    if record is None:
-        return ScheduleRecord(name, definition, None)
-    return ScheduleRecord(
-        name,
-        definition,
-        record.fingerprint,
-        record.paused,
-        record.cursor,
-        record.tick,
-        record.previous,
-        state.schedule_failures.get(name),
-        record.since,
-    )
-
-
-def _schedule_reply(status: str, record: TickRecord | None, now: int) -> ScheduleReply:
-    if record is None:
-        return ScheduleReply(status, 0, 0, 0, now)
-    return ScheduleReply(status, record.cursor, record.tick, record.previous, now)
-
-
-def _holds(state: QueueState, message_id: str, lease: int) -> bool:
-    """The delivery is still in flight under this very lease (see ack.lua)."""
-    meta = state.metas.get(message_id)
-    return meta is not None and meta.lease == lease and message_id in state.unack
-
-
-def _bury(state: QueueState, message_id: str, now: int) -> None:
-    """Retries used up: a dead letter whose exhaustion is still to be announced."""
-    state.garbage.add(message_id, now)
-    state.exhausted.add(message_id, now)
-    _count_total(state, "exhausted", 1)
-
-
-def _delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> Delivery:
-    return Delivery(
-        id=message_id,
-        payload=state.payloads[message_id],
-        attempt=meta.attempt,
-        lease=meta.lease,
-        budget=meta.budget,
-        deadline_ms=deadline,
-        due_ms=meta.due,
-    )
-
-
-def _forget(state: QueueState, message_id: str) -> None:
-    state.payloads.pop(message_id, None)
-    state.metas.pop(message_id, None)
-    state.exhausted.remove(message_id)
-
-
-def _count(state: QueueState, now: int, what: str, n: int) -> None:
-    """Per-minute counts of acked and failed deliveries, and their totals."""
-    if n > 0:
-        field = (now // 60_000, what)
-        state.throughput[field] = state.throughput.get(field, 0) + n
-        _count_total(state, what, n)
-
-
-def _count_total(state: QueueState, what: str, n: int) -> None:
-    if n > 0:
-        state.totals[what] = state.totals.get(what, 0) + n
-
-
-def _remove_first(staged: deque[str], message_id: str) -> bool:
-    """LREM list 1 id."""
-    try:
-        staged.remove(message_id)
-    except ValueError:
-        return False
-    return True
-
-
-def _slice(staged: deque[str], offset: int, limit: int) -> list[str]:
-    return [staged[i] for i in range(offset, min(offset + limit, len(staged)))]
-
-
-def _stored(
-    state: QueueState,
-    message_id: str,
-    where: str,
-    score: int | None,
-    *,
-    preview_bytes: int | None = None,
-    peeked: bool = False,
-) -> StoredMessage:
-    """What list.lua (a preview of the payload) or peek.lua (all of it or a preview, and
-    whether an exhaustion is still to be announced) return about one message."""
-    payload = state.payloads.get(message_id)
-    size = 0 if payload is None else len(payload.encode("utf-8"))
-    if payload is not None and preview_bytes is not None and size > preview_bytes:
-        # Cut on a character boundary, as list.lua does, so the preview is still valid text.
-        payload = payload.encode("utf-8")[:preview_bytes].decode("utf-8", "ignore")
-    meta = state.metas.get(message_id)
-    return StoredMessage(
-        id=message_id,
-        state=where,
-        score_ms=score,
-        # Without the trace context a traced send put before it (see tracing.py).
-        payload=None if payload is None else split_trace(payload)[1],
-        payload_size=size,
-        lease=None if meta is None else meta.lease,
-        attempt=None if meta is None else meta.attempt,
-        budget=None if meta is None else meta.budget,
-        unannounced=peeked and message_id in state.exhausted,
-    )

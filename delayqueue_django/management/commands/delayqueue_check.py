@@ -7,7 +7,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from delayqueue_django import redis_checks, registry
+from delayqueue_django.core import registry
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.invariants import InvariantReport, check_shard, combined
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.exceptions import (
@@ -15,9 +16,9 @@ from delayqueue_django.exceptions import (
     UnknownQueue,
     UnsupportedRedisVersion,
 )
+from delayqueue_django.management import redis_checks
 from delayqueue_django.management.commands.run_delayqueue import positive_int
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.queue import Queue
 
 # Exit codes (2 is Django's own for a usage error; 1 as in delayqueue_stats).
 UNREACHABLE, INCONSISTENT = 1, 3

@@ -10,14 +10,15 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from delayqueue_django import conf, registry
+from delayqueue_django.core import registry
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.commands.run_delayqueue import (
     non_negative_seconds,
     positive_int,
 )
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.worker.relay import RELAY_BATCH_SIZE, RELAY_POLL_SECONDS, OutboxRelay
+from delayqueue_django.outbox.databases import outbox_databases, outbox_databases_problem
+from delayqueue_django.outbox.relay import RELAY_BATCH_SIZE, RELAY_POLL_SECONDS, OutboxRelay
 
 
 class Command(OwnProcessCommand):
@@ -74,8 +75,8 @@ class Command(OwnProcessCommand):
             names = list(queues) or registry.queue_names()
             chosen = [registry.get_queue(name) for name in dict.fromkeys(names)]
             if databases is None:
-                aliases = conf.outbox_databases()
-                problem = conf.outbox_databases_problem(aliases)
+                aliases = outbox_databases()
+                problem = outbox_databases_problem(aliases)
                 if problem is not None:
                     raise QueueConfigurationError(problem.msg)
             else:

@@ -11,18 +11,19 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from delayqueue_django import redis_checks, registry
+from delayqueue_django.core import registry
 from delayqueue_django.exceptions import (
     QueueConfigurationError,
     UnknownQueue,
     UnsupportedRedisVersion,
 )
+from delayqueue_django.management import redis_checks
 from delayqueue_django.management.commands.run_delayqueue import (
     non_negative_seconds,
     positive_seconds,
 )
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.monitoring import describe_running, queue_report, running_handlers
+from delayqueue_django.monitoring.reports import describe_running, queue_report, running_handlers
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
 UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4

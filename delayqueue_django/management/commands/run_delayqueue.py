@@ -16,17 +16,18 @@ from urllib.parse import urlsplit, urlunsplit
 from django.core.management.base import CommandError, CommandParser
 from django.utils import autoreload
 
-from delayqueue_django import redis_checks, registry
+from delayqueue_django.core import registry
+from delayqueue_django.core.handlers import HandlerNotFound, resolve
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import (
     QueueConfigurationError,
     UnknownQueue,
     UnsupportedRedisVersion,
 )
-from delayqueue_django.handlers import HandlerNotFound, resolve
+from delayqueue_django.management import redis_checks
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.queue import Queue
+from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS
 from delayqueue_django.worker import Worker
-from delayqueue_django.worker.relay import RELAY_POLL_SECONDS
 from delayqueue_django.worker.worker import BURST_OUTAGE_SECONDS
 
 # The exit status of a --burst run that gave up on a Redis it could not reach (1 is an

@@ -2,14 +2,11 @@
 and a JSON view of the counts. Every page costs a fixed number of Redis round trips, however
 many messages a queue holds: counts in one script, lists by range with a limit."""
 
-import json
 import logging
 import math
-import re
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
@@ -17,11 +14,22 @@ from django.urls import reverse
 from django.utils.http import content_disposition_header
 from redis.exceptions import RedisError
 
-from delayqueue_django import registry
-from delayqueue_django.encoding import decode_payload
+from delayqueue_django.admin.display import (
+    COUNT_NAMES,
+    MESSAGE_PAYLOAD_BYTES,
+    as_datetime,
+    binary_size,
+    call_arguments,
+    download_name,
+    from_epoch,
+    pretty_payload,
+    shard_table,
+)
+from delayqueue_django.core import registry
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, StoredMessage, loggable, printable
 from delayqueue_django.exceptions import InvalidSchedule, UnknownQueue, UnknownSchedule
-from delayqueue_django.monitoring import (
+from delayqueue_django.monitoring.reports import (
     describe_running,
     outbox_report,
     queue_report,
@@ -31,30 +39,15 @@ from delayqueue_django.monitoring import (
     shard_reports,
     unreachable,
 )
-from delayqueue_django.queue import Queue
 from delayqueue_django.schedules.api import ScheduleInfo
 from delayqueue_django.worker import heartbeat
-
-if TYPE_CHECKING:
-    from delayqueue_django.admin import QueueAdmin
 
 logger = logging.getLogger("delayqueue_django.admin")
 
 PAGE_SIZE = 50
 PREVIEW_BYTES = 300
-# The message page shows at most this much of a payload, cut in Redis (peek's
-# preview_bytes): MAX_PAYLOAD_BYTES may be up to 512 MiB, and the whole of such a payload
-# would cross the wire, fill the web process and make a page of its size. 64 KiB is still
-# far more than one reads on a page, and costs a page about what a list page of previews
-# does; the whole payload is a download (the payload view).
-MESSAGE_PAYLOAD_BYTES = 64 * 1024
-# A payload is shown indented only while its indented form stays within this many
-# characters: indenting nests each level two spaces deeper on every line under it, so a
-# short payload nested deep could otherwise still make a page of megabytes.
-INDENTED_CHARS = 4 * MESSAGE_PAYLOAD_BYTES
 MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page was read)
 THROUGHPUT_MINUTES = 15
-COUNT_NAMES = ("pending", "ready", "unack", "retry", "garbage")
 
 # Which actions apply to which state, and the permission each needs.
 ACTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -68,43 +61,10 @@ SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
 SCHEDULE_ACTIONS_DONE = {"pause": "paused", "resume": "resumed", "remove": "removed"}
 
 
-def as_datetime(ms: int | None) -> datetime | None:
-    if ms is None or ms < 0:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def pretty_payload(text: str | None, max_chars: int = INDENTED_CHARS) -> str:
-    """The payload indented, or as stored when it is no JSON this process can decode or
-    its indented form would be longer than ``max_chars`` (given up on as soon as it is)."""
-    if text is None:
-        return ""
-    encoder = json.JSONEncoder(indent=2, ensure_ascii=False, sort_keys=True)
-    parts, length = [], 0
-    try:
-        for part in encoder.iterencode(decode_payload(text)):
-            length += len(part)
-            if length > max_chars:
-                return text
-            parts.append(part)
-    except (ValueError, RecursionError):  # shown as stored when it cannot be pretty-printed
-        return text
-    return "".join(parts)
-
-
-def binary_size(size: int) -> str:
-    """A size in bytes as people read it: "900 bytes", "64.0 KiB", "6.0 MiB"."""
-    if size < 1024:
-        return f"{size} bytes"
-    if size < 1024 * 1024:
-        return f"{size / 1024:.1f} KiB"
-    return f"{size / (1024 * 1024):.1f} MiB"
-
-
 class QueueViews:
     """The views, bound to the ModelAdmin that registers them."""
 
-    def __init__(self, model_admin: "QueueAdmin") -> None:
+    def __init__(self, model_admin: "admin.ModelAdmin[Any]") -> None:
         self.model_admin = model_admin
         self.admin_site = model_admin.admin_site
         self.opts = model_admin.model._meta
@@ -192,7 +152,7 @@ class QueueViews:
         if state not in STATES:
             state = "pending"
         shards = shard_reports(queue)
-        shard_context = _shard_context(shards)
+        shard_context = shard_table(shards)
         try:
             stats = queue_totals(queue, shards)
             count = stats[state]
@@ -263,8 +223,8 @@ class QueueViews:
             else [
                 {
                     **worker,
-                    "started": _from_epoch(worker.get("started")),
-                    "last_seen": _from_epoch(worker.get("last_seen")),
+                    "started": from_epoch(worker.get("started")),
+                    "last_seen": from_epoch(worker.get("last_seen")),
                     "running": [describe_running(h) for h in running_handlers(worker)],
                 }
                 for worker in workers
@@ -296,7 +256,7 @@ class QueueViews:
         if schedule is None:  # its definition cannot be read: info.unreadable says why
             return {**row, "fires": "—", "carries": "—", "missed": "—"}
         if schedule.task is not None:
-            carries = f"task {schedule.task}({_call_arguments(schedule.args, schedule.kwargs)})"
+            carries = f"task {schedule.task}({call_arguments(schedule.args, schedule.kwargs)})"
         else:
             carries = schedule.payload[:200]
         return {
@@ -370,7 +330,7 @@ class QueueViews:
             raise Http404(f"Queue {queue_name!r} has no payload for message {message_id!r}.")
         response = HttpResponse(payload, content_type="application/json")
         response["Content-Disposition"] = content_disposition_header(
-            True, _download_name(queue_name, message_id)
+            True, download_name(queue_name, message_id)
         )
         return response
 
@@ -536,32 +496,6 @@ class QueueViews:
         )
 
 
-def _shard_context(shards: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
-    """The queue page's table of shards (none for an unsharded queue): each shard's name,
-    hash tag, slot and server on Redis Cluster, and its counts, next due time and lag, or
-    the error of a shard whose Redis cannot be reached."""
-    if shards is None:
-        return {"shards": []}
-    rows = []
-    for name, shard in shards.items():
-        row = {key: shard[key] for key in ("tag", "slot", "server")}
-        row.update(name=name, ok=shard["ok"])
-        if shard["ok"]:
-            row.update(
-                counts=[(count, shard[count]) for count in COUNT_NAMES],
-                next_due=as_datetime(shard["next_due_ms"]),
-                lag_ms=shard["lag_ms"],
-            )
-        else:
-            row["error"] = shard["error"]
-        rows.append(row)
-    return {
-        "shards": rows,
-        "shards_on_cluster": any(row["slot"] is not None for row in rows),
-        "count_names": COUNT_NAMES,
-    }
-
-
 def _queue_summary(queue: Queue) -> dict[str, Any]:
     """The monitoring report, with the number of live workers rather than their details."""
     report = queue_report(queue)
@@ -570,31 +504,12 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
     return report
 
 
-def _call_arguments(args: list[Any], kwargs: dict[str, Any]) -> str:
-    shown = [json.dumps(arg) for arg in args]
-    shown += [f"{key}={json.dumps(value)}" for key, value in kwargs.items()]
-    text = ", ".join(shown)
-    return text if len(text) <= 200 else text[:200] + "…"
-
-
-def _download_name(queue_name: str, message_id: str) -> str:
-    """A file name for a payload: ids may hold slashes, line breaks or anything else, which
-    no file name (nor header) should."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{queue_name}-{message_id}") + ".json"
-
-
 def _page_number(raw: str | None, pages: int) -> int:
     try:
         page = int(raw or 1)
     except ValueError:
         return 1
     return min(max(page, 1), pages)
-
-
-def _from_epoch(seconds: Any) -> datetime | None:
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        return None
-    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _safe_next(request: HttpRequest, default: str) -> str:

@@ -26,12 +26,13 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 
-from delayqueue_django import conf, mysql_errors
+from delayqueue_django.core import conf
+from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
 from delayqueue_django.exceptions import QueueUnavailable
-from delayqueue_django.handlers import Handler
-from delayqueue_django.key_deletes import delete_by_keys
-from delayqueue_django.message import Message
+from delayqueue_django.outbox import mysql_errors
+from delayqueue_django.outbox.key_deletes import delete_by_keys
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -128,7 +129,7 @@ def database_for(queue: str) -> str | None:
 def committed(queue: str, message_id: str) -> bool:
     """Whether a message's handler committed, as far as its queue can tell: on an
     EXACTLY_ONCE queue, whether its processed record is there; elsewhere, True."""
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     using = database_for(queue)
     if using is None:
@@ -175,7 +176,7 @@ def call_once(handler: Handler, message: Message, using: str) -> Any:
 
 
 def _call_once(handler: Handler, message: Message, using: str) -> Any:
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     running = _Running(using)
     try:
@@ -287,7 +288,7 @@ def _raise_if_rolled_back(message: Message, running: _Running) -> None:
 def _delete(using: str, keys: list[int]) -> None:
     """Delete processed records by primary key, never waiting for the record of a handler
     running meanwhile (see key_deletes)."""
-    from delayqueue_django.models import ProcessedMessage
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     connection = connections[using]
     quote = connection.ops.quote_name
@@ -330,8 +331,8 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
     delivery come again) at any time, and must find it. One round trip to the queue's
     store per statement tells which are.
     """
-    from delayqueue_django.models import ProcessedMessage
-    from delayqueue_django.registry import get_queue
+    from delayqueue_django.core.registry import get_queue
+    from delayqueue_django.outbox.models import ProcessedMessage
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)

@@ -19,10 +19,9 @@ from django.db import transaction
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django import connections, tracing
-from delayqueue_django import outbox as outbox_table
-from delayqueue_django.conf import QueueConfig
-from delayqueue_django.encoding import (
+from delayqueue_django.core import connections, features, tracing
+from delayqueue_django.core.conf import QueueConfig
+from delayqueue_django.core.encoding import (
     decode_payload,
     delay_in_ms,
     due_spec,
@@ -30,6 +29,8 @@ from delayqueue_django.encoding import (
     new_message_ids,
     retry_budget,
 )
+from delayqueue_django.core.message import Message
+from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.engine import (
     BURY,
     STATES,
@@ -47,9 +48,6 @@ from delayqueue_django.engine.records import TRACE_MARK, split_trace
 from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.exceptions import ConflictingOptions
-from delayqueue_django.message import Message
-from delayqueue_django.outgoing import Outgoing
-from delayqueue_django.schedules.api import Schedules
 
 logger = logging.getLogger("delayqueue_django")
 
@@ -161,7 +159,7 @@ class Queue:
     def __init__(self, config: QueueConfig, store: Store) -> None:
         self.config = config
         self.name = config.name
-        # Redis, or the in-process memory store (see delayqueue_django.stores).
+        # Redis, or the in-process memory store (see delayqueue_django.core.stores).
         self.store = store
         self._async_stores: weakref.WeakKeyDictionary[Any, AsyncRedisStore] = (
             weakref.WeakKeyDictionary()
@@ -187,9 +185,10 @@ class Queue:
         )
 
     @property
-    def schedules(self) -> Schedules:
-        """The queue's recurring messages: list, add, change, pause, resume, remove."""
-        return Schedules(self)
+    def schedules(self) -> Any:
+        """The queue's recurring messages: list, add, change, pause, resume, remove (a
+        ``delayqueue_django.schedules.api.Schedules``, which the schedules wing plugs in)."""
+        return features.schedules_of(self)
 
     # Producing
 
@@ -210,7 +209,7 @@ class Queue:
         current transaction on database ``using`` commits, and never if it rolls back; the id
         is returned at once all the same. ``outbox`` (default: the queue's OUTBOX) writes it
         instead as a row of that database's outbox table, in the transaction, for a relay to
-        move to Redis once it committed (see delayqueue_django.outbox).
+        move to Redis once it committed (see delayqueue_django.outbox.table).
         """
         return self._send_all(
             [payload],
@@ -284,7 +283,7 @@ class Queue:
         using: str | None,
     ) -> None:
         if through_outbox:
-            outbox_table.write(self.name, prepared, using=using)
+            features.outbox().write(self.name, prepared, using=using)
         elif self._on_commit(on_commit):
             # A delay still counts from when Redis receives the message, at the commit.
             transaction.on_commit(partial(self._write, prepared), using=using)
@@ -665,7 +664,7 @@ class Queue:
         """This queue's rows waiting in the outbox (DELAYQUEUE_OUTBOX_DATABASES), read from
         the database: ``outbox`` (how many) and ``outbox_age_ms`` (how long the oldest has
         waited; 0 when none). ``stats()`` includes them for a queue whose OUTBOX option is on."""
-        return outbox_table.waiting(self.name)
+        return features.outbox().waiting(self.name)
 
     def check_invariants(self) -> InvariantReport:
         """Check the queue's state in Redis: every message in exactly one state, nothing
@@ -699,7 +698,7 @@ class Queue:
 
         The payload comes whole by default. With ``preview_bytes``, a longer one is cut in
         Redis to at most that many bytes, on a UTF-8 character boundary, as
-        [`list_messages`][delayqueue_django.queue.Queue.list_messages] cuts its previews: the
+        [`list_messages`][delayqueue_django.core.queue.Queue.list_messages] cuts its previews: the
         rest never leaves Redis. ``payload_size`` is the whole payload's size either way, so
         ``payload_size > preview_bytes`` says it was cut.
         """

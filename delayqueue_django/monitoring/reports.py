@@ -10,12 +10,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.sharded_store import partial_stats, parts, read_stats
+from delayqueue_django.engine.shard_stats import partial_stats, read_stats
+from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
 from delayqueue_django.exceptions import QueueUnavailable
-from delayqueue_django.queue import Queue
 from delayqueue_django.worker import heartbeat
 
 # What a shard's report holds besides its stats (see shard_reports).

@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Count, Min
 
-from delayqueue_django import conf
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.outbox.databases import OUTBOX_DATABASES_SETTING, outbox_databases
 
 
 def _system_clock_us() -> int:
@@ -62,14 +62,14 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
     """Write prepared messages as outbox rows in the current transaction on ``using``, in
     one INSERT, and ring the relays of this process when it commits (at once outside a
     transaction, where the row is committed as it is written)."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     alias = using or DEFAULT_DB_ALIAS
-    databases = conf.outbox_databases()
+    databases = outbox_databases()
     if alias not in databases:
         raise QueueConfigurationError(
             f"send(outbox=True) on database {alias!r}, which is not in "
-            f"{conf.OUTBOX_DATABASES_SETTING} ({', '.join(map(repr, databases)) or 'empty'}): "
+            f"{OUTBOX_DATABASES_SETTING} ({', '.join(map(repr, databases)) or 'empty'}): "
             "no relay would read its outbox. Add it to that setting."
         )
     written_us = _clock_us()
@@ -94,10 +94,10 @@ def waiting(queue_name: str) -> dict[str, int]:
     """A queue's rows waiting in the outbox tables of DELAYQUEUE_OUTBOX_DATABASES: ``outbox``
     (how many) and ``outbox_age_ms`` (how long the oldest has waited, on this process's
     clock; 0 when none waits). One aggregate query per database."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     count, oldest = 0, None
-    for alias in conf.outbox_databases():
+    for alias in outbox_databases():
         found = (
             OutboxMessage.objects.using(alias)
             .filter(queue=queue_name)
@@ -113,7 +113,7 @@ def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, in
     """The outbox rows on ``alias`` whose queue is not among ``configured``: no relay sends
     them (a relay reads only its own queues' rows). By queue name: how many, and when the
     oldest was written (ms since the epoch). One aggregate query."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
     found = (
         OutboxMessage.objects.using(alias)
@@ -127,9 +127,9 @@ def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, in
 
 def payload_of(queue_name: str, message_id: str) -> str | None:
     """The payload of a message still waiting in the outbox, or None."""
-    from delayqueue_django.models import OutboxMessage
+    from delayqueue_django.outbox.models import OutboxMessage
 
-    for alias in conf.outbox_databases():
+    for alias in outbox_databases():
         found = (
             OutboxMessage.objects.using(alias)
             .filter(queue=queue_name, message_id=message_id)

@@ -1,8 +1,8 @@
 """Building a queue's store from its settings: Redis (a django-redis alias or a URL), or the
 in-process memory store for ``memory://`` URLs; spread over shards with ``SHARDS``."""
 
-from delayqueue_django import connections
-from delayqueue_django.conf import QueueConfig
+from delayqueue_django.core import connections
+from delayqueue_django.core.conf import QueueConfig
 from delayqueue_django.engine import QueueKeys, RedisStore, Store, StoreLimits
 from delayqueue_django.engine.memory import MemoryStore, get_server
 from delayqueue_django.engine.protocol import ShardStore

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from delayqueue_django import conf, mysql_errors
+from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.key_deletes import delete_by_keys
-from delayqueue_django.outbox import doorbell
-from delayqueue_django.queue import Queue
-from delayqueue_django.worker.backoff import Backoff
+from delayqueue_django.outbox import mysql_errors
+from delayqueue_django.outbox.databases import outbox_databases
+from delayqueue_django.outbox.key_deletes import delete_by_keys
+from delayqueue_django.outbox.table import doorbell
 
 logger = logging.getLogger("delayqueue_django.relay")
 
@@ -104,7 +105,7 @@ class OutboxRelay:
         idle_limit_seconds: float = RELAY_IDLE_LIMIT_SECONDS,
     ) -> None:
         self.queues = {queue.name: queue for queue in queues}
-        self.databases = list(conf.outbox_databases() if databases is None else databases)
+        self.databases = list(outbox_databases() if databases is None else databases)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.idle_limit_seconds = idle_limit_seconds
@@ -148,7 +149,7 @@ class OutboxRelay:
 
     def _take(self, alias: str) -> list[OutboxRow]:
         """Take (delete, in the transaction) up to batch_size rows of our queues."""
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         connection = connections[alias]
         quote = connection.ops.quote_name
@@ -268,7 +269,7 @@ class OutboxRelay:
 
     def has_rows(self, alias: str) -> bool:
         """Whether our queues have rows on ``alias``: a plain read, no lock taken."""
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         return OutboxMessage.objects.using(alias).filter(queue__in=list(self.queues)).exists()
 
@@ -378,7 +379,7 @@ class OutboxRelay:
         return backoff.next()
 
     def _table_exists(self, alias: str) -> bool:
-        from delayqueue_django.models import OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         try:
             with connections[alias].cursor() as cursor:

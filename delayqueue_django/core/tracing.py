@@ -12,14 +12,11 @@ without the API.
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.records import TRACE_MARK
-
-if TYPE_CHECKING:
-    from delayqueue_django.message import Message
-    from delayqueue_django.worker.handling import Outcome
 
 try:
     from opentelemetry import trace
@@ -93,7 +90,7 @@ if ENABLED:
         return [NewMessage(m.id, mark + m.payload, m.budget, m.at_ms, m.delay_us) for m in prepared]
 
     @contextmanager
-    def consumer_span(message: "Message") -> Iterator[Any]:
+    def consumer_span(message: Message) -> Iterator[Any]:
         """A ``process <queue>`` span around one handler call: a child of the span that sent
         the message (and linked to it, as the conventions ask of a creation context)."""
         parent = None
@@ -123,11 +120,11 @@ if ENABLED:
         ) as span:
             yield span
 
-    def record_outcome(span: Any, outcome: "Outcome") -> None:
-        """The handler's verdict on its span, and its error as the span's error."""
-        span.set_attribute("delayqueue.verdict", outcome.verdict.value)
-        if outcome.error is not None:
-            error = outcome.error
+    def record_outcome(span: Any, verdict: str, error: BaseException | None) -> None:
+        """The handler's verdict (the worker's ``Verdict`` value) on its span, and its error
+        as the span's error."""
+        span.set_attribute("delayqueue.verdict", verdict)
+        if error is not None:
             try:
                 description = str(error)
                 span.record_exception(error)  # (str()s it too)
@@ -137,7 +134,7 @@ if ENABLED:
                 description = f"<{type(error).__qualname__}: str() failed>"
             span.set_attribute("error.type", type(error).__qualname__)
             span.set_status(Status(StatusCode.ERROR, description))
-        elif outcome.verdict.value == "nack":
+        elif verdict == "nack":
             span.set_attribute("error.type", "refused")
             span.set_status(Status(StatusCode.ERROR, "the handler returned False"))
 

@@ -8,7 +8,7 @@ from django.urls import URLPattern, path, register_converter
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST, require_safe
 
-from delayqueue_django.admin_views import QueueViews
+from delayqueue_django.admin.views import QueueViews
 from delayqueue_django.models import Queue
 
 

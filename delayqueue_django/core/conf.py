@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django import client_options
-from delayqueue_django.client_options import CLUSTER_URL_SCHEMES
+from delayqueue_django.core import client_options, features
+from delayqueue_django.core.client_options import CLUSTER_URL_SCHEMES
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.shards import MAX_SHARDS
-from delayqueue_django.exceptions import InvalidSchedule, QueueConfigurationError
-from delayqueue_django.schedules.definition import SETTINGS, Schedule, Subject, build
+from delayqueue_django.exceptions import QueueConfigurationError
 
 SETTING = "DELAYQUEUES"
 
@@ -47,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "SEND_ON_COMMIT": False,
     # Recurring messages, by name (see delayqueue_django.schedules).
     "SCHEDULES": {},
-    # Sends go through the transactional outbox (see delayqueue_django.outbox).
+    # Sends go through the transactional outbox (see delayqueue_django.outbox.table).
     "OUTBOX": False,
     # True or a database alias: handlers' database effects happen once per message.
     "EXACTLY_ONCE": False,
@@ -55,9 +54,6 @@ DEFAULTS: dict[str, Any] = {
     # One queue over this many shards, each under its own hash tag (see engine.shards).
     "SHARDS": 1,
 }
-
-# The databases whose outbox tables relays read, and where send(outbox=True) may write.
-OUTBOX_DATABASES_SETTING = "DELAYQUEUE_OUTBOX_DATABASES"
 
 URL_SCHEMES = ("redis", "rediss", "unix")
 # "memory://" or "memory://name": the in-process store, for tests and quick local runs.
@@ -100,7 +96,8 @@ class QueueConfig:
     stage_batch_size: int
     send_batch_size: int
     send_on_commit: bool
-    schedules: tuple[Schedule, ...] = ()
+    # What the feature wings read from their options (core.features), by option name.
+    feature_options: Mapping[str, object] = field(default_factory=dict)
     outbox: bool = False
     # The database alias processed message ids are recorded in, or None: at least once.
     exactly_once: str | None = None
@@ -353,39 +350,18 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
         )
 
 
-def _check_schedules(
+def _read_feature_options(
     name: str, options: Mapping[str, Any], problems: list[Problem]
-) -> tuple[Schedule, ...] | None:
-    """The queue's SCHEDULES, each checked (E040-E048); None if any is invalid."""
-    where = f"{SETTING}[{name!r}]['SCHEDULES']"
-    declared = options["SCHEDULES"]
-    if not isinstance(declared, Mapping):
-        problems.append(
-            Problem(
-                "delayqueue_django.E040",
-                f"{where} must be a dict of schedules by name, not {type(declared).__name__}.",
-                hint='e.g. {"nightly-report": {"CRON": "0 3 * * *", "PAYLOAD": {"report": 1}}}',
-            )
-        )
-        return None
-    schedules, before = [], len(problems)
-    time_zone = getattr(settings, "TIME_ZONE", None) or "UTC"
-    for schedule_name, schedule_options in declared.items():
-        try:
-            schedules.append(
-                build(
-                    schedule_name,
-                    schedule_options,
-                    subject=Subject(f"{where}[{schedule_name!r}]"),
-                    queue=name,
-                    max_payload_bytes=options["MAX_PAYLOAD_BYTES"],
-                    default_time_zone=time_zone,
-                    source=SETTINGS,
-                )
-            )
-        except InvalidSchedule as error:
-            problems.append(Problem(f"delayqueue_django.{error.check_id}", str(error)))
-    return tuple(schedules) if len(problems) == before else None
+) -> dict[str, object] | None:
+    """What each feature wing reads from its option of the queue (core.features); None if
+    any reported a problem."""
+    before = len(problems)
+
+    def report(check_id: str, msg: str, hint: str | None = None) -> None:
+        problems.append(Problem(f"delayqueue_django.{check_id}", msg, hint))
+
+    read = {option: reader(name, options, report) for option, reader in features.queue_options()}
+    return read if len(problems) == before else None
 
 
 def _check_outbox_options(where: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
@@ -436,28 +412,6 @@ def _exactly_once_alias(value: Any) -> str | None:
     if value is True:
         return DEFAULT_DB_ALIAS
     return value or None
-
-
-def outbox_databases() -> list[str]:
-    """The database aliases of DELAYQUEUE_OUTBOX_DATABASES (default: the default one)."""
-    value = getattr(settings, OUTBOX_DATABASES_SETTING, [DEFAULT_DB_ALIAS])
-    problem = outbox_databases_problem(value)
-    if problem:
-        raise QueueConfigurationError(problem.msg)
-    return list(value)
-
-
-def outbox_databases_problem(value: Any) -> Problem | None:
-    databases = getattr(settings, "DATABASES", {})
-    if isinstance(value, list | tuple) and all(
-        isinstance(alias, str) and alias in databases for alias in value
-    ):
-        return None
-    return Problem(
-        "delayqueue_django.E034",
-        f"{OUTBOX_DATABASES_SETTING} must be a list of aliases in DATABASES, not {value!r}.",
-        hint=f"Database aliases configured: {', '.join(map(repr, databases)) or 'none'}.",
-    )
 
 
 def _nack_delays_ms(value: Any) -> tuple[int, ...] | None:
@@ -523,8 +477,8 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         )
     if len(problems) > before or unknown:
         return None
-    schedules = _check_schedules(name, options, problems)
-    if schedules is None:
+    feature_options = _read_feature_options(name, options, problems)
+    if feature_options is None:
         return None
     retention = options["GARBAGE_RETENTION"]
     return QueueConfig(
@@ -543,7 +497,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         stage_batch_size=options["STAGE_BATCH_SIZE"],
         send_batch_size=options["SEND_BATCH_SIZE"],
         send_on_commit=options["SEND_ON_COMMIT"],
-        schedules=schedules,
+        feature_options=feature_options,
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),
         exactly_once_retention_ms=_seconds_to_ms(options["EXACTLY_ONCE_RETENTION"]) or 1,

@@ -13,8 +13,8 @@ import logging
 
 from django.conf import settings
 
+from delayqueue_django.core.registry import get_queue, queue_names
 from delayqueue_django.engine.errors import QueueUnavailable
-from delayqueue_django.registry import get_queue, queue_names
 
 logger = logging.getLogger("delayqueue_django")
 

@@ -12,8 +12,9 @@ from importlib import import_module
 from types import ModuleType
 from typing import Any
 
-from delayqueue_django.conf import QueueConfig
-from delayqueue_django.message import Message
+from delayqueue_django.core import features
+from delayqueue_django.core.conf import QueueConfig
+from delayqueue_django.core.message import Message
 
 Handler = Callable[[Message], Any]
 
@@ -65,12 +66,9 @@ def resolve(config: QueueConfig) -> Handler:
         )
         _check_signature(decorated, where, name)
         return decorated
-    from delayqueue_django.tasks.claims import task_queue_names
-
-    if config.name in task_queue_names():
-        from delayqueue_django.tasks.runner import run_task
-
-        return run_task
+    task_runner = _task_runner(config)
+    if task_runner is not None:
+        return task_runner
     # A decorator naming another queue (a typo, say) is the likely reason: name them.
     others = sorted(set(_registered) - {config.name})
     registered = f" (@handler registered functions for {', '.join(map(repr, others))})"
@@ -79,6 +77,12 @@ def resolve(config: QueueConfig) -> Handler:
         f"or decorate a function with @delayqueue_django.handler({config.name!r})"
         + (registered if others else "")
     )
+
+
+def _task_runner(config: QueueConfig) -> Handler | None:
+    """The Tasks wing's runner, on a queue that carries tasks (see core.features)."""
+    tasks = features.tasks()
+    return None if tasks is None else tasks.handler_for(config.name)
 
 
 def import_handler(queue: str, path: str) -> Handler:

@@ -4,9 +4,9 @@ import threading
 
 from django.apps import apps
 
-from delayqueue_django import conf, connections, stores
+from delayqueue_django.core import conf, connections, stores
+from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
-from delayqueue_django.queue import Queue
 
 _queues: dict[str, Queue] = {}
 _lock = threading.Lock()
