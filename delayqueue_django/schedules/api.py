@@ -3,7 +3,8 @@
 
 Each call is a read and one atomic write (``schedule.lua``). A schedule added, changed or
 resumed gets its first tick written by the call itself; the workers write the ticks after
-it, having read the schedule when its first tick is handed out (or within 30 seconds).
+it: the one that hands out the first tick reads the schedule with it and writes the next
+at once (and every worker reads all schedules every 30 seconds).
 """
 
 import json

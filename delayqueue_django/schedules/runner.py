@@ -147,9 +147,15 @@ class ScheduleRunner:
     """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
     loop; ``guard`` wraps its handler. Thread-safe."""
 
-    def __init__(self, queue: "Queue") -> None:
+    def __init__(self, queue: "Queue", on_news: Callable[[], None] | None = None) -> None:
         self.queue = queue
         self._lock = threading.RLock()
+        # Set when a tick handed out showed a schedule this worker did not know, or knew in
+        # an older state (added, changed or resumed elsewhere): its next tick is this
+        # worker's to write now, not at its next planned turn (up to REFRESH_MS away).
+        # ``on_news`` (called from the handler thread) wakes whoever calls run_due.
+        self._news = False
+        self._on_news = on_news
         self._known: dict[str, Known] = {}
         self._synced = False
         self._refresh_at = -math.inf
@@ -167,6 +173,10 @@ class ScheduleRunner:
         with self._lock:
             return list(self._known.values())
 
+    def has_news(self) -> bool:
+        """Whether run_due is wanted now, whatever it last returned (see _noticed)."""
+        return self._news
+
     # Writing ticks
 
     def run_due(self, now_estimate_ms: float) -> float:
@@ -175,6 +185,7 @@ class ScheduleRunner:
         errors); the next try then waits RETRY_MS. Any other error is one schedule's: it is
         passed over (see _failed) and the others go on."""
         with self._lock:
+            self._news = False
             now = max(now_estimate_ms, self._now_ms)
             if now < self._retry_at:
                 return self._retry_at
@@ -543,6 +554,9 @@ class ScheduleRunner:
                 or known.cursor_ms < fresh.cursor_ms
             ):
                 self._known[record.name] = fresh
+                self._news = True
+                if self._on_news is not None:
+                    self._on_news()
             return schedule
 
 

@@ -62,7 +62,7 @@ class QueueConsumer(threading.Thread):
         self.queue = queue
         # The queue's schedules: this worker writes their ticks as they fall due, and skips
         # the missed ones its policy drops (see delayqueue_django.schedules.runner).
-        self.schedules = ScheduleRunner(queue)
+        self.schedules = ScheduleRunner(queue, on_news=self._schedules_have_news)
         self.handler = self.schedules.guard(handler)
         self.finished = threading.Event()
         self._event = threading.Event()
@@ -488,7 +488,7 @@ class QueueConsumer(threading.Thread):
         if now >= self._next_expiry:
             self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
             self._unless_failing("garbage expiry", self._expire_garbage)
-        if self.redis_now_ms() >= self._schedules_at_ms:
+        if self.redis_now_ms() >= self._schedules_at_ms or self.schedules.has_news():
             self._unless_failing("schedules", self._run_schedules)
         self._watch_pool()
 
@@ -570,6 +570,11 @@ class QueueConsumer(threading.Thread):
             self.worker.details(),
             ttl_seconds=self.worker.heartbeat_interval * 3,
         )
+
+    def _schedules_have_news(self) -> None:
+        """A handler thread saw a schedule added, changed or resumed elsewhere: its next
+        tick is due to be written now (the housekeeping sees ``has_news``)."""
+        self._event.set()
 
     def _run_schedules(self) -> None:
         # Planned before trying, as the heartbeat is: a failure waits before the next try.

