@@ -14,9 +14,11 @@ import pytest
 from delayqueue_django import get_queue
 from delayqueue_django.engine.records import parse_tick_id
 from delayqueue_django.message import Message
+from delayqueue_django.schedules import runner
 from delayqueue_django.worker import start_worker_thread
 from delayqueue_django.worker.in_process import WorkerThread
 from tests.helpers import wait_for
+from tests.redis_servers import RedisServer
 
 HANDLER = "tests.test_schedule_worker.record"
 
@@ -105,3 +107,60 @@ def test_a_resumed_schedule_ticks_on_time_from_its_first_tick(worker: WorkerThre
     found = wait_for_ticks("poll", count + 4, timeout=10)[count:]
     assert found[0][0] > paused_at
     assert_on_time(found, every_ms=1000)
+
+
+def with_schedules(settings: Any, url: str, **schedules: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": url, "HANDLER": HANDLER, "SCHEDULES": schedules}}
+
+
+def schedule_names() -> set[str]:
+    return {info.name for info in get_queue().schedules.all()}
+
+
+def test_a_worker_without_a_schedule_in_its_settings_leaves_it_to_those_that_declare_it(
+    settings: Any, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "REFRESH_MS", 500)
+    monkeypatch.setattr(runner, "UNDECLARED_MS", 3000)
+    with_schedules(settings, redis_server.url, poll={"EVERY": 1})
+    declaring = start_worker_thread("default")
+    try:
+        wait_for_ticks("poll", 2, timeout=10)
+        # An old deploy, or a worker for other work, starts: its settings lack "poll".
+        with_schedules(settings, redis_server.url, hourly={"EVERY": 3600})
+        with start_worker_thread("default") as other:
+            [consumer] = other.worker.consumers
+            wait_for(consumer.schedules.schedules, what="the other worker's first read")
+            # It once removed "poll" as it started, for good: no tick came again.
+            count = len(ticks_of("poll"))
+            assert_on_time(wait_for_ticks("poll", count + 3, timeout=10), every_ms=1000)
+
+            # The last worker declaring it stops: "poll" goes once none has declared it for
+            # UNDECLARED_MS (its last declaration at most a REFRESH_MS before the stop).
+            declaring.stop()
+            stopped = time.monotonic()
+            assert "poll" in schedule_names()
+            wait_for(lambda: "poll" not in schedule_names(), timeout=15, what="poll retired")
+            assert time.monotonic() - stopped >= (3000 - 500) / 1000
+    finally:
+        declaring.stop()
+
+
+def test_a_worker_stores_its_schedules_again_once_redis_lost_its_data(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer()
+    try:
+        with_schedules(settings, server.url, poll={"EVERY": 1})
+        with start_worker_thread("default"):
+            wait_for_ticks("poll", 2, timeout=10)
+            server.restart()  # no persistence: Redis comes back empty
+            restarted_at = time.time() * 1000
+            # Once, no tick came again until the worker restarted.
+            count = len(ticks_of("poll"))
+            found = wait_for_ticks("poll", count + 3, timeout=15)[count:]
+        assert found[0][0] > restarted_at
+        assert_on_time(found, every_ms=1000)
+        assert "Redis lost its data" in caplog.text
+    finally:
+        server.close()

@@ -205,7 +205,8 @@ class Schedules:
     def remove(self, name: str) -> bool:
         """Remove a schedule: no tick of it not handed out yet runs, even if a schedule of
         that name is added again; False if there was none. A schedule declared in settings
-        comes back when a worker starts: remove it from settings."""
+        comes back within 30 s while a running worker declares it: remove it from settings
+        (once no worker declares it, it goes by itself after 5 minutes)."""
         return self.queue.store.remove_schedule(name).status == "removed"
 
     # Helpers

@@ -764,17 +764,37 @@ class MemoryStore:
         with self.server.lock:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
-            if record is None:
-                found = state.schedules.pop(name, None) is not None
-                if found:
-                    state.schedule_failures.pop(name, None)
-                return _schedule_reply("removed" if found else "missing", None, now)
-            if fingerprint and record.fingerprint != fingerprint:
+            if record is None and name not in state.schedules:
+                return _schedule_reply("missing", None, now)
+            if record is not None and fingerprint and record.fingerprint != fingerprint:
                 return _schedule_reply("stale", record, now)
-            _drop_waiting_tick(state, name, record, due_too=True)
-            del state.schedule_ticks[name]
-            state.schedules.pop(name, None)
-            state.schedule_failures.pop(name, None)
+            _remove_schedule(state, name, record)
+            return _schedule_reply("removed", record, now)
+
+    def declare_schedule(self, name: str) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None and name not in state.schedules:
+                return _schedule_reply("missing", None, now)
+            state.schedule_declared[name] = now
+            return _schedule_reply("declared", record, now)
+
+    def retire_schedule(self, name: str, fingerprint: str, undeclared_ms: int) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None and name not in state.schedules:
+                return _schedule_reply("missing", None, now)
+            if record is not None and fingerprint and record.fingerprint != fingerprint:
+                return _schedule_reply("stale", record, now)
+            declared = state.schedule_declared.get(name)
+            if declared is None or declared > now:
+                state.schedule_declared[name] = now
+                return _schedule_reply("declared", record, now)
+            if now - declared < undeclared_ms:
+                return _schedule_reply("declared", record, now)
+            _remove_schedule(state, name, record)
             return _schedule_reply("removed", record, now)
 
     def report_schedule_failure(
@@ -903,6 +923,17 @@ def _drop_waiting_tick(state: QueueState, name: str, record: TickRecord, *, due_
     fired = record.tick
     record.previous, record.tick = record.tick, 0
     return fired
+
+
+def _remove_schedule(state: QueueState, name: str, record: TickRecord | None) -> None:
+    """A schedule and its waiting tick (with the one before, if it still waits) removed
+    (schedule.lua's remove)."""
+    if record is not None:
+        _drop_waiting_tick(state, name, record, due_too=True)
+    state.schedules.pop(name, None)
+    state.schedule_ticks.pop(name, None)
+    state.schedule_failures.pop(name, None)
+    state.schedule_declared.pop(name, None)
 
 
 def _schedule_record(state: QueueState, name: str) -> ScheduleRecord:
