@@ -168,3 +168,21 @@ def test_a_worker_stores_its_schedules_again_once_redis_lost_its_data(
         assert "Redis lost its data" in caplog.text
     finally:
         server.close()
+
+
+def test_an_idle_worker_stores_its_schedules_again_as_redis_answers_after_losing_its_data(
+    settings: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No tick falls due and no re-read comes for long: only the lost connection can tell.
+    monkeypatch.setattr(runner, "REFRESH_MS", 600_000)
+    server = RedisServer()
+    try:
+        with_schedules(settings, server.url, hourly={"EVERY": 3600})
+        with start_worker_thread("default") as worker:
+            [consumer] = worker.worker.consumers
+            wait_for(consumer.schedules.schedules, what="the worker's first read")
+            server.restart()  # no persistence: Redis comes back empty
+            wait_for(lambda: "hourly" in schedule_names(), timeout=10, what="hourly stored")
+        assert "Redis lost its data" in caplog.text
+    finally:
+        server.close()

@@ -187,6 +187,16 @@ class ScheduleRunner:
         """Whether run_due is wanted now, whatever it last returned (see _noticed)."""
         return self._news
 
+    def read_again(self) -> None:
+        """This worker lost its connection to Redis: the next pass reads the schedules at
+        once (a pass that fails is tried again, reading them, after RETRY_MS), as Redis
+        may answer again without its data (restarted empty, failed over to an empty
+        replica); the settings' ones are then stored again."""
+        with self._lock:
+            self._refresh_at = -math.inf
+            self._retry_at = -math.inf
+            self._news = True
+
     # Writing ticks
 
     def run_due(self, now_estimate_ms: float) -> float:

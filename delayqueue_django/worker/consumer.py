@@ -111,6 +111,9 @@ class QueueConsumer(threading.Thread):
         self._next_expiry = 0.0
         # When the schedules next need this consumer, on the Redis clock (ms).
         self._schedules_at_ms = -math.inf
+        # Whether the wake-up listener was subscribed at the last look: its loss (Redis
+        # restarted, say) has the schedules read again (see ScheduleRunner.read_again).
+        self._wakeups_heard = False
         self._announce_after = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping, worker.outages)
         # Handler durations and lateness, added to Redis with each heartbeat.
@@ -280,7 +283,13 @@ class QueueConsumer(threading.Thread):
             )
             self.listener.start()
         if self.listener.subscribed.is_set():
+            self._wakeups_heard = True
             return math.inf
+        if self._wakeups_heard:
+            # The subscription was lost (Redis restarted, failed over, or the connection
+            # dropped): once per loss.
+            self._wakeups_heard = False
+            self.schedules.read_again()
         self._next_fetch = min(self._next_fetch, time.monotonic() + UNHEARD_WAKEUPS_RECHECK_SECONDS)
         return UNHEARD_WAKEUPS_RECHECK_SECONDS
 
