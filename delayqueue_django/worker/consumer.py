@@ -111,9 +111,10 @@ class QueueConsumer(threading.Thread):
         self._next_expiry = 0.0
         # When the schedules next need this consumer, on the Redis clock (ms).
         self._schedules_at_ms = -math.inf
-        # Whether the wake-up listener was subscribed at the last look: its loss (Redis
-        # restarted, say) has the schedules read again (see ScheduleRunner.read_again).
-        self._wakeups_heard = False
+        # The wake-up listener's subscriptions seen: one more is a connection lost and
+        # made again (Redis restarted, say), and has the schedules read again (see
+        # ScheduleRunner.read_again).
+        self._subscriptions_seen = 0
         self._announce_after = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping, worker.outages)
         # Handler durations and lateness, added to Redis with each heartbeat.
@@ -282,16 +283,23 @@ class QueueConsumer(threading.Thread):
                 self.queue, self.wake, self.worker.stopping, self.worker.outages
             )
             self.listener.start()
-        if self.listener.subscribed.is_set():
-            self._wakeups_heard = True
-            return math.inf
-        if self._wakeups_heard:
-            # The subscription was lost (Redis restarted, failed over, or the connection
-            # dropped): once per loss.
-            self._wakeups_heard = False
+            self._subscriptions_seen = 0
             self.schedules.read_again()
+        self._read_schedules_if_resubscribed()
+        if self.listener.subscribed.is_set():
+            return math.inf
         self._next_fetch = min(self._next_fetch, time.monotonic() + UNHEARD_WAKEUPS_RECHECK_SECONDS)
         return UNHEARD_WAKEUPS_RECHECK_SECONDS
+
+    def _read_schedules_if_resubscribed(self) -> None:
+        """The listener subscribed again since the last look: Redis answers again after
+        the connection was lost (a restart, a failover), maybe without its data. Counted,
+        not sampled: a subscription lost and made again between two looks is not missed."""
+        subscriptions = self.listener.subscriptions
+        if subscriptions > self._subscriptions_seen:
+            if self._subscriptions_seen > 0:
+                self.schedules.read_again()
+            self._subscriptions_seen = subscriptions
 
     def _idle(self) -> bool:
         with self._lock:
