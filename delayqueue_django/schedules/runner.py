@@ -14,6 +14,11 @@ them, up to ``MISSED_LIMIT`` (the latest ones). The worker applies it twice: whe
 up (which ticks it writes) and when a tick is handed out late (whether the handler runs: see
 ``guard``).
 
+The schedules of settings are the union of what running workers declare: each worker
+stores its own as it starts, declares them again at every read of the schedules (storing
+again one Redis lost), and removes one no worker has declared for UNDECLARED_MS; it never
+removes one just because its own settings lack it (see _keep_settings).
+
 Each schedule is handled on its own: one that fails for a reason of its own (a TASK whose
 queue no Tasks backend carries, a stored definition no longer readable, any exception
 building its tick) is logged, recorded in the store for the admin and ``schedules.all()``
