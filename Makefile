@@ -84,7 +84,8 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_tracing.py --ignore=tests/test_schedule_failures.py \
 	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py \
 	--ignore=tests/test_worker.py --ignore=tests/test_demo.py --ignore=tests/test_dist.py \
-	--ignore=tests/test_interrupt.py
+	--ignore=tests/test_interrupt.py \
+	--ignore=tests/test_schedule_worker.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"

@@ -340,3 +340,29 @@ def test_a_failure_is_kept_until_a_tick_is_written_or_the_definition_changes(
     store.remove_schedule("nightly")
     define(store, OTHER_FP, start_ms=3000)
     assert store.read_schedules()[1][0].failure is None
+
+
+def test_a_schedule_no_worker_declares_is_retired_only_after_the_wait(queue: Queue) -> None:
+    store = queue.store
+    now = store_time_ms(queue)
+    define(store, start_ms=now, first=tick(now + 60_000))
+    assert store.declare_schedule("nope").status == "missing"
+    assert store.declare_schedule("nightly").status == "declared"
+    assert store.retire_schedule("nightly", OTHER_FP, 0).status == "stale"
+    # Declared just now: kept for the minute it may go undeclared.
+    assert store.retire_schedule("nightly", FP, 60_000).status == "declared"
+    assert store.retire_schedule("nightly", FP, 0).status == "removed"
+    assert store.read_schedule("nightly") is None
+    assert pending_ids(queue) == []  # its waiting tick went with it
+    assert store.retire_schedule("nightly", FP, 0).status == "missing"
+
+    # Defined again: its old declaration went with the removal, and a schedule with none
+    # counts as declared at the first retire, which starts its wait.
+    define(store, start_ms=now)
+    assert store.retire_schedule("nightly", "", 0).status == "declared"
+    assert store.retire_schedule("nightly", "", 0).status == "removed"
+    define(store, start_ms=now)
+    store.declare_schedule("nightly")
+    assert store.remove_schedule("nightly").status == "removed"
+    define(store, start_ms=now)
+    assert store.retire_schedule("nightly", FP, 0).status == "declared"

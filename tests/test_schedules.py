@@ -378,11 +378,13 @@ def test_settings_are_synced_as_a_worker_starts(settings: Any) -> None:
     ) as queues:
         queue = get_queue()
         queue.schedules.add("runtime", every=600)
-        ScheduleRunner(queue).run_due(ms(queues.now))
+        old_deploy = ScheduleRunner(queue)
+        old_deploy.run_due(ms(queues.now))
         before = {e.id for e in queue.list_messages("pending")}
         assert len(before) == 4
 
-        # The next deploy: one schedule changed, one removed; a worker starts.
+        # The next deploy: one schedule changed, one dropped; workers start while a worker
+        # of the old deploy still runs.
         settings.DELAYQUEUES = {
             "default": {
                 **settings.DELAYQUEUES["default"],
@@ -393,9 +395,21 @@ def test_settings_are_synced_as_a_worker_starts(settings: Any) -> None:
             }
         }
         queue = get_queue()
-        for _ in range(2):  # two workers start: the second finds everything in place
-            ScheduleRunner(queue).run_due(ms(queues.now))
+        new_deploy = [ScheduleRunner(queue) for _ in range(2)]
+        for runner in new_deploy:  # the second finds everything in place
+            runner.run_due(ms(queues.now))
         after = {e.id for e in queue.list_messages("pending")}
+        # The dropped one is left to the old worker that still declares it (a worker once
+        # removed, as it started, every schedule of settings its own lacked).
+        names = sorted(info.name for info in queue.schedules.all())
+        assert names == ["changed", "dropped", "kept", "runtime"]
+
+        # The old worker stops; the dropped schedule is removed once no worker has declared
+        # it for UNDECLARED_MS, not before.
+        declared_last = queues.now
+        run_through_with(queues, new_deploy, declared_last + timedelta(minutes=4))
+        assert "dropped" in {info.name for info in queue.schedules.all()}
+        run_through_with(queues, new_deploy, declared_last + timedelta(minutes=6))
         names = sorted(info.name for info in queue.schedules.all())
     assert names == ["changed", "kept", "runtime"]
     tomorrow = datetime(2024, 5, 7, tzinfo=UTC)
@@ -403,11 +417,17 @@ def test_settings_are_synced_as_a_worker_starts(settings: Any) -> None:
         f"tick:kept:{ms(start + timedelta(hours=1))}",
         f"tick:changed:{ms(tomorrow + timedelta(hours=4))}",
         f"tick:runtime:{ms(start + timedelta(minutes=10))}",
-    }
-    assert before - after == {
-        f"tick:changed:{ms(tomorrow + timedelta(hours=3))}",
         f"tick:dropped:{ms(start + timedelta(minutes=1))}",
     }
+    assert before - after == {f"tick:changed:{ms(tomorrow + timedelta(hours=3))}"}
+
+
+def run_through_with(queues: MemoryQueues, runners: list[ScheduleRunner], until: datetime) -> None:
+    """The workers' schedule passes every 10 s until ``until`` (the ticks are not run)."""
+    while queues.now < until:
+        queues.advance(10)
+        for runner in runners:
+            runner.run_due(ms(queues.now))
 
 
 def test_the_api_tells_where_a_schedule_stands(settings: Any) -> None:

@@ -41,9 +41,11 @@ class QueueKeys:
 
     @property
     def schedule_keys(self) -> list[str]:
-        """The extra KEYS of the schedule scripts: definitions, where ticks stand, and why
-        a schedule's ticks could not be written."""
-        return [self.key("schedules"), self.key("schedule_ticks"), self.key("schedule_failures")]
+        """The extra KEYS of the schedule scripts: definitions, where ticks stand, why a
+        schedule's ticks could not be written, and when workers last declared a schedule in
+        their settings."""
+        parts = ("schedules", "schedule_ticks", "schedule_failures", "schedule_declared")
+        return [self.key(part) for part in parts]
 
     @property
     def wakeup_channel(self) -> str:

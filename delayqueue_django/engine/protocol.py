@@ -226,6 +226,15 @@ class Store(Protocol):
         (and the one before, if it still waits); the others still waiting are dropped by
         workers as they are handed out."""
 
+    def declare_schedule(self, name: str) -> ScheduleReply:
+        """Record that a worker has the schedule in its settings, now ("declared"); nothing
+        if the store has no such schedule ("missing")."""
+
+    def retire_schedule(self, name: str, fingerprint: str, undeclared_ms: int) -> ScheduleReply:
+        """Remove the schedule (only with this fingerprint, if given), as
+        ``remove_schedule`` does, if no worker has declared it for ``undeclared_ms``
+        ("removed"); else "declared" (one never declared counts as declared now)."""
+
     def report_schedule_failure(
         self, name: str, fingerprint: str, failure: ScheduleFailure
     ) -> ScheduleReply:

@@ -887,6 +887,12 @@ class ShardedStore:
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self.base.remove_schedule(name, fingerprint)
 
+    def declare_schedule(self, name: str) -> ScheduleReply:
+        return self.base.declare_schedule(name)
+
+    def retire_schedule(self, name: str, fingerprint: str, undeclared_ms: int) -> ScheduleReply:
+        return self.base.retire_schedule(name, fingerprint, undeclared_ms)
+
     def report_schedule_failure(
         self, name: str, fingerprint: str, failure: ScheduleFailure
     ) -> ScheduleReply:

@@ -675,6 +675,12 @@ class RedisStore:
     def remove_schedule(self, name: str, fingerprint: str = "") -> ScheduleReply:
         return self._schedule("remove", name, fingerprint=fingerprint)
 
+    def declare_schedule(self, name: str) -> ScheduleReply:
+        return self._schedule("declare", name)
+
+    def retire_schedule(self, name: str, fingerprint: str, undeclared_ms: int) -> ScheduleReply:
+        return self._schedule("retire", name, fingerprint=fingerprint, start_ms=undeclared_ms)
+
     def report_schedule_failure(
         self, name: str, fingerprint: str, failure: ScheduleFailure
     ) -> ScheduleReply:

@@ -3,7 +3,8 @@
 
 Each call is a read and one atomic write (``schedule.lua``). A schedule added, changed or
 resumed gets its first tick written by the call itself; the workers write the ticks after
-it, having read the schedule when its first tick is handed out (or within 30 seconds).
+it: the one that hands out the first tick reads the schedule with it and writes the next
+at once (and every worker reads all schedules every 30 seconds).
 """
 
 import json
@@ -202,7 +203,8 @@ class Schedules:
     def remove(self, name: str) -> bool:
         """Remove a schedule: no tick of it not handed out yet runs, even if a schedule of
         that name is added again; False if there was none. A schedule declared in settings
-        comes back when a worker starts: remove it from settings."""
+        comes back within 30 s while a running worker declares it: remove it from settings
+        (once no worker declares it, it goes by itself after 5 minutes)."""
         return self.queue.store.remove_schedule(name).status == "removed"
 
     # Helpers

@@ -14,6 +14,11 @@ them, up to ``MISSED_LIMIT`` (the latest ones). The worker applies it twice: whe
 up (which ticks it writes) and when a tick is handed out late (whether the handler runs: see
 ``guard``).
 
+The schedules of settings are the union of what running workers declare: each worker
+stores its own as it starts, declares them again at every read of the schedules (storing
+again one Redis lost), and removes one no worker has declared for UNDECLARED_MS; it never
+removes one just because its own settings lack it (see _keep_settings).
+
 Each schedule is handled on its own: one that fails for a reason of its own (a TASK whose
 queue no Tasks backend carries, a stored definition no longer readable, any exception
 building its tick) is logged, recorded in the store for the admin and ``schedules.all()``
@@ -56,6 +61,10 @@ logger = logging.getLogger("delayqueue_django.schedules")
 REFRESH_MS = 30_000
 # After a failed write (Redis away, out of memory), wait this long before the next try.
 RETRY_MS = 1_000
+# A schedule of settings that no running worker has declared (has in its SCHEDULES) for this
+# long is removed: ten refreshes, so that after a deploy every kind of worker has declared
+# its own again, and a worker cut off from Redis for a moment keeps its schedules.
+UNDECLARED_MS = 300_000
 # Ticks written per schedule in one turn while catching up (MISSED "all"); the next turn
 # goes on at once.
 CATCH_UP_BATCH = 100
@@ -145,9 +154,15 @@ class ScheduleRunner:
     """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
     loop; ``guard`` wraps its handler. Thread-safe."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, on_news: Callable[[], None] | None = None) -> None:
         self.queue = queue
         self._lock = threading.RLock()
+        # Set when a tick handed out showed a schedule this worker did not know, or knew in
+        # an older state (added, changed or resumed elsewhere): its next tick is this
+        # worker's to write now, not at its next planned turn (up to REFRESH_MS away).
+        # ``on_news`` (called from the handler thread) wakes whoever calls run_due.
+        self._news = False
+        self._on_news = on_news
         self._known: dict[str, Known] = {}
         self._synced = False
         self._refresh_at = -math.inf
@@ -160,10 +175,30 @@ class ScheduleRunner:
         # Each schedule's latest ticks as the clock moves, by name: which missed ticks are
         # too old to run (see _earliest_to_run).
         self._recent: dict[str, RecentTicks] = {}
+        # When this worker first synced its settings (ms, the store's clock): it retires
+        # undeclared schedules only once it has itself run UNDECLARED_MS.
+        self._first_sync_ms: int | None = None
+        # This worker's settings' schedules it saw in the store at its last refresh: one
+        # gone since was removed by hand, or Redis lost its data.
+        self._seen_stored: set[str] = set()
 
     def schedules(self) -> list[Known]:
         with self._lock:
             return list(self._known.values())
+
+    def has_news(self) -> bool:
+        """Whether run_due is wanted now, whatever it last returned (see _noticed)."""
+        return self._news
+
+    def read_again(self) -> None:
+        """This worker lost its connection to Redis: the next pass reads the schedules at
+        once (a pass that fails is tried again, reading them, after RETRY_MS), as Redis
+        may answer again without its data (restarted empty, failed over to an empty
+        replica); the settings' ones are then stored again."""
+        with self._lock:
+            self._refresh_at = -math.inf
+            self._retry_at = -math.inf
+            self._news = True
 
     # Writing ticks
 
@@ -173,9 +208,14 @@ class ScheduleRunner:
         errors); the next try then waits RETRY_MS. Any other error is one schedule's: it is
         passed over (see _failed) and the others go on."""
         with self._lock:
+            self._news = False
             now = max(now_estimate_ms, self._now_ms)
             if now < self._retry_at:
                 return self._retry_at
+            if self._retry_at > -math.inf:
+                # The last pass failed (Redis away): Redis may be back without its data
+                # (restarted empty, failed over to an empty replica): read it all again.
+                self._refresh_at = -math.inf
             self._retry_at = now + RETRY_MS
             if not self._synced:
                 self._sync_settings()
@@ -198,12 +238,14 @@ class ScheduleRunner:
 
     def _sync_settings(self) -> None:
         """The queue's SCHEDULES into the store: new and changed ones put (a changed one's
-        waiting tick replaced), ones no longer in settings removed; unchanged ones, and
-        every schedule added at run time, left as they are. A schedule whose first tick
-        cannot be built is put without it (and reported failing): the admin shows it, and
-        the workers try its ticks again later."""
+        waiting tick replaced); unchanged ones, and every schedule added at run time, left
+        as they are. A schedule of settings that this worker's settings lack is left to the
+        workers that declare it (see _keep_settings). A schedule whose first tick cannot be
+        built is put without it (and reported failing): the admin shows it, and the workers
+        try its ticks again later."""
         now, records = self.queue.store.read_schedules()
         self._seen(now)
+        self._first_sync_ms = now
         stored = {record.name: record for record in records}
         declared = {schedule.name: schedule for schedule in declared_schedules(self.queue.config)}
         for schedule in declared.values():
@@ -211,20 +253,83 @@ class ScheduleRunner:
             if record is None or record.definition != schedule.to_json():
                 put = functools.partial(self._put, schedule, now)
                 self._isolated(schedule.name, schedule.fingerprint, now, put)
-        for record in records:
-            if record.name in declared or record.definition is None:
-                continue
-            if _source(record) == SETTINGS:
-                # Any fingerprint ("") if its tick record is damaged: not to be defined afresh.
-                self.queue.store.remove_schedule(record.name, record.fingerprint or "")
+        for record in self._undeclared(records):
+            logger.info(
+                "schedule %s of queue %s is not in this worker's settings: left to the "
+                "workers that declare it (removed once none has for %d s)",
+                loggable(record.name),
+                self.queue.name,
+                UNDECLARED_MS // 1000,
+            )
+
+    def _undeclared(self, records: list[ScheduleRecord]) -> list[ScheduleRecord]:
+        """The schedules of settings among ``records`` that this worker's settings lack."""
+        declared = {schedule.name for schedule in declared_schedules(self.queue.config)}
+        return [
+            record
+            for record in records
+            if record.name not in declared
+            and record.definition is not None
+            and _source(record) == SETTINGS
+        ]
+
+    def _keep_settings(self, now: int, records: list[ScheduleRecord]) -> bool:
+        """Keep the store's schedules of settings the union of what running workers
+        declare: declare each of this worker's (storing again one the store lost), and
+        remove the others once no worker has declared them for UNDECLARED_MS (and this
+        worker has run that long). True if it changed which schedules the store holds."""
+        changed = False
+        missing = []
+        for schedule in declared_schedules(self.queue.config):
+            if self.queue.store.declare_schedule(schedule.name).status == "missing":
+                missing.append(schedule)
+        lost = [schedule.name for schedule in missing if schedule.name in self._seen_stored]
+        if lost and not records:
+            logger.warning(
+                "queue %s has no schedules in Redis any more, though this worker saw %d of "
+                "its settings' there: Redis lost its data (restarted without persistence, "
+                "failed over to an empty replica, flushed); storing them again",
+                self.queue.name,
+                len(lost),
+            )
+        elif lost:
+            logger.warning(
+                "schedule(s) %s of queue %s, in this worker's settings, went from Redis "
+                "(removed by hand, or Redis lost its data): stored again",
+                ", ".join(loggable(name) for name in lost),
+                self.queue.name,
+            )
+        for schedule in missing:
+            put = functools.partial(self._put, schedule, now, expect="new")
+            self._isolated(schedule.name, schedule.fingerprint, now, put)
+            self.queue.store.declare_schedule(schedule.name)
+            changed = True
+        if self._first_sync_ms is not None and now - self._first_sync_ms >= UNDECLARED_MS:
+            changed |= self._retire_undeclared(records)
+        return changed
+
+    def _retire_undeclared(self, records: list[ScheduleRecord]) -> bool:
+        """Remove the schedules of settings no running worker has declared for
+        UNDECLARED_MS (atomically in the store: one declared meanwhile stays); True if any
+        was."""
+        retired = False
+        for record in self._undeclared(records):
+            # Any fingerprint ("") if its tick record is damaged.
+            fingerprint = record.fingerprint or ""
+            reply = self.queue.store.retire_schedule(record.name, fingerprint, UNDECLARED_MS)
+            if reply.status == "removed":
+                retired = True
                 logger.info(
-                    "schedule %s of queue %s is no longer in settings: removed",
+                    "schedule %s of queue %s is in no running worker's settings (none "
+                    "declared it for %d s): removed",
                     loggable(record.name),
                     self.queue.name,
+                    UNDECLARED_MS // 1000,
                 )
+        return retired
 
-    def _put(self, schedule: Schedule, now: int) -> None:
-        """Put a schedule declared in settings."""
+    def _put(self, schedule: Schedule, now: int, *, expect: str = "any") -> None:
+        """Put a schedule declared in settings (``expect`` as define_schedule takes it)."""
         try:
             first, problem = self._first_tick(schedule, now), None
         except Exception as error:  # reported once the schedule is stored
@@ -233,7 +338,7 @@ class ScheduleRunner:
             schedule.name,
             schedule.to_json(),
             schedule.fingerprint,
-            expect="any",
+            expect=expect,
             start_ms=now,
             first=first,
         )
@@ -258,6 +363,11 @@ class ScheduleRunner:
     def _refresh(self) -> None:
         now, records = self.queue.store.read_schedules()
         self._seen(now)
+        if self._keep_settings(now, records):
+            now, records = self.queue.store.read_schedules()
+            self._seen(now)
+        declared = {schedule.name for schedule in declared_schedules(self.queue.config)}
+        self._seen_stored = {r.name for r in records if r.definition and r.name in declared}
         self._refresh_at = now + REFRESH_MS
         known = {}
         for record in records:
@@ -541,6 +651,9 @@ class ScheduleRunner:
                 or known.cursor_ms < fresh.cursor_ms
             ):
                 self._known[record.name] = fresh
+                self._news = True
+                if self._on_news is not None:
+                    self._on_news()
             return schedule
 
 

@@ -99,7 +99,7 @@ class QueueConsumer(threading.Thread):
         self.queue = queue
         # The queue's schedules: this worker writes their ticks as they fall due, and skips
         # the missed ones its policy drops (see delayqueue_django.schedules.runner).
-        self.schedules = ScheduleRunner(queue)
+        self.schedules = ScheduleRunner(queue, on_news=self._schedules_have_news)
         self.handler = self.schedules.guard(handler)
         self.finished = threading.Event()
         self._event = threading.Event()
@@ -148,6 +148,10 @@ class QueueConsumer(threading.Thread):
         self._next_expiry = 0.0
         # When the schedules next need this consumer, on the Redis clock (ms).
         self._schedules_at_ms = -math.inf
+        # The wake-up listener's subscriptions seen: one more is a connection lost and
+        # made again (Redis restarted, say), and has the schedules read again (see
+        # ScheduleRunner.read_again).
+        self._subscriptions_seen = 0
         self._announce_after = 0.0
         self.listener = WakeupListener(queue, self.wake, worker.stopping, worker.outages)
         # Handler durations and lateness, added to Redis with each heartbeat.
@@ -316,10 +320,23 @@ class QueueConsumer(threading.Thread):
                 self.queue, self.wake, self.worker.stopping, self.worker.outages
             )
             self.listener.start()
+            self._subscriptions_seen = 0
+            self.schedules.read_again()
+        self._read_schedules_if_resubscribed()
         if self.listener.subscribed.is_set():
             return math.inf
         self._next_fetch = min(self._next_fetch, time.monotonic() + UNHEARD_WAKEUPS_RECHECK_SECONDS)
         return UNHEARD_WAKEUPS_RECHECK_SECONDS
+
+    def _read_schedules_if_resubscribed(self) -> None:
+        """The listener subscribed again since the last look: Redis answers again after
+        the connection was lost (a restart, a failover), maybe without its data. Counted,
+        not sampled: a subscription lost and made again between two looks is not missed."""
+        subscriptions = self.listener.subscriptions
+        if subscriptions > self._subscriptions_seen:
+            if self._subscriptions_seen > 0:
+                self.schedules.read_again()
+            self._subscriptions_seen = subscriptions
 
     def _idle(self) -> bool:
         with self._lock:
@@ -525,7 +542,7 @@ class QueueConsumer(threading.Thread):
         if now >= self._next_expiry:
             self._next_expiry = now + GARBAGE_EXPIRY_SECONDS
             self._unless_failing("garbage expiry", self._expire_garbage)
-        if self.redis_now_ms() >= self._schedules_at_ms:
+        if self.redis_now_ms() >= self._schedules_at_ms or self.schedules.has_news():
             self._unless_failing("schedules", self._run_schedules)
         self._watch_pool()
 
@@ -607,6 +624,11 @@ class QueueConsumer(threading.Thread):
             self.worker.details(),
             ttl_seconds=self.worker.heartbeat_interval * 3,
         )
+
+    def _schedules_have_news(self) -> None:
+        """A handler thread saw a schedule added, changed or resumed elsewhere: its next
+        tick is due to be written now (the housekeeping sees ``has_news``)."""
+        self._event.set()
 
     def _run_schedules(self) -> None:
         # Planned before trying, as the heartbeat is: a failure waits before the next try.

@@ -40,6 +40,9 @@ class WakeupListener(threading.Thread):
         self.outages = outages
         # Set while subscribed: wake-ups reach the consumer only then.
         self.subscribed = threading.Event()
+        # How many times it subscribed: more than once, a connection was lost and made
+        # again (the consumer then reads its schedules again).
+        self.subscriptions = 0
 
     def run(self) -> None:
         try:
@@ -58,6 +61,7 @@ class WakeupListener(threading.Thread):
             try:
                 subscription = self.queue.store.subscribe_wakeups()
                 self.outages.reached(self.queue.address)
+                self.subscriptions += 1
                 self.subscribed.set()
                 # Anything sent while we were not listening: look again.
                 self.on_wake(None)

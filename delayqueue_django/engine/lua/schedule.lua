@@ -1,7 +1,8 @@
 --[[
   schedule: the queue's recurring messages (delayqueue_django/schedules). Writes a
   schedule's next tick, or defines, pauses, resumes or removes a schedule together with the
-  tick it waits on. A tick is an ordinary message of the queue, id "tick:<name>:<ms>", due
+  tick it waits on; records that a worker declares a schedule in its settings, and retires
+  a settings' schedule no worker has declared for a while. A tick is an ordinary message of the queue, id "tick:<name>:<ms>", due
   at its time; this script is the only writer of ticks, and writes each tick time of a
   schedule at most once, whoever calls it and however often (the cursor below).
 
@@ -27,17 +28,19 @@
     KEYS[13] schedule_failures  hash  name -> "since:reason": a worker could not write
       the schedule's ticks since that ms, for that reason (op "fail"); removed when a tick
       is written, the definition changes or the schedule is removed
-  ARGV[1]  op: "tick", "put", "pause", "resume", "remove" or "fail"
+    KEYS[14] schedule_declared  hash  name -> ms: when a worker that has the schedule in
+      its settings (SCHEDULES) last said so (op "declare"); removed with the schedule
+  ARGV[1]  op: "tick", "put", "pause", "resume", "remove", "fail", "declare" or "retire"
   ARGV[2]  wake-up channel
   ARGV[3]  name
-  ARGV[4]  fingerprint (tick, put, resume and fail; remove: only a schedule with this one,
-           "" any)
+  ARGV[4]  fingerprint (tick, put, resume and fail; remove and retire: only a schedule
+           with this one, "" any)
   ARGV[5]  definition JSON (put); the reason (fail)
   ARGV[6]  expect (put): "any"; "new", refused if the schedule exists; "existing", refused
            if it does not
   ARGV[7]  start ms (put, pause, resume): the caller's reading of the clock. A schedule
            changed, paused or resumed owes no tick up to it; a new or resumed one's since.
-           fail: since when it fails
+           fail: since when it fails. retire: how long (ms) the schedule may go undeclared
   ARGV[8]  tick ms: the tick to write (tick), or the first tick of the new definition
            (put) or of the resumed schedule (resume), 0 for none; written only if it is
            later than the cursor
@@ -58,6 +61,10 @@
     remove  "removed" (with its waiting tick), "missing", or "stale" (another fingerprint)
     fail    "failed" (recorded), "stale" (another fingerprint: the failure is the old
             definition's) or "missing"
+    declare "declared" (the declaration's time is now), or "missing" (nothing recorded)
+    retire  "removed" (as remove does) if no worker declared it for ARGV[7] ms; else
+            "declared" (kept; a schedule with no readable declaration counts as declared
+            now, so its wait starts); "stale" (another fingerprint) or "missing"
   A waiting tick is one never handed out (pending or ready, attempt 0). A tick handed out
   has fired: it stays, and the cursor stays at or past its time. Pause and remove also
   take out the tick before the latest if it still waits (due, behind a backlog: workers
@@ -72,9 +79,10 @@ local fingerprint, definition, expect = args[4], args[5], args[6]
 local start, first = tonumber(args[7]) or 0, tonumber(args[8]) or 0
 local budget, payload = tonumber(args[9]) or 0, args[10]
 local schedules, schedule_ticks, schedule_failures = keys[11], keys[12], keys[13]
+local schedule_declared = keys[14]
 
 local now = now_ms()
-for _, key in ipairs({schedules, schedule_ticks, schedule_failures}) do
+for _, key in ipairs({schedules, schedule_ticks, schedule_failures, schedule_declared}) do
   local actual = redis.call('TYPE', key)['ok']
   if actual ~= 'none' and actual ~= 'hash' then
     table.insert(warnings, {key, 'held a ' .. actual .. ' instead of a hash; renamed to ' ..
@@ -209,10 +217,46 @@ if op == 'put' then
   return reply('defined')
 end
 
+-- The schedule and its waiting tick (with the one before, if it still waits) removed.
+local function remove()
+  if known then
+    drop_waiting_tick(true)
+  end
+  for _, key in ipairs({schedules, schedule_ticks, schedule_failures, schedule_declared}) do
+    redis.call('HDEL', key, name)
+  end
+end
+
+if op == 'declare' then
+  if not exists then
+    return reply('missing')
+  end
+  redis.call('HSET', schedule_declared, name, int(now))
+  return reply('declared')
+end
+
+if op == 'retire' then
+  if not exists then
+    return reply('missing')
+  elseif known and fingerprint ~= '' and known ~= fingerprint then
+    return reply('stale')
+  end
+  local declared = tonumber(redis.call('HGET', schedule_declared, name) or '')
+  if declared == nil or declared > now then
+    -- No readable declaration (a worker between its put and its declare, a record lost or
+    -- damaged), or one from a clock that was ahead: the wait starts now.
+    redis.call('HSET', schedule_declared, name, int(now))
+    return reply('declared')
+  elseif now - declared < start then
+    return reply('declared')
+  end
+  remove()
+  return reply('removed')
+end
+
 if not known then
   if op == 'remove' and exists then
-    redis.call('HDEL', schedules, name)
-    redis.call('HDEL', schedule_failures, name)
+    remove()
     return reply('removed')
   end
   return reply('missing')
@@ -243,10 +287,7 @@ if op == 'remove' then
   if fingerprint ~= '' and known ~= fingerprint then
     return reply('stale')
   end
-  drop_waiting_tick(true)
-  redis.call('HDEL', schedules, name)
-  redis.call('HDEL', schedule_ticks, name)
-  redis.call('HDEL', schedule_failures, name)
+  remove()
   return reply('removed')
 end
 

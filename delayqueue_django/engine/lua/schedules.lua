@@ -3,7 +3,8 @@
   one of them.
 
   KEYS: the queue's key layout (see _prelude.lua), then KEYS[11] schedules, KEYS[12]
-  schedule_ticks and KEYS[13] schedule_failures (see schedule.lua).
+  schedule_ticks and KEYS[13] schedule_failures (see schedule.lua); KEYS[14]
+  schedule_declared, given as to schedule.lua, is not read.
   ARGV[1]  name (optional): only that schedule (a worker handing out one of its ticks
            reads it so: one field of each hash, not every schedule of the queue)
 

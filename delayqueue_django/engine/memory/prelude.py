@@ -65,6 +65,17 @@ def drop_waiting_tick(state: QueueState, name: str, record: TickRecord, *, due_t
     return fired
 
 
+def remove_schedule(state: QueueState, name: str, record: TickRecord | None) -> None:
+    """A schedule and its waiting tick (with the one before, if it still waits) removed
+    (schedule.lua's remove)."""
+    if record is not None:
+        drop_waiting_tick(state, name, record, due_too=True)
+    state.schedules.pop(name, None)
+    state.schedule_ticks.pop(name, None)
+    state.schedule_failures.pop(name, None)
+    state.schedule_declared.pop(name, None)
+
+
 def schedule_record(state: QueueState, name: str) -> ScheduleRecord:
     record = state.schedule_ticks.get(name)
     definition = state.schedules.get(name)

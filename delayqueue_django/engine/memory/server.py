@@ -69,6 +69,8 @@ class QueueState:
     schedules: dict[str, str] = field(default_factory=dict)
     schedule_ticks: dict[str, TickRecord] = field(default_factory=dict)
     schedule_failures: dict[str, ScheduleFailure] = field(default_factory=dict)
+    # schedule name -> when a worker last declared it in its settings (ms).
+    schedule_declared: dict[str, int] = field(default_factory=dict)
     # Ids written by relay from a database outbox -> when (see relay.lua).
     relayed: ScoredSet = field(default_factory=ScoredSet)
     # The layouts registered as possibly holding messages (see engine.sharded_store).

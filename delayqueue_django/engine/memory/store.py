@@ -776,17 +776,37 @@ class MemoryStore:
         with self.server.lock:
             state, now = self._state(), self._now()
             record = state.schedule_ticks.get(name)
-            if record is None:
-                found = state.schedules.pop(name, None) is not None
-                if found:
-                    state.schedule_failures.pop(name, None)
-                return prelude.schedule_reply("removed" if found else "missing", None, now)
-            if fingerprint and record.fingerprint != fingerprint:
+            if record is None and name not in state.schedules:
+                return prelude.schedule_reply("missing", None, now)
+            if record is not None and fingerprint and record.fingerprint != fingerprint:
                 return prelude.schedule_reply("stale", record, now)
-            prelude.drop_waiting_tick(state, name, record, due_too=True)
-            del state.schedule_ticks[name]
-            state.schedules.pop(name, None)
-            state.schedule_failures.pop(name, None)
+            prelude.remove_schedule(state, name, record)
+            return prelude.schedule_reply("removed", record, now)
+
+    def declare_schedule(self, name: str) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None and name not in state.schedules:
+                return prelude.schedule_reply("missing", None, now)
+            state.schedule_declared[name] = now
+            return prelude.schedule_reply("declared", record, now)
+
+    def retire_schedule(self, name: str, fingerprint: str, undeclared_ms: int) -> ScheduleReply:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            record = state.schedule_ticks.get(name)
+            if record is None and name not in state.schedules:
+                return prelude.schedule_reply("missing", None, now)
+            if record is not None and fingerprint and record.fingerprint != fingerprint:
+                return prelude.schedule_reply("stale", record, now)
+            declared = state.schedule_declared.get(name)
+            if declared is None or declared > now:
+                state.schedule_declared[name] = now
+                return prelude.schedule_reply("declared", record, now)
+            if now - declared < undeclared_ms:
+                return prelude.schedule_reply("declared", record, now)
+            prelude.remove_schedule(state, name, record)
             return prelude.schedule_reply("removed", record, now)
 
     def report_schedule_failure(
