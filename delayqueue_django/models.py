@@ -23,6 +23,10 @@ class Queue(models.Model):
         return "queue"
 
 
+# The outbox's index of each queue's rows in order (the relays read through it).
+OUTBOX_QUEUE_INDEX = "delayqueue_outbox_queue"
+
+
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
     """Text compared byte for byte on every database: message ids and queue names differ by
     case alone ("aB" and "Ab" are two messages), and MySQL/MariaDB's default collations
@@ -53,6 +57,9 @@ class OutboxMessage(models.Model):
         db_table = "delayqueue_outbox"
         default_permissions = ()
         verbose_name = "outbox message"
+        # For the relays: each queue's rows, oldest first ("queue = %s ORDER BY id"), and a
+        # poll's "has any?", read without scanning the rows of other queues.
+        indexes: ClassVar = [models.Index(fields=["queue", "id"], name=OUTBOX_QUEUE_INDEX)]
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.message_id}"

@@ -4,6 +4,7 @@ through an index (rows of other queues waiting)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
 
+import delayqueue_django as delayqueue
 from delayqueue_django.engine.shards import SHARD_MARK, shard_of
-from delayqueue_django.models import OutboxMessage
+from delayqueue_django.models import OUTBOX_QUEUE_INDEX, OutboxMessage
+from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params, subprocess_settings
 from tests.redis_servers import RedisClusterServers, RedisServer
 
@@ -97,3 +102,82 @@ def test_an_outbox_send_needs_no_redis_on_a_cluster_whose_seed_master_hangs(
     assert [row.message_id for row in written] == sent
     # Each id names a shard of the settings' layout, chosen without Redis.
     assert {shard_of(message_id)[0] for message_id in sent if SHARD_MARK in message_id} <= {shards}
+
+
+# Rows of a queue no relay here serves, waiting: enough that a scan would cost what the
+# index saves (the planners pick the scan for a few hundred).
+OTHER_QUEUE_ROWS = 20_000
+# How each database's plan reads the whole outbox table.
+WHOLE_TABLE = {
+    "postgresql": re.compile(r"Seq Scan on delayqueue_outbox"),
+    "sqlite": re.compile(r"\bSCAN delayqueue_outbox\b"),
+    # EXPLAIN's access type: ALL scans the table, index the whole of an index.
+    "mysql": re.compile(r"^\d+ \| \w+ \| delayqueue_outbox \| (ALL|index) \|", re.MULTILINE),
+}
+
+
+def fill_with_rows_of_another_queue(alias: str, count: int) -> None:
+    """``count`` rows of queue "elsewhere", and the table's statistics brought up to date,
+    as they are for a backlog that built up."""
+    OutboxMessage.objects.using(alias).bulk_create(
+        [
+            OutboxMessage(
+                queue="elsewhere",
+                message_id=f"m{n}",
+                payload="{}",
+                retry_count=0,
+                due_ms=0,
+                written_ms=0,
+            )
+            for n in range(count)
+        ],
+        batch_size=2000,
+    )
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        analyze = "ANALYZE TABLE" if connection.vendor == "mysql" else "ANALYZE"
+        cursor.execute(f"{analyze} {OutboxMessage._meta.db_table}")
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+
+
+def plan_of(alias: str, sql: str) -> str:
+    """The database's plan of a statement, one line a row."""
+    connection = connections[alias]
+    explain = "EXPLAIN QUERY PLAN" if connection.vendor == "sqlite" else "EXPLAIN"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{explain} {sql}")
+        return "\n".join(" | ".join(map(str, row)) for row in cursor.fetchall())
+
+
+def test_a_relays_poll_and_take_read_only_their_queues_rows_through_the_index(
+    database: str,
+) -> None:
+    """A poll with no row of its queues waiting (has_rows, every 0.5 s per relay) and a
+    batch's take read the outbox's (queue, id) index: before it, each scanned the table."""
+    fill_with_rows_of_another_queue(database, OTHER_QUEUE_ROWS)
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("default", "other")])
+    with CaptureQueriesContext(connections[database]) as statements:
+        assert not relay.has_rows(database)
+        assert relay.relay_batch(database) == 0
+    read = [s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]]
+    assert len(read) >= 2, read
+    vendor = connections[database].vendor
+    for sql in read:
+        plan = plan_of(database, sql)
+        assert OUTBOX_QUEUE_INDEX in plan, f"{sql}\n{plan}"
+        assert not WHOLE_TABLE[vendor].search(plan), f"{sql}\n{plan}"
+
+
+def test_a_batch_takes_each_queues_oldest_rows_so_a_backlog_holds_no_queue_back(
+    database: str,
+) -> None:
+    backlog = delayqueue.get_queue("default").send_many(
+        list(range(10)), outbox=True, using=database
+    )
+    [late] = delayqueue.get_queue("other").send_many([0], outbox=True, using=database)
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("default", "other")], batch_size=4)
+    assert relay.relay_batch(database) == 5
+    left = OutboxMessage.objects.using(database).order_by("id")
+    assert [row.message_id for row in left] == backlog[4:]
+    assert delayqueue.get_queue("other").peek(late) is not None
