@@ -254,7 +254,8 @@ class Queue:
 
         Items are payloads sharing the timing given here, or ``Outgoing`` objects carrying
         their own. Every item is validated before anything is written (or deferred); with
-        ``outbox``, they are written as outbox rows in one INSERT.
+        ``outbox``, they are written as outbox rows, in INSERTs of at most 4 MiB each (see
+        outbox.INSERT_BYTES) in the current transaction, or one of their own: all or none.
         """
         return self._send_all(
             messages,

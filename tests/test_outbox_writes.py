@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import IntegrityError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 import delayqueue_django as delayqueue
+from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.shards import SHARD_MARK, shard_of
 from delayqueue_django.models import OUTBOX_QUEUE_INDEX, OutboxMessage
+from delayqueue_django.outbox import ROW_BYTES, chunks_of
 from delayqueue_django.worker.relay import OutboxRelay
 from tests.databases import database_params, subprocess_settings
 from tests.redis_servers import RedisClusterServers, RedisServer
@@ -181,3 +183,65 @@ def test_a_batch_takes_each_queues_oldest_rows_so_a_backlog_holds_no_queue_back(
     left = OutboxMessage.objects.using(database).order_by("id")
     assert [row.message_id for row in left] == backlog[4:]
     assert delayqueue.get_queue("other").peek(late) is not None
+
+
+# More than MariaDB's default max_allowed_packet (16 MiB) in one INSERT: 20,000 messages of
+# about 1 KB, as a batch job would send them.
+LARGE_BATCH = 20_000
+KILOBYTE_PAYLOAD = {"text": "x" * 1000}
+
+
+def test_send_many_of_more_than_a_packet_is_written_whole(database: str) -> None:
+    with transaction.atomic(using=database):
+        sent = delayqueue.get_queue().send_many(
+            [{**KILOBYTE_PAYLOAD, "n": n} for n in range(LARGE_BATCH)],
+            outbox=True,
+            using=database,
+        )
+    written = OutboxMessage.objects.using(database).order_by("id")
+    assert list(written.values_list("message_id", flat=True)) == sent
+    assert json.loads(written.last().payload)["n"] == LARGE_BATCH - 1  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def refusing_a_payload(row_locking_database: str) -> Iterator[str]:
+    """The outbox table refuses rows whose payload is the JSON text "refused" (a CHECK
+    constraint, taken off after the test): a write that fails after others went in."""
+    with connections[row_locking_database].cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE delayqueue_outbox ADD CONSTRAINT delayqueue_test_refused "
+            "CHECK (payload <> '\"refused\"')"
+        )
+    try:
+        yield row_locking_database
+    finally:
+        with connections[row_locking_database].cursor() as cursor:
+            cursor.execute("ALTER TABLE delayqueue_outbox DROP CONSTRAINT delayqueue_test_refused")
+
+
+@pytest.fixture(params=database_params(("postgresql", "mariadb")))
+def row_locking_database(request: pytest.FixtureRequest, settings: Any) -> str:
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
+def test_send_many_outside_a_transaction_writes_all_of_its_chunks_or_none(
+    refusing_a_payload: str,
+) -> None:
+    """Its rows go in several INSERTs, in one transaction of their own: the last one
+    refused, none is left (a relay would otherwise send the others)."""
+    messages = [KILOBYTE_PAYLOAD] * LARGE_BATCH + ["refused"]
+    with pytest.raises(IntegrityError):
+        delayqueue.get_queue().send_many(messages, outbox=True, using=refusing_a_payload)
+    assert not OutboxMessage.objects.using(refusing_a_payload).exists()
+
+
+def test_inserts_are_cut_by_the_bytes_of_their_rows_not_their_count() -> None:
+    sizes = [10, 10, 500, 10, 3000, 10, 10]
+    messages = [NewMessage(f"id{n}", "x" * size, 0, at_ms=0) for n, size in enumerate(sizes)]
+    limit = 2 * ROW_BYTES + 600
+    runs = [[len(m.payload) for m in run] for run in chunks_of(messages, limit)]
+    # In order, every message once; a run over the limit only when one message is.
+    assert [size for run in runs for size in run] == sizes
+    assert runs == [[10, 10], [500, 10], [3000], [10, 10]]
