@@ -7,6 +7,7 @@ Lua scripts. Bad input raises before anything is written.
 import dataclasses
 import functools
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from django.db import transaction
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django.core import connections, features, tracing
+from delayqueue_django.core import connections, features, stores, tracing
 from delayqueue_django.core.conf import QueueConfig
 from delayqueue_django.core.encoding import (
     decode_payload,
@@ -46,7 +47,7 @@ from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
 from delayqueue_django.engine.records import TRACE_MARK, split_trace
 from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import SHARD_MARK
+from delayqueue_django.engine.shards import SHARD_MARK, place
 from delayqueue_django.exceptions import ConflictingOptions
 
 logger = logging.getLogger("delayqueue_django")
@@ -156,17 +157,32 @@ def _check_id(message_id: Any) -> str:
 class Queue:
     """One queue of ``DELAYQUEUES``; get it with ``delayqueue_django.get_queue(name)``."""
 
-    def __init__(self, config: QueueConfig, store: Store) -> None:
+    def __init__(self, config: QueueConfig, store: Store | None = None) -> None:
         self.config = config
         self.name = config.name
-        # Redis, or the in-process memory store (see delayqueue_django.core.stores).
-        self.store = store
+        # Redis, or the in-process memory store (see delayqueue_django.core.stores); built from
+        # the settings on first use when not given (see store).
+        self._store = store
+        self._store_lock = threading.Lock()
         self._async_stores: weakref.WeakKeyDictionary[Any, AsyncRedisStore] = (
             weakref.WeakKeyDictionary()
         )
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r}>"
+
+    @property
+    def store(self) -> Store:
+        """The queue's store, built on first use: a Redis Cluster client asks the cluster
+        for its slots as it is built, which an outbox send, written to the database alone,
+        must never wait for (nor fail on) while a master hangs."""
+        store = self._store
+        if store is None:
+            with self._store_lock:
+                if self._store is None:
+                    self._store = stores.store_for(self.config)
+                store = self._store
+        return store
 
     @cached_property
     def address(self) -> str:
@@ -237,7 +253,8 @@ class Queue:
 
         Items are payloads sharing the timing given here, or ``Outgoing`` objects carrying
         their own. Every item is validated before anything is written (or deferred); with
-        ``outbox``, they are written as outbox rows in one INSERT.
+        ``outbox``, they are written as outbox rows, in INSERTs of at most 4 MiB each (see
+        outbox.INSERT_BYTES) in the current transaction, or one of their own: all or none.
         """
         return self._send_all(
             messages,
@@ -460,7 +477,9 @@ class Queue:
         max_bytes, name = self.config.max_payload_bytes, self.name
         shared: tuple[int | None, int, int] | None = None  # the call's own timing, checked once
         prepared = []
-        ids = self.store.place(new_message_ids(len(items)))
+        # Each id's shard is chosen from the settings' layout, as the store would: an outbox
+        # send touches no Redis, nor builds its client.
+        ids = place(new_message_ids(len(items)), self.config.shards)
         for message_id, item in zip(ids, items, strict=True):
             if isinstance(item, Outgoing):
                 at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)

@@ -4,7 +4,7 @@ import threading
 
 from django.apps import apps
 
-from delayqueue_django.core import conf, connections, stores
+from delayqueue_django.core import conf, connections
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 
@@ -24,7 +24,7 @@ def get_queue(name: str = "default") -> Queue:
         raise UnknownQueue(f"no queue named {name!r} in DELAYQUEUES; configured: {configured}")
     with _lock:
         if name not in _queues:
-            _queues[name] = Queue(configs[name], stores.store_for(configs[name]))
+            _queues[name] = Queue(configs[name])
         return _queues[name]
 
 

@@ -70,10 +70,10 @@ from delayqueue_django.engine.shards import (
     SHARD_MARK,
     layout_names,
     parse_name,
+    place,
     shard_keys,
     shard_name,
     shard_of,
-    shard_suffix,
 )
 
 logger = logging.getLogger("delayqueue_django.engine")
@@ -306,13 +306,8 @@ class ShardedStore:
     # Where messages go
 
     def place(self, message_ids: list[str]) -> list[str]:
-        """Each new id with a shard of this layout, chosen at random: even spread, and no
-        coordination between senders."""
-        layout = self.layout
-        return [
-            message_id + shard_suffix(layout, random.randrange(layout))
-            for message_id in message_ids
-        ]
+        """Each new id with a shard of this layout (see shards.place)."""
+        return place(message_ids, self.layout)
 
     def shard_for(self, message_id: str) -> ShardStore:
         """The store of the shard an id names (of any layout)."""

@@ -13,6 +13,7 @@ finds a message in one round trip, whatever layout its sender used.
 """
 
 import functools
+import random
 import re
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
@@ -53,6 +54,14 @@ def shard_name(layout: int, index: int) -> str:
 def shard_suffix(layout: int, index: int) -> str:
     """What an id sent to this shard ends with ("" for shard 0)."""
     return "" if index == 0 else f"{SHARD_MARK}{layout}.{index}"
+
+
+def place(message_ids: list[str], layout: int) -> list[str]:
+    """Each new id with a shard of ``layout``, chosen at random: even spread, and no
+    coordination between senders (nor any Redis asked)."""
+    return [
+        message_id + shard_suffix(layout, random.randrange(layout)) for message_id in message_ids
+    ]
 
 
 def layout_names(layout: int) -> list[str]:

@@ -6,6 +6,9 @@ from typing import ClassVar
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+# The outbox's index of each queue's rows in order (the relays read through it).
+OUTBOX_QUEUE_INDEX = "delayqueue_outbox_queue"
+
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
     """Text compared byte for byte on every database: message ids and queue names differ by
@@ -37,6 +40,9 @@ class OutboxMessage(models.Model):
         db_table = "delayqueue_outbox"
         default_permissions = ()
         verbose_name = "outbox message"
+        # For the relays: each queue's rows, oldest first ("queue = %s ORDER BY id"), and a
+        # poll's "has any?", read without scanning the rows of other queues.
+        indexes: ClassVar = [models.Index(fields=["queue", "id"], name=OUTBOX_QUEUE_INDEX)]
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.message_id}"

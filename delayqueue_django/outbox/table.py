@@ -24,6 +24,15 @@ from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox.databases import OUTBOX_DATABASES_SETTING, outbox_databases
 
+# The most bytes of rows one INSERT carries: a send_many of many large messages is written
+# in several INSERTs (in one transaction), each well under what a server takes in one
+# statement: MariaDB's max_allowed_packet is 16 MiB by default, MySQL's 64 MiB, and the
+# driver may escape a JSON payload to up to twice its size (each quote and backslash).
+INSERT_BYTES = 4 * 1024 * 1024
+# What a row costs in an INSERT besides its payload and id: its queue name, its numbers,
+# the quotes and commas between them.
+ROW_BYTES = 200
+
 
 def _system_clock_us() -> int:
     return time.time_ns() // 1000
@@ -59,9 +68,9 @@ def due_ms(message: NewMessage, written_us: int) -> int:
 
 
 def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None) -> None:
-    """Write prepared messages as outbox rows in the current transaction on ``using``, in
-    one INSERT, and ring the relays of this process when it commits (at once outside a
-    transaction, where the row is committed as it is written)."""
+    """Write prepared messages as outbox rows in the current transaction on ``using`` (or
+    one of their own outside a transaction: all or none), in INSERTs of at most
+    INSERT_BYTES of rows each, and ring the relays of this process when it commits."""
     from delayqueue_django.outbox.models import OutboxMessage
 
     alias = using or DEFAULT_DB_ALIAS
@@ -74,20 +83,37 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
         )
     written_us = _clock_us()
     written = written_us // 1000
-    OutboxMessage.objects.using(alias).bulk_create(
-        [
-            OutboxMessage(
-                queue=queue_name,
-                message_id=message.id,
-                payload=message.payload,
-                retry_count=message.budget,
-                due_ms=due_ms(message, written_us),
-                written_ms=written,
+    rows = OutboxMessage.objects.using(alias)
+    with transaction.atomic(using=alias, savepoint=False):
+        for chunk in chunks_of(messages, INSERT_BYTES):
+            rows.bulk_create(
+                [
+                    OutboxMessage(
+                        queue=queue_name,
+                        message_id=message.id,
+                        payload=message.payload,
+                        retry_count=message.budget,
+                        due_ms=due_ms(message, written_us),
+                        written_ms=written,
+                    )
+                    for message in chunk
+                ]
             )
-            for message in messages
-        ]
-    )
-    transaction.on_commit(doorbell.ring, using=alias)
+        transaction.on_commit(doorbell.ring, using=alias)
+
+
+def chunks_of(messages: Sequence[NewMessage], limit: int) -> Iterator[Sequence[NewMessage]]:
+    """The messages in order, in runs whose rows take at most ``limit`` bytes by
+    ROW_BYTES (a message larger than that alone in its run)."""
+    start, size = 0, 0
+    for end, message in enumerate(messages):
+        row = ROW_BYTES + len(message.id) + len(message.payload.encode("utf-8"))
+        if size + row > limit and end > start:
+            yield messages[start:end]
+            start, size = end, 0
+        size += row
+    if start < len(messages):
+        yield messages[start:]
 
 
 def waiting(queue_name: str) -> dict[str, int]:

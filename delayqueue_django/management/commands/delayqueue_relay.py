@@ -51,7 +51,8 @@ class Command(OwnProcessCommand):
             "--batch-size",
             type=positive_int,
             default=RELAY_BATCH_SIZE,
-            help=f"Rows taken per database transaction (default: {RELAY_BATCH_SIZE}).",
+            help="Rows of each queue taken per database transaction "
+            f"(default: {RELAY_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--poll",

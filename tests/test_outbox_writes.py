@@ -1,0 +1,265 @@
+"""Writing outbox rows: without Redis (a Redis Cluster whose seed master hangs), in chunks
+a database server accepts (send_many of many large messages), and read by the relay
+through an index (rows of other queues waiting)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+import delayqueue_django as delayqueue
+from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine.shards import SHARD_MARK, shard_of
+from delayqueue_django.outbox.models import OUTBOX_QUEUE_INDEX, OutboxMessage
+from delayqueue_django.outbox.relay import OutboxRelay
+from delayqueue_django.outbox.table import ROW_BYTES, chunks_of
+from tests.databases import database_params, subprocess_settings
+from tests.redis_servers import RedisClusterServers, RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What a web process does: one order's transaction sending through the outbox.
+SEND_IN_A_FRESH_PROCESS = """
+import django, json
+django.setup()
+from django.db import transaction
+import delayqueue_django as delayqueue
+with transaction.atomic():
+    ids = delayqueue.get_queue().send_many([{"order": n} for n in range(20)], outbox=True)
+print(json.dumps(ids))
+"""
+
+
+@pytest.fixture(params=database_params())
+def database(request: pytest.FixtureRequest, settings: Any) -> str:
+    """The database alias under test, the outbox's only database."""
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
+def run_settings(alias: str, queues: dict[str, Any]) -> dict[str, str]:
+    """The environment of a process using ``queues`` and the test database ``alias``."""
+    config = {
+        "DELAYQUEUES": queues,
+        "DATABASES": subprocess_settings(alias),
+        "DELAYQUEUE_OUTBOX_DATABASES": ["default"],
+    }
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+        "DQ_CHAOS_SETTINGS": json.dumps(config),
+    }
+
+
+@pytest.fixture
+def paused(redis_cluster: RedisClusterServers) -> Iterator[RedisServer]:
+    """The cluster's seed master (the node its URL names) stopped with SIGSTOP: it accepts
+    connections and answers nothing, as a master that hangs. Resumed after the test, which
+    then waits for the cluster to be whole again (the other nodes may have failed it)."""
+    seed = redis_cluster.nodes[0]
+    assert seed.process is not None
+    seed.process.send_signal(signal.SIGSTOP)
+    try:
+        yield seed
+    finally:
+        seed.process.send_signal(signal.SIGCONT)
+        for node in redis_cluster.nodes:
+            client = node.client(socket_timeout=1)
+            deadline = time.monotonic() + 30
+            while client.cluster("info")["cluster_state"] != "ok":
+                assert time.monotonic() < deadline, f"cluster node {node.port} stays failed"
+                time.sleep(0.05)
+            client.close()
+
+
+@pytest.mark.parametrize("shards", [1, 6])
+def test_an_outbox_send_needs_no_redis_on_a_cluster_whose_seed_master_hangs(
+    database: str, redis_cluster: RedisClusterServers, paused: RedisServer, shards: int
+) -> None:
+    """Building the queue's client would ask the paused master for the cluster's slots
+    and fail after its socket timeout, rolling the caller's transaction back."""
+    queues = {"default": {"URL": redis_cluster.url, "OUTBOX": True, "SHARDS": shards}}
+    done = subprocess.run(
+        [sys.executable, "-c", SEND_IN_A_FRESH_PROCESS],
+        env=run_settings(database, queues),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent = json.loads(done.stdout)
+    written = OutboxMessage.objects.using(database).order_by("id")
+    assert [row.message_id for row in written] == sent
+    # Each id names a shard of the settings' layout, chosen without Redis.
+    assert {shard_of(message_id)[0] for message_id in sent if SHARD_MARK in message_id} <= {shards}
+
+
+# Rows of a queue no relay here serves, waiting: enough that a scan would cost what the
+# index saves (the planners pick the scan for a few hundred).
+OTHER_QUEUE_ROWS = 20_000
+# How each database's plan reads the whole outbox table.
+WHOLE_TABLE = {
+    "postgresql": re.compile(r"Seq Scan on delayqueue_outbox"),
+    "sqlite": re.compile(r"\bSCAN delayqueue_outbox\b"),
+    # EXPLAIN's access type: ALL scans the table, index the whole of an index.
+    "mysql": re.compile(r"^\d+ \| \w+ \| delayqueue_outbox \| (ALL|index) \|", re.MULTILINE),
+}
+
+
+def fill_with_rows_of_another_queue(alias: str, count: int, queue: str = "elsewhere") -> None:
+    """``count`` rows of ``queue`` (by default one no relay here serves), and the table's
+    statistics brought up to date, as they are for a backlog that built up."""
+    OutboxMessage.objects.using(alias).bulk_create(
+        [
+            OutboxMessage(
+                queue=queue,
+                message_id=f"m{n}",
+                payload="{}",
+                retry_count=0,
+                due_ms=0,
+                written_ms=0,
+            )
+            for n in range(count)
+        ],
+        batch_size=2000,
+    )
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        analyze = "ANALYZE TABLE" if connection.vendor == "mysql" else "ANALYZE"
+        cursor.execute(f"{analyze} {OutboxMessage._meta.db_table}")
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+
+
+def plan_of(alias: str, sql: str) -> str:
+    """The database's plan of a statement, one line a row."""
+    connection = connections[alias]
+    explain = "EXPLAIN QUERY PLAN" if connection.vendor == "sqlite" else "EXPLAIN"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{explain} {sql}")
+        return "\n".join(" | ".join(map(str, row)) for row in cursor.fetchall())
+
+
+def test_a_relays_poll_and_take_read_only_their_queues_rows_through_the_index(
+    database: str,
+) -> None:
+    """A poll with no row of its queues waiting (has_rows, every 0.5 s per relay) and a
+    batch's take read the outbox's (queue, id) index: before it, each scanned the table."""
+    fill_with_rows_of_another_queue(database, OTHER_QUEUE_ROWS)
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("default", "other")])
+    with CaptureQueriesContext(connections[database]) as statements:
+        assert not relay.has_rows(database)
+        assert relay.relay_batch(database) == 0
+    read = [s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]]
+    assert len(read) >= 2, read
+    vendor = connections[database].vendor
+    for sql in read:
+        plan = plan_of(database, sql)
+        assert OUTBOX_QUEUE_INDEX in plan, f"{sql}\n{plan}"
+        assert not WHOLE_TABLE[vendor].search(plan), f"{sql}\n{plan}"
+
+
+def test_a_batch_looks_the_rows_it_takes_up_by_key_however_long_the_backlog(
+    database: str,
+) -> None:
+    """A take of 1,000 rows from a backlog of its own queue deletes them by key: PostgreSQL
+    planned "id IN (the oldest 1,000)" as a hash join over a scan of the whole table, each
+    batch reading every row waiting (13 ms a batch at 100,000 rows)."""
+    fill_with_rows_of_another_queue(database, OTHER_QUEUE_ROWS, queue="default")
+    relay = OutboxRelay([delayqueue.get_queue("default")])
+    with CaptureQueriesContext(connections[database]) as statements:
+        assert relay.relay_batch(database) == relay.batch_size
+    taken = [s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]]
+    assert taken
+    vendor = connections[database].vendor
+    for sql in taken:
+        plan = plan_of(database, sql)
+        assert not WHOLE_TABLE[vendor].search(plan), f"{sql[:300]}\n{plan}"
+
+
+def test_a_batch_takes_each_queues_oldest_rows_so_a_backlog_holds_no_queue_back(
+    database: str,
+) -> None:
+    backlog = delayqueue.get_queue("default").send_many(
+        list(range(10)), outbox=True, using=database
+    )
+    [late] = delayqueue.get_queue("other").send_many([0], outbox=True, using=database)
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("default", "other")], batch_size=4)
+    assert relay.relay_batch(database) == 5
+    left = OutboxMessage.objects.using(database).order_by("id")
+    assert [row.message_id for row in left] == backlog[4:]
+    assert delayqueue.get_queue("other").peek(late) is not None
+
+
+# More than MariaDB's default max_allowed_packet (16 MiB) in one INSERT: 20,000 messages of
+# about 1 KB, as a batch job would send them.
+LARGE_BATCH = 20_000
+KILOBYTE_PAYLOAD = {"text": "x" * 1000}
+
+
+def test_send_many_of_more_than_a_packet_is_written_whole(database: str) -> None:
+    with transaction.atomic(using=database):
+        sent = delayqueue.get_queue().send_many(
+            [{**KILOBYTE_PAYLOAD, "n": n} for n in range(LARGE_BATCH)],
+            outbox=True,
+            using=database,
+        )
+    written = OutboxMessage.objects.using(database).order_by("id")
+    assert list(written.values_list("message_id", flat=True)) == sent
+    assert json.loads(written.last().payload)["n"] == LARGE_BATCH - 1  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def refusing_a_payload(row_locking_database: str) -> Iterator[str]:
+    """The outbox table refuses rows whose payload is the JSON text "refused" (a CHECK
+    constraint, taken off after the test): a write that fails after others went in."""
+    with connections[row_locking_database].cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE delayqueue_outbox ADD CONSTRAINT delayqueue_test_refused "
+            "CHECK (payload <> '\"refused\"')"
+        )
+    try:
+        yield row_locking_database
+    finally:
+        with connections[row_locking_database].cursor() as cursor:
+            cursor.execute("ALTER TABLE delayqueue_outbox DROP CONSTRAINT delayqueue_test_refused")
+
+
+@pytest.fixture(params=database_params(("postgresql", "mariadb")))
+def row_locking_database(request: pytest.FixtureRequest, settings: Any) -> str:
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
+def test_send_many_outside_a_transaction_writes_all_of_its_chunks_or_none(
+    refusing_a_payload: str,
+) -> None:
+    """Its rows go in several INSERTs, in one transaction of their own: the last one
+    refused, none is left (a relay would otherwise send the others)."""
+    messages = [KILOBYTE_PAYLOAD] * LARGE_BATCH + ["refused"]
+    with pytest.raises(IntegrityError):
+        delayqueue.get_queue().send_many(messages, outbox=True, using=refusing_a_payload)
+    assert not OutboxMessage.objects.using(refusing_a_payload).exists()
+
+
+def test_inserts_are_cut_by_the_bytes_of_their_rows_not_their_count() -> None:
+    sizes = [10, 10, 500, 10, 3000, 10, 10]
+    messages = [NewMessage(f"id{n}", "x" * size, 0, at_ms=0) for n, size in enumerate(sizes)]
+    limit = 2 * ROW_BYTES + 600
+    runs = [[len(m.payload) for m in run] for run in chunks_of(messages, limit)]
+    # In order, every message once; a run over the limit only when one message is.
+    assert [size for run in runs for size in run] == sizes
+    assert runs == [[10, 10], [500, 10], [3000], [10, 10]]
