@@ -4,7 +4,10 @@ One batch is one database transaction: take up to ``batch_size`` rows, oldest fi
 deleting them (on PostgreSQL and SQLite in one ``DELETE ... RETURNING`` statement; elsewhere
 a ``SELECT ... FOR UPDATE`` and a ``DELETE``); write their messages to Redis (the relay
 script, one call per queue and ``SEND_BATCH_SIZE`` chunk, pipelined in one round trip);
-commit. If Redis refuses or cannot be reached, the transaction rolls back and the rows wait.
+commit. A queue (or a shard of one) whose Redis refuses or cannot be reached holds back
+only its own rows: they go back to the table in the same transaction, and wait, left out
+of the relay's reads, until that Redis answers again (see relay_lanes), while the other
+queues' and shards' rows flow.
 On PostgreSQL and MariaDB the server ends a batch's transaction that sits idle longer than
 ``RELAY_IDLE_LIMIT_SECONDS``, freeing its rows should the relay vanish mid-batch.
 
@@ -41,6 +44,7 @@ from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.outbox import doorbell
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.backoff import Backoff
+from delayqueue_django.worker.relay_lanes import Lane, Lanes, lane_of
 
 logger = logging.getLogger("delayqueue_django.relay")
 
@@ -81,6 +85,7 @@ class OutboxRow:
     payload: str
     retry_count: int
     due_ms: int
+    written_ms: int
 
 
 @dataclass(slots=True)
@@ -111,9 +116,10 @@ class OutboxRelay:
         # Written to Redis / found relayed before (the rows deleted all the same).
         self.relayed = 0
         self.repeated = 0
-        self._forget: dict[str, list[str]] = {}
+        self._forget: dict[Lane, list[str]] = {}
         self._stopping = threading.Event()
         self._wake = doorbell.listen()
+        self._lanes = Lanes(on_recovered=self._wake.set)
         self._missing_tables: set[str] = set()
 
     # One batch
@@ -136,14 +142,21 @@ class OutboxRelay:
                 attempt += 1
 
     def _relay_batch(self, alias: str) -> int:
+        held: list[OutboxRow] = []
         with transaction.atomic(using=alias):
             rows = self._take(alias)
             if rows:
                 with self._idle_limit(alias):
-                    self._send(rows)
-        # Committed: these rows are gone for good, their ids may be forgotten.
+                    held = self._send(rows)
+                if held:
+                    self._put_back(alias, held)
+        # Committed: the rows sent are gone for good, their ids may be forgotten.
+        kept = {row.pk for row in held}
         for row in rows:
-            self._forget.setdefault(row.queue, []).append(row.message_id)
+            if row.pk not in kept:
+                self._forget.setdefault(lane_of(row.queue, row.message_id), []).append(
+                    row.message_id
+                )
         return len(rows)
 
     def _take(self, alias: str) -> list[OutboxRow]:
@@ -153,10 +166,12 @@ class OutboxRelay:
         connection = connections[alias]
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
-        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms")
+        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms", "written_ms")
         columns = ", ".join(quote(name) for name in fields)
         names = list(self.queues)
-        in_queues = f"{quote('queue')} IN ({', '.join(['%s'] * len(names))})"
+        held, held_params = self._lanes.where(quote, names)
+        in_queues = f"{quote('queue')} IN ({', '.join(['%s'] * len(names))}){held}"
+        names += held_params
         oldest = (
             f"SELECT {quote('id')} FROM {table} WHERE {in_queues} ORDER BY {quote('id')} LIMIT %s"
         )
@@ -236,47 +251,110 @@ class OutboxRelay:
         with connection.cursor() as cursor:
             cursor.execute(restore)
 
-    def _send(self, rows: list[OutboxRow]) -> None:
-        by_queue: dict[str, list[OutboxRow]] = {}
+    def _send(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """Send each lane's rows, in order; returns the rows of the lanes that failed (or
+        were held back meanwhile), which must stay in the table."""
+        by_lane: dict[Lane, list[OutboxRow]] = {}
         for row in rows:
-            by_queue.setdefault(row.queue, []).append(row)
-        for name, group in by_queue.items():
+            by_lane.setdefault(lane_of(row.queue, row.message_id), []).append(row)
+        held: list[OutboxRow] = []
+        for lane, group in by_lane.items():
             messages = [
                 NewMessage(row.message_id, row.payload, row.retry_count, at_ms=row.due_ms)
                 for row in group
             ]
-            dues = self._relay(name, messages)
+            try:
+                if self._lanes.is_held(lane):
+                    held += group
+                    continue
+                dues = self._relay(lane, messages)
+            except Exception as error:
+                # Whatever Redis took of this lane's call is noted in its relayed set: the
+                # rows relayed again later write nothing twice.
+                self._lanes.failed(lane, error)
+                held += group
+                continue
             written = sum(due is not None for due in dues)
             self.relayed += written
             self.repeated += len(dues) - written
+        return held
 
-    def _relay(self, name: str, messages: list[NewMessage]) -> list[int | None]:
-        """One queue's part of a batch, with the ids to forget that wait for it."""
-        forget = self._forget.pop(name, [])
+    def _put_back(self, alias: str, rows: list[OutboxRow]) -> None:
+        """Write the rows of failed lanes again, with their keys (so their order), in the
+        transaction that took them: to every other relay they never left."""
+        from delayqueue_django.models import OutboxMessage
+
+        OutboxMessage.objects.using(alias).bulk_create(
+            [
+                OutboxMessage(
+                    id=row.pk,
+                    queue=row.queue,
+                    message_id=row.message_id,
+                    payload=row.payload,
+                    retry_count=row.retry_count,
+                    due_ms=row.due_ms,
+                    written_ms=row.written_ms,
+                )
+                for row in rows
+            ]
+        )
+
+    def _relay(self, lane: Lane, messages: list[NewMessage]) -> list[int | None]:
+        """One lane's part of a batch, with the ids to forget that wait for it."""
+        forget = self._forget.pop(lane, [])
         try:
-            return self.queues[name].store.relay(messages, forget=forget, keep_ms=RELAY_RECORD_MS)
+            return self.queues[lane[0]].store.relay(
+                messages, forget=forget, keep_ms=RELAY_RECORD_MS
+            )
         except BaseException:
-            kept = forget + self._forget.get(name, [])
-            self._forget[name] = kept[-PENDING_FORGET_LIMIT:]
+            kept = forget + self._forget.get(lane, [])
+            self._forget[lane] = kept[-PENDING_FORGET_LIMIT:]
             raise
+
+    def _probe(self, lane: Lane) -> None:
+        """Whether a held lane's Redis answers: the relay script on its shard alone, with
+        an id to forget that no message has (the call with nothing at all goes to every
+        shard)."""
+        queue, shard = lane
+        suffix = "" if shard == "0" else f"~{shard}"
+        self.queues[queue].store.relay([], forget=[f"relay-probe{suffix}"], keep_ms=RELAY_RECORD_MS)
 
     def forget_relayed(self) -> None:
         """Tell Redis the ids whose rows were deleted since the last batch (done by the next
-        batch otherwise). Raises RedisError if Redis cannot be reached; they wait then."""
-        for name in list(self._forget):
-            self._relay(name, [])
+        batch otherwise). A lane whose Redis fails is held back; its ids wait."""
+        for lane in list(self._forget):
+            if self._lanes.is_held(lane):
+                continue
+            try:
+                self._relay(lane, [])
+            except Exception as error:
+                self._lanes.failed(lane, error)
 
     def has_rows(self, alias: str) -> bool:
-        """Whether our queues have rows on ``alias``: a plain read, no lock taken."""
+        """Whether our queues have rows on ``alias`` (but for the held lanes'): a plain
+        read, no lock taken."""
         from delayqueue_django.models import OutboxMessage
 
-        return OutboxMessage.objects.using(alias).filter(queue__in=list(self.queues)).exists()
+        names = list(self.queues)
+        return (
+            OutboxMessage.objects.using(alias)
+            .filter(self._lanes.q(names), queue__in=names)
+            .exists()
+        )
+
+    def raise_held(self) -> None:
+        """Raise the error of a lane held back, if any (a drain's caller learns of it)."""
+        error = self._lanes.first_error()
+        if error is not None:
+            raise error
 
     # Running
 
     def drain(self) -> int:
         """Relay until no row of our queues is left (those committed meanwhile included);
-        returns how many rows were taken. Errors propagate.
+        returns how many rows were taken. A lane whose Redis fails is tried once: its rows
+        stay, and its error is raised once the other lanes' rows are relayed. Database
+        errors propagate.
 
         A short batch does not prove the outbox empty: rows another relay holds are skipped,
         and on MySQL/MariaDB so is a row that another transaction's range read merely
@@ -284,6 +362,7 @@ class OutboxRelay:
         held elsewhere it waits for them a little.
         """
         total = 0
+        self._lanes.forget_all()
         for alias in self.databases:
             while True:
                 taken = self.relay_batch(alias)
@@ -295,6 +374,7 @@ class OutboxRelay:
                 if not taken:
                     time.sleep(DRAIN_WAIT_SECONDS)
         self.forget_relayed()
+        self.raise_held()
         return total
 
     def stop(self) -> None:
@@ -326,8 +406,8 @@ class OutboxRelay:
                         wait = self._failed(alias, error, backoffs[alias])
                         retry_at[alias] = time.monotonic() + wait
                 if not busy and self._forget:
-                    with suppress(RedisError):
-                        self.forget_relayed()
+                    self.forget_relayed()
+                self._lanes.probe_due(self._probe)
                 for entry in schedule:
                     if time.monotonic() >= entry.next_at:
                         entry.next_at = time.monotonic() + entry.seconds
@@ -339,13 +419,13 @@ class OutboxRelay:
                 wait = min(
                     [self.poll_seconds] * bool(self.databases)
                     + [at - now for at in retry_at.values() if at > now]
-                    + [entry.next_at - now for entry in schedule],
+                    + [entry.next_at - now for entry in schedule]
+                    + [at - now for at in [self._lanes.next_probe_at()] if at is not None],
                     default=self.poll_seconds,
                 )
                 woken = self._wake.wait(max(wait, 0.0))
         finally:
-            with suppress(RedisError):
-                self.forget_relayed()
+            self.forget_relayed()
             connections.close_all()
 
     def _failed(self, alias: str, error: Exception, backoff: Backoff) -> float:
