@@ -735,7 +735,13 @@ class ShardedStore:
         with self._lock:
             generation, names = self.generation, list(self._order)
         channels = {self._store(name).keys.wakeup_channel: name for name in names}
-        return generation, self.base.subscribe_channels(list(channels)), channels
+        subscription = self.base.subscribe_channels(list(channels))
+        # A layout announced before the subscription took effect was heard by no one (at a
+        # worker's start, its own relay writing rows another layout placed): read the
+        # register now. If it changed, the generation returned is behind, and the
+        # subscription follows the new list at once.
+        self.refresh_layouts(due=True)
+        return generation, subscription, channels
 
     # Operators
 
