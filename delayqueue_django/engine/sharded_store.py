@@ -519,6 +519,16 @@ class ShardedStore:
         self._learn(name, plan, result)
         return result
 
+    def on_same_server(self, name: str) -> list[str]:
+        """The other shards fetched from whose keys are on shard ``name``'s server, as the
+        client last learned it (no round trip): a server that hangs hangs them all."""
+        server = self._store(name).server_name()
+        with self._lock:
+            order = list(self._order)
+        return [
+            other for other in order if other != name and self._store(other).server_name() == server
+        ]
+
     def hold_siblings(self, name: str) -> list[str]:
         """Shard ``name``'s server did not answer in time: the other shards on it are not
         asked before their retry either (each would wait out its own timeout, the other

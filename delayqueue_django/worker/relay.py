@@ -3,11 +3,11 @@
 One batch is one database transaction: take up to ``batch_size`` rows, oldest first,
 deleting them (on PostgreSQL and SQLite in one ``DELETE ... RETURNING`` statement; elsewhere
 a ``SELECT ... FOR UPDATE`` and a ``DELETE``); write their messages to Redis (the relay
-script, one call per queue and ``SEND_BATCH_SIZE`` chunk, pipelined in one round trip);
-commit. A queue (or a shard of one) whose Redis refuses or cannot be reached holds back
-only its own rows: they go back to the table in the same transaction, and wait, left out
-of the relay's reads, until that Redis answers again (see relay_lanes), while the other
-queues' and shards' rows flow.
+script, one call per lane, a queue or a shard of one, and ``SEND_BATCH_SIZE`` chunk,
+pipelined in one round trip; the lanes at once); commit. A lane whose Redis refuses, cannot
+be reached or stays silent for LANE_PATIENCE_SECONDS holds back only its own rows: they go
+back to the table in the same transaction, and wait, left out of the relay's reads, until
+that Redis answers again (see relay_lanes), while the other queues' and shards' rows flow.
 On PostgreSQL and MariaDB the server ends a batch's transaction that sits idle longer than
 ``RELAY_IDLE_LIMIT_SECONDS``, freeing its rows should the relay vanish mid-batch.
 
@@ -26,25 +26,30 @@ Nothing is sent twice, however many relays run and whenever one dies:
   next, or after ``RELAY_RECORD_MS``.
 """
 
+import functools
 import logging
 import math
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from django.db import DatabaseError, OperationalError, connections, transaction
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django import conf, mysql_errors
 from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.outbox import doorbell
 from delayqueue_django.queue import Queue
 from delayqueue_django.worker.backoff import Backoff
-from delayqueue_django.worker.relay_lanes import Lane, Lanes, lane_of
+from delayqueue_django.worker.relay_lanes import Lane, Lanes, describe, lane_of, start_call
 
 logger = logging.getLogger("delayqueue_django.relay")
 
@@ -61,13 +66,14 @@ RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
 DEADLOCK_RETRIES = 5
 # How long a relay's transaction may sit idle on PostgreSQL/MariaDB before the server ends
 # the session, and with it the transaction and its row locks. It idles only while Redis
-# answers the batch: one pipelined call per queue the batch holds, which redis-py gives up
-# on within its retries (with the package's defaults, 5 s connect and socket timeouts and
-# redis-py 8's 10 retries with backoff under 1 s: about 2 min at the worst). Without a bound, a
-# relay whose host vanished mid-batch holds its rows until the server notices the dead
-# connection (PostgreSQL's keepalive: about 2 h; MariaDB's wait_timeout: 8 h), and every other
-# relay skips them meanwhile. Twice the worst call, with room to spare: a relay cut short
-# by it only rolls back and relays its rows again (relay.lua writes nothing twice).
+# answers the batch, LANE_PATIENCE_SECONDS at the most (a lane's call itself may go on, in
+# its own thread, until redis-py gives up: with the package's defaults, 5 s connect and
+# socket timeouts and redis-py 8's 10 retries with backoff under 1 s, about 2 min at the
+# worst). Without a bound, a relay whose host vanished mid-batch holds its rows until the
+# server notices the dead connection (PostgreSQL's keepalive: about 2 h; MariaDB's
+# wait_timeout: 8 h), and every other relay skips them meanwhile. Far above any batch, with
+# room for a process that stalls: a relay cut short by it only rolls back and relays its
+# rows again (relay.lua writes nothing twice).
 RELAY_IDLE_LIMIT_SECONDS = 300.0
 # How often a database without the outbox table (not migrated yet) is looked at again.
 MISSING_TABLE_SECONDS = 60.0
@@ -75,6 +81,13 @@ MISSING_TABLE_SECONDS = 60.0
 DRAIN_WAIT_SECONDS = 0.01
 # Ids to forget that wait for Redis, per queue, at most (older ones are forgotten by age).
 PENDING_FORGET_LIMIT = 100_000
+# How long a batch waits for its lanes' Redis calls (made all at once, each in a thread of
+# its own). A lane that has not answered by then counts as failed: its rows go back to the
+# table and the lane is held back, while its call goes on (what it writes is noted in the
+# relayed set, and written once). Far above a healthy call (milliseconds, a second on a
+# machine under heavy load), far below what a hung master costs: redis-py's socket timeout
+# and retries, up to about 2 minutes, poll after poll.
+LANE_PATIENCE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +120,14 @@ class OutboxRelay:
         batch_size: int = RELAY_BATCH_SIZE,
         poll_seconds: float = RELAY_POLL_SECONDS,
         idle_limit_seconds: float = RELAY_IDLE_LIMIT_SECONDS,
+        lane_patience_seconds: float = LANE_PATIENCE_SECONDS,
     ) -> None:
         self.queues = {queue.name: queue for queue in queues}
         self.databases = list(conf.outbox_databases() if databases is None else databases)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.idle_limit_seconds = idle_limit_seconds
+        self.lane_patience_seconds = lane_patience_seconds
         # Written to Redis / found relayed before (the rows deleted all the same).
         self.relayed = 0
         self.repeated = 0
@@ -258,25 +273,25 @@ class OutboxRelay:
         for row in rows:
             by_lane.setdefault(lane_of(row.queue, row.message_id), []).append(row)
         held: list[OutboxRow] = []
+        batches: dict[Lane, list[NewMessage]] = {}
         for lane, group in by_lane.items():
-            messages = [
+            if self._lanes.is_held(lane):
+                held += group
+                continue
+            batches[lane] = [
                 NewMessage(row.message_id, row.payload, row.retry_count, at_ms=row.due_ms)
                 for row in group
             ]
-            try:
-                if self._lanes.is_held(lane):
-                    held += group
-                    continue
-                dues = self._relay(lane, messages)
-            except Exception as error:
+        for lane, outcome in self._call_lanes(batches).items():
+            if isinstance(outcome, Exception):
                 # Whatever Redis took of this lane's call is noted in its relayed set: the
                 # rows relayed again later write nothing twice.
-                self._lanes.failed(lane, error)
-                held += group
+                self._hold(lane, outcome)
+                held += by_lane[lane]
                 continue
-            written = sum(due is not None for due in dues)
+            written = sum(due is not None for due in outcome)
             self.relayed += written
-            self.repeated += len(dues) - written
+            self.repeated += len(outcome) - written
         return held
 
     def _put_back(self, alias: str, rows: list[OutboxRow]) -> None:
@@ -299,17 +314,44 @@ class OutboxRelay:
             ]
         )
 
-    def _relay(self, lane: Lane, messages: list[NewMessage]) -> list[int | None]:
-        """One lane's part of a batch, with the ids to forget that wait for it."""
-        forget = self._forget.pop(lane, [])
-        try:
-            return self.queues[lane[0]].store.relay(
-                messages, forget=forget, keep_ms=RELAY_RECORD_MS
-            )
-        except BaseException:
-            kept = forget + self._forget.get(lane, [])
-            self._forget[lane] = kept[-PENDING_FORGET_LIMIT:]
-            raise
+    def _call_lanes(
+        self, batches: dict[Lane, list[NewMessage]]
+    ) -> dict[Lane, list[int | None] | Exception]:
+        """Each lane's relay call, with the ids to forget that wait for it, all at once;
+        each lane's due times, or its error (a lane silent for lane_patience_seconds: a
+        TimeoutError). The ids to forget of a lane that failed wait for its next call."""
+        started = {}
+        for lane, messages in batches.items():
+            forget = self._forget.pop(lane, [])
+            store = self.queues[lane[0]].store
+            call = functools.partial(store.relay, messages, forget=forget, keep_ms=RELAY_RECORD_MS)
+            started[lane] = (forget, start_call(call))
+        deadline = time.monotonic() + self.lane_patience_seconds
+        outcomes: dict[Lane, list[int | None] | Exception] = {}
+        for lane, (forget, future) in started.items():
+            try:
+                outcomes[lane] = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except FutureTimeout:
+                outcomes[lane] = RedisTimeoutError(
+                    f"{describe(lane)}: no answer within {self.lane_patience_seconds:g} s"
+                )
+            except Exception as error:
+                outcomes[lane] = error
+            if isinstance(outcomes[lane], Exception):
+                kept = forget + self._forget.get(lane, [])
+                self._forget[lane] = kept[-PENDING_FORGET_LIMIT:]
+        return outcomes
+
+    def _hold(self, lane: Lane, error: Exception) -> None:
+        """Hold back a lane that failed and, when its server hangs or cannot be reached,
+        the queue's other shards on that server: each would cost a batch its own wait."""
+        self._lanes.failed(lane, error)
+        store = self.queues[lane[0]].store
+        if isinstance(error, (RedisTimeoutError, RedisConnectionError)) and isinstance(
+            store, ShardedStore
+        ):
+            for shard in store.on_same_server(lane[1]):
+                self._lanes.failed((lane[0], shard), error)
 
     def _probe(self, lane: Lane) -> None:
         """Whether a held lane's Redis answers: the relay script on its shard alone, with
@@ -322,13 +364,12 @@ class OutboxRelay:
     def forget_relayed(self) -> None:
         """Tell Redis the ids whose rows were deleted since the last batch (done by the next
         batch otherwise). A lane whose Redis fails is held back; its ids wait."""
-        for lane in list(self._forget):
-            if self._lanes.is_held(lane):
-                continue
-            try:
-                self._relay(lane, [])
-            except Exception as error:
-                self._lanes.failed(lane, error)
+        waiting: dict[Lane, list[NewMessage]] = {
+            lane: [] for lane in self._forget if not self._lanes.is_held(lane)
+        }
+        for lane, outcome in self._call_lanes(waiting).items():
+            if isinstance(outcome, Exception):
+                self._hold(lane, outcome)
 
     def has_rows(self, alias: str) -> bool:
         """Whether our queues have rows on ``alias`` (but for the held lanes'): a plain

@@ -1,11 +1,12 @@
 """The outbox relay's lanes: one queue's rows bound for one shard, each failing on its own.
 
 A relay's batch holds rows of many queues (and, for a sharded queue, of many shards), whose
-Redis servers fail independently. When one lane's Redis fails (down, refusing writes, or
-hung until the socket timeout), only that lane's rows are held back: they go back to the
-table in the batch's transaction, the batch commits the others, and the lane's rows are
-left out of the relay's reads until the lane answers again. So one sick Redis costs the
-healthy lanes one failed call at most, not one per poll.
+Redis servers fail independently. The lanes' calls go out at once, each in a thread of its
+own (``start_call``), and the batch waits for them a bounded time. When one lane's Redis
+fails (down, refusing writes, or hung until the socket timeout), only that lane's rows are
+held back: they go back to the table in the batch's transaction, the batch commits the
+others, and the lane's rows are left out of the relay's reads until the lane answers
+again. So one sick Redis costs the healthy lanes one bounded wait, not one per poll.
 
 Whether a held lane answers again is asked in a thread of its own, after a backoff: a
 paused master hangs its caller until the socket timeout, and the relay's thread must not
@@ -17,7 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.db.models import Q
 
@@ -28,6 +31,7 @@ logger = logging.getLogger("delayqueue_django.relay")
 
 # (queue name, shard name): the shard an id names ("0" for every unsharded queue's ids).
 Lane = tuple[str, str]
+T = TypeVar("T")
 
 # How long a held lane waits before its first probe, and at most between two.
 FIRST_PROBE_SECONDS = 0.5
@@ -41,6 +45,23 @@ def lane_of(queue: str, message_id: str) -> Lane:
 def describe(lane: Lane) -> str:
     queue, shard = lane
     return f"queue {queue!r}" if shard == "0" else f"queue {queue!r} shard {shard}"
+
+
+def start_call(call: Callable[[], T]) -> "Future[T]":
+    """``call`` in a daemon thread of its own: a Redis that hangs holds that thread until
+    redis-py gives up (up to about 2 minutes with its retries), never the relay's thread,
+    nor the process's exit."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(call())
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="delayqueue-relay-lane", daemon=True).start()
+    return future
 
 
 @dataclass(slots=True)
