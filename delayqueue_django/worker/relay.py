@@ -45,6 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayqueue_django import conf, mysql_errors
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.key_deletes import delete_by_keys
 from delayqueue_django.outbox import doorbell
 from delayqueue_django.queue import Queue
@@ -358,7 +359,7 @@ class OutboxRelay:
         an id to forget that no message has (the call with nothing at all goes to every
         shard)."""
         queue, shard = lane
-        suffix = "" if shard == "0" else f"~{shard}"
+        suffix = "" if shard == "0" else f"{SHARD_MARK}{shard}"
         self.queues[queue].store.relay([], forget=[f"relay-probe{suffix}"], keep_ms=RELAY_RECORD_MS)
 
     def forget_relayed(self) -> None:
