@@ -187,10 +187,10 @@ def test_a_relay_never_waits_for_the_rows_another_relay_holds(row_locking_databa
     holding, release = threading.Event(), threading.Event()
 
     class HoldingRelay(OutboxRelay):
-        def _send(self, rows: list[Any]) -> None:
+        def _send(self, rows: list[Any]) -> list[Any]:
             holding.set()  # the batch is taken and deleted, the transaction still open
             release.wait(30)
-            super()._send(rows)
+            return super()._send(rows)
 
     first = HoldingRelay([queue], databases=[alias], batch_size=50)
 
@@ -227,10 +227,10 @@ def test_a_relay_stuck_mid_batch_frees_its_rows_after_the_idle_limit(
     holding, release = threading.Event(), threading.Event()
 
     class StuckRelay(OutboxRelay):
-        def _send(self, rows: list[Any]) -> None:
+        def _send(self, rows: list[Any]) -> list[Any]:
             holding.set()  # rows taken, the transaction open and idle, as while Redis hangs
             release.wait(30)
-            super()._send(rows)
+            return super()._send(rows)
 
     first = StuckRelay([queue], databases=[alias], idle_limit_seconds=1, poll_seconds=0.05)
     thread = threading.Thread(target=first.run)

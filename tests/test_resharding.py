@@ -309,6 +309,29 @@ def test_a_layout_new_on_the_register_is_announced_and_read_at_once(
         subscription.close()
 
 
+def test_a_layout_registered_before_a_subscription_took_effect_is_read_at_once(
+    settings: Any, url: str
+) -> None:
+    """Regression: a subscription read the register before it took effect (if at all: not
+    within 10 s of the last read), so a layout announced in between was heard by no one.
+    At a worker's start, its relay writing outbox rows another layout placed does just
+    that: the worker found the new layout at a fetch 10 s after its last read of the
+    register, after its idle recheck (up to 30 s) - and the rows waited that long."""
+    queue = with_shards(settings, url, 2)
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    queue.fetch(10)  # the worker's first fetch: the register read, nothing to drain
+    # Registers layout 4 and announces it, to no one listening yet.
+    with_shards(settings, url, 4).send_many([{"n": n} for n in range(20)], delay=30)
+    subscription = store.subscribe_wakeups()
+    try:
+        assert subscription.wait(timeout=1.0) == 0  # the look at once at a new list of shards
+        assert store.draining() == (4,)
+        assert set(subscription._names.values()) == set(layout_names(2)) | set(layout_names(4))
+    finally:
+        subscription.close()
+
+
 def test_a_layout_is_registered_and_announced_in_one_call(
     settings: Any, redis_server: RedisServer
 ) -> None:

@@ -513,6 +513,16 @@ class ShardedStore:
         self._learn(name, plan, result)
         return result
 
+    def on_same_server(self, name: str) -> list[str]:
+        """The other shards fetched from whose keys are on shard ``name``'s server, as the
+        client last learned it (no round trip): a server that hangs hangs them all."""
+        server = self._store(name).server_name()
+        with self._lock:
+            order = list(self._order)
+        return [
+            other for other in order if other != name and self._store(other).server_name() == server
+        ]
+
     def hold_siblings(self, name: str) -> list[str]:
         """Shard ``name``'s server did not answer in time: the other shards on it are not
         asked before their retry either (each would wait out its own timeout, the other
@@ -729,7 +739,13 @@ class ShardedStore:
         with self._lock:
             generation, names = self.generation, list(self._order)
         channels = {self._store(name).keys.wakeup_channel: name for name in names}
-        return generation, self.base.subscribe_channels(list(channels)), channels
+        subscription = self.base.subscribe_channels(list(channels))
+        # A layout announced before the subscription took effect was heard by no one (at a
+        # worker's start, its own relay writing rows another layout placed): read the
+        # register now. If it changed, the generation returned is behind, and the
+        # subscription follows the new list at once.
+        self.refresh_layouts(due=True)
+        return generation, subscription, channels
 
     # Operators
 

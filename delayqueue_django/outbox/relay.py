@@ -3,10 +3,13 @@
 One batch is one database transaction: take up to ``batch_size`` rows of each queue, each
 queue's oldest first, deleting them (on PostgreSQL and SQLite in one ``DELETE ...
 RETURNING`` statement; elsewhere a ``SELECT ... FOR UPDATE`` a queue and a ``DELETE``);
-write their messages to Redis (the relay script, one call per queue and
-``SEND_BATCH_SIZE`` chunk, pipelined in one round trip); commit. If Redis refuses or
-cannot be reached, the transaction rolls back and the rows wait. On PostgreSQL and
-MariaDB the server ends a batch's transaction that sits idle longer than
+write their messages to Redis (the relay script, one call per lane, a queue or a shard of
+one, and ``SEND_BATCH_SIZE`` chunk, pipelined in one round trip; the lanes at once); commit.
+A lane whose Redis refuses, cannot be reached or stays silent for LANE_PATIENCE_SECONDS
+holds back only its own rows: they go back to the table in the same transaction, and wait,
+left out of the relay's reads, until that Redis answers again (see relay_lanes), while the
+other queues' and shards' rows flow. On PostgreSQL and MariaDB the server ends a batch's
+transaction that sits idle longer than
 ``RELAY_IDLE_LIMIT_SECONDS``, freeing its rows should the relay vanish mid-batch.
 
 Nothing is sent twice, however many relays run and whenever one dies:
@@ -24,24 +27,31 @@ Nothing is sent twice, however many relays run and whenever one dies:
   next, or after ``RELAY_RECORD_MS``.
 """
 
+import functools
 import logging
 import math
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from django.db import DatabaseError, OperationalError, connections, transaction
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core.backoff import Backoff
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.outbox import mysql_errors
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.key_deletes import delete_by_keys
+from delayqueue_django.outbox.relay_lanes import Lane, Lanes, describe, lane_of, start_call
 from delayqueue_django.outbox.table import doorbell
 
 logger = logging.getLogger("delayqueue_django.relay")
@@ -59,13 +69,14 @@ RELAY_RECORD_MS = 7 * 24 * 3600 * 1000
 DEADLOCK_RETRIES = 5
 # How long a relay's transaction may sit idle on PostgreSQL/MariaDB before the server ends
 # the session, and with it the transaction and its row locks. It idles only while Redis
-# answers the batch: one pipelined call per queue the batch holds, which redis-py gives up
-# on within its retries (with the package's defaults, 5 s connect and socket timeouts and
-# redis-py 8's 10 retries with backoff under 1 s: about 2 min at the worst). Without a bound, a
-# relay whose host vanished mid-batch holds its rows until the server notices the dead
-# connection (PostgreSQL's keepalive: about 2 h; MariaDB's wait_timeout: 8 h), and every other
-# relay skips them meanwhile. Twice the worst call, with room to spare: a relay cut short
-# by it only rolls back and relays its rows again (relay.lua writes nothing twice).
+# answers the batch, LANE_PATIENCE_SECONDS at the most (a lane's call itself may go on, in
+# its own thread, until redis-py gives up: with the package's defaults, 5 s connect and
+# socket timeouts and redis-py 8's 10 retries with backoff under 1 s, about 2 min at the
+# worst). Without a bound, a relay whose host vanished mid-batch holds its rows until the
+# server notices the dead connection (PostgreSQL's keepalive: about 2 h; MariaDB's
+# wait_timeout: 8 h), and every other relay skips them meanwhile. Far above any batch, with
+# room for a process that stalls: a relay cut short by it only rolls back and relays its
+# rows again (relay.lua writes nothing twice).
 RELAY_IDLE_LIMIT_SECONDS = 300.0
 # How often a database without the outbox table (not migrated yet) is looked at again.
 MISSING_TABLE_SECONDS = 60.0
@@ -73,6 +84,13 @@ MISSING_TABLE_SECONDS = 60.0
 DRAIN_WAIT_SECONDS = 0.01
 # Ids to forget that wait for Redis, per queue, at most (older ones are forgotten by age).
 PENDING_FORGET_LIMIT = 100_000
+# How long a batch waits for its lanes' Redis calls (made all at once, each in a thread of
+# its own). A lane that has not answered by then counts as failed: its rows go back to the
+# table and the lane is held back, while its call goes on (what it writes is noted in the
+# relayed set, and written once). Far above a healthy call (milliseconds, a second on a
+# machine under heavy load), far below what a hung master costs: redis-py's socket timeout
+# and retries, up to about 2 minutes, poll after poll.
+LANE_PATIENCE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +101,7 @@ class OutboxRow:
     payload: str
     retry_count: int
     due_ms: int
+    written_ms: int
 
 
 @dataclass(slots=True)
@@ -104,18 +123,21 @@ class OutboxRelay:
         batch_size: int = RELAY_BATCH_SIZE,
         poll_seconds: float = RELAY_POLL_SECONDS,
         idle_limit_seconds: float = RELAY_IDLE_LIMIT_SECONDS,
+        lane_patience_seconds: float = LANE_PATIENCE_SECONDS,
     ) -> None:
         self.queues = {queue.name: queue for queue in queues}
         self.databases = list(outbox_databases() if databases is None else databases)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.idle_limit_seconds = idle_limit_seconds
+        self.lane_patience_seconds = lane_patience_seconds
         # Written to Redis / found relayed before (the rows deleted all the same).
         self.relayed = 0
         self.repeated = 0
-        self._forget: dict[str, list[str]] = {}
+        self._forget: dict[Lane, list[str]] = {}
         self._stopping = threading.Event()
         self._wake = doorbell.listen()
+        self._lanes = Lanes(on_recovered=self._wake.set)
         self._missing_tables: set[str] = set()
 
     # One batch
@@ -138,14 +160,21 @@ class OutboxRelay:
                 attempt += 1
 
     def _relay_batch(self, alias: str) -> int:
+        held: list[OutboxRow] = []
         with transaction.atomic(using=alias):
             rows = self._take(alias)
             if rows:
                 with self._idle_limit(alias):
-                    self._send(rows)
-        # Committed: these rows are gone for good, their ids may be forgotten.
+                    held = self._send(rows)
+                if held:
+                    self._put_back(alias, held)
+        # Committed: the rows sent are gone for good, their ids may be forgotten.
+        kept = {row.pk for row in held}
         for row in rows:
-            self._forget.setdefault(row.queue, []).append(row.message_id)
+            if row.pk not in kept:
+                self._forget.setdefault(lane_of(row.queue, row.message_id), []).append(
+                    row.message_id
+                )
         return len(rows)
 
     def _take(self, alias: str) -> list[OutboxRow]:
@@ -161,10 +190,12 @@ class OutboxRelay:
         connection = connections[alias]
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
-        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms")
+        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms", "written_ms")
         columns = ", ".join(quote(name) for name in fields)
         names = list(self.queues)
         key, queue = quote("id"), quote("queue")
+        # The held lanes' rows are left out of each queue's read (see Lanes.where).
+        held = {name: self._lanes.where(quote, [name]) for name in names}
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql" or (
                 connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
@@ -173,9 +204,9 @@ class OutboxRelay:
                 # DELETE takes the write lock first, and another relay waits for it.
                 lock = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
                 oldest = " UNION ALL ".join(
-                    f"SELECT {key} FROM (SELECT {key} FROM {table} WHERE {queue} = %s "
-                    f"ORDER BY {key} LIMIT %s{lock}) AS {quote(f'oldest_{n}')}"
-                    for n in range(len(names))
+                    f"SELECT {key} FROM (SELECT {key} FROM {table} WHERE {queue} = %s"
+                    f"{held[name][0]} ORDER BY {key} LIMIT %s{lock}) AS {quote(f'oldest_{n}')}"
+                    for n, name in enumerate(names)
                 )
                 # PostgreSQL plans "id IN (the oldest rows)" as a hash join over a scan of
                 # the whole table once the batch is a fair share of it (every row waiting
@@ -183,9 +214,12 @@ class OutboxRelay:
                 # array, computed first, leaves the DELETE lookups by key (1 ms).
                 postgresql = connection.vendor == "postgresql"
                 taken = f"= ANY(ARRAY({oldest}))" if postgresql else f"IN ({oldest})"
+                parameters: list[str | int] = []
+                for name in names:
+                    parameters += [name, *held[name][1], self.batch_size]
                 cursor.execute(
                     f"DELETE FROM {table} WHERE {key} {taken} RETURNING {columns}",
-                    [value for name in names for value in (name, self.batch_size)],
+                    parameters,
                 )
                 found = cursor.fetchall()
             else:
@@ -201,9 +235,9 @@ class OutboxRelay:
                 found = []
                 for name in names:
                     cursor.execute(
-                        f"SELECT {columns} FROM {table}{by_index} WHERE {queue} = %s "
-                        f"ORDER BY {key} LIMIT %s{lock}",
-                        [name, self.batch_size],
+                        f"SELECT {columns} FROM {table}{by_index} WHERE {queue} = %s"
+                        f"{held[name][0]} ORDER BY {key} LIMIT %s{lock}",
+                        [name, *held[name][1], self.batch_size],
                     )
                     found.extend(cursor.fetchall())
                 if found:
@@ -253,47 +287,136 @@ class OutboxRelay:
         with connection.cursor() as cursor:
             cursor.execute(restore)
 
-    def _send(self, rows: list[OutboxRow]) -> None:
-        by_queue: dict[str, list[OutboxRow]] = {}
+    def _send(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """Send each lane's rows, in order; returns the rows of the lanes that failed (or
+        were held back meanwhile), which must stay in the table."""
+        by_lane: dict[Lane, list[OutboxRow]] = {}
         for row in rows:
-            by_queue.setdefault(row.queue, []).append(row)
-        for name, group in by_queue.items():
-            messages = [
+            by_lane.setdefault(lane_of(row.queue, row.message_id), []).append(row)
+        held: list[OutboxRow] = []
+        batches: dict[Lane, list[NewMessage]] = {}
+        for lane, group in by_lane.items():
+            if self._lanes.is_held(lane):
+                held += group
+                continue
+            batches[lane] = [
                 NewMessage(row.message_id, row.payload, row.retry_count, at_ms=row.due_ms)
                 for row in group
             ]
-            dues = self._relay(name, messages)
-            written = sum(due is not None for due in dues)
+        for lane, outcome in self._call_lanes(batches).items():
+            if isinstance(outcome, Exception):
+                # Whatever Redis took of this lane's call is noted in its relayed set: the
+                # rows relayed again later write nothing twice.
+                self._hold(lane, outcome)
+                held += by_lane[lane]
+                continue
+            written = sum(due is not None for due in outcome)
             self.relayed += written
-            self.repeated += len(dues) - written
+            self.repeated += len(outcome) - written
+        return held
 
-    def _relay(self, name: str, messages: list[NewMessage]) -> list[int | None]:
-        """One queue's part of a batch, with the ids to forget that wait for it."""
-        forget = self._forget.pop(name, [])
-        try:
-            return self.queues[name].store.relay(messages, forget=forget, keep_ms=RELAY_RECORD_MS)
-        except BaseException:
-            kept = forget + self._forget.get(name, [])
-            self._forget[name] = kept[-PENDING_FORGET_LIMIT:]
-            raise
+    def _put_back(self, alias: str, rows: list[OutboxRow]) -> None:
+        """Write the rows of failed lanes again, with their keys (so their order), in the
+        transaction that took them: to every other relay they never left."""
+        from delayqueue_django.outbox.models import OutboxMessage
+
+        OutboxMessage.objects.using(alias).bulk_create(
+            [
+                OutboxMessage(
+                    id=row.pk,
+                    queue=row.queue,
+                    message_id=row.message_id,
+                    payload=row.payload,
+                    retry_count=row.retry_count,
+                    due_ms=row.due_ms,
+                    written_ms=row.written_ms,
+                )
+                for row in rows
+            ]
+        )
+
+    def _call_lanes(
+        self, batches: dict[Lane, list[NewMessage]]
+    ) -> dict[Lane, list[int | None] | Exception]:
+        """Each lane's relay call, with the ids to forget that wait for it, all at once;
+        each lane's due times, or its error (a lane silent for lane_patience_seconds: a
+        TimeoutError). The ids to forget of a lane that failed wait for its next call."""
+        started = {}
+        for lane, messages in batches.items():
+            forget = self._forget.pop(lane, [])
+            store = self.queues[lane[0]].store
+            call = functools.partial(store.relay, messages, forget=forget, keep_ms=RELAY_RECORD_MS)
+            started[lane] = (forget, start_call(call))
+        deadline = time.monotonic() + self.lane_patience_seconds
+        outcomes: dict[Lane, list[int | None] | Exception] = {}
+        for lane, (forget, future) in started.items():
+            try:
+                outcomes[lane] = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except FutureTimeout:
+                outcomes[lane] = RedisTimeoutError(
+                    f"{describe(lane)}: no answer within {self.lane_patience_seconds:g} s"
+                )
+            except Exception as error:
+                outcomes[lane] = error
+            if isinstance(outcomes[lane], Exception):
+                kept = forget + self._forget.get(lane, [])
+                self._forget[lane] = kept[-PENDING_FORGET_LIMIT:]
+        return outcomes
+
+    def _hold(self, lane: Lane, error: Exception) -> None:
+        """Hold back a lane that failed and, when its server hangs or cannot be reached,
+        the queue's other shards on that server: each would cost a batch its own wait."""
+        self._lanes.failed(lane, error)
+        store = self.queues[lane[0]].store
+        if isinstance(error, (RedisTimeoutError, RedisConnectionError)) and isinstance(
+            store, ShardedStore
+        ):
+            for shard in store.on_same_server(lane[1]):
+                self._lanes.failed((lane[0], shard), error)
+
+    def _probe(self, lane: Lane) -> None:
+        """Whether a held lane's Redis answers: the relay script on its shard alone, with
+        an id to forget that no message has (the call with nothing at all goes to every
+        shard)."""
+        queue, shard = lane
+        suffix = "" if shard == "0" else f"{SHARD_MARK}{shard}"
+        self.queues[queue].store.relay([], forget=[f"relay-probe{suffix}"], keep_ms=RELAY_RECORD_MS)
 
     def forget_relayed(self) -> None:
         """Tell Redis the ids whose rows were deleted since the last batch (done by the next
-        batch otherwise). Raises RedisError if Redis cannot be reached; they wait then."""
-        for name in list(self._forget):
-            self._relay(name, [])
+        batch otherwise). A lane whose Redis fails is held back; its ids wait."""
+        waiting: dict[Lane, list[NewMessage]] = {
+            lane: [] for lane in self._forget if not self._lanes.is_held(lane)
+        }
+        for lane, outcome in self._call_lanes(waiting).items():
+            if isinstance(outcome, Exception):
+                self._hold(lane, outcome)
 
     def has_rows(self, alias: str) -> bool:
-        """Whether our queues have rows on ``alias``: a plain read, no lock taken."""
+        """Whether our queues have rows on ``alias`` (but for the held lanes'): a plain
+        read, no lock taken."""
         from delayqueue_django.outbox.models import OutboxMessage
 
-        return OutboxMessage.objects.using(alias).filter(queue__in=list(self.queues)).exists()
+        names = list(self.queues)
+        return (
+            OutboxMessage.objects.using(alias)
+            .filter(self._lanes.q(names), queue__in=names)
+            .exists()
+        )
+
+    def raise_held(self) -> None:
+        """Raise the error of a lane held back, if any (a drain's caller learns of it)."""
+        error = self._lanes.first_error()
+        if error is not None:
+            raise error
 
     # Running
 
     def drain(self) -> int:
         """Relay until no row of our queues is left (those committed meanwhile included);
-        returns how many rows were taken. Errors propagate.
+        returns how many rows were taken. A lane whose Redis fails is tried once: its rows
+        stay, and its error is raised once the other lanes' rows are relayed. Database
+        errors propagate.
 
         A short batch does not prove the outbox empty: rows another relay holds are skipped,
         and on MySQL/MariaDB so is a row that another transaction's range read merely
@@ -301,6 +424,7 @@ class OutboxRelay:
         held elsewhere it waits for them a little.
         """
         total = 0
+        self._lanes.forget_all()
         for alias in self.databases:
             while True:
                 taken = self.relay_batch(alias)
@@ -312,6 +436,7 @@ class OutboxRelay:
                 if not taken:
                     time.sleep(DRAIN_WAIT_SECONDS)
         self.forget_relayed()
+        self.raise_held()
         return total
 
     def stop(self) -> None:
@@ -343,8 +468,8 @@ class OutboxRelay:
                         wait = self._failed(alias, error, backoffs[alias])
                         retry_at[alias] = time.monotonic() + wait
                 if not busy and self._forget:
-                    with suppress(RedisError):
-                        self.forget_relayed()
+                    self.forget_relayed()
+                self._lanes.probe_due(self._probe)
                 for entry in schedule:
                     if time.monotonic() >= entry.next_at:
                         entry.next_at = time.monotonic() + entry.seconds
@@ -356,13 +481,13 @@ class OutboxRelay:
                 wait = min(
                     [self.poll_seconds] * bool(self.databases)
                     + [at - now for at in retry_at.values() if at > now]
-                    + [entry.next_at - now for entry in schedule],
+                    + [entry.next_at - now for entry in schedule]
+                    + [at - now for at in [self._lanes.next_probe_at()] if at is not None],
                     default=self.poll_seconds,
                 )
                 woken = self._wake.wait(max(wait, 0.0))
         finally:
-            with suppress(RedisError):
-                self.forget_relayed()
+            self.forget_relayed()
             connections.close_all()
 
     def _failed(self, alias: str, error: Exception, backoff: Backoff) -> float:
