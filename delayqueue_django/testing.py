@@ -103,8 +103,10 @@ class MemoryQueues:
         With ``memory_queues(schedules=True)``, the queues' schedules are run first, as a
         worker runs them: the settings' ones synced, and the ticks due by now written (see
         the docs' Schedules guide), so a tick falls due as the clock reaches its time.
-        Without it (the default) no tick is ever written, so what a test counts is what it
-        sent, whatever the clock.
+        Without it (the default) no worker-side tick is written: the settings' schedules
+        never tick, and a schedule the test adds with ``queue.schedules.add()`` (which writes
+        its first tick itself, as it does on Redis) runs that first tick only. So what a
+        test counts is what it sent and added, whatever the clock.
 
         Database connections are left alone, as Django's test client leaves them for a
         request, so handlers see the test's transaction. The committed outbox rows of

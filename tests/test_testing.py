@@ -232,6 +232,21 @@ def test_schedules_tick_only_when_asked(settings: Any) -> None:
     assert handled == [sent]
 
 
+def test_a_schedule_added_without_schedules_runs_only_the_tick_add_wrote(settings: Any) -> None:
+    """As the testing guide says: without schedules=True, schedules.add() writes its first
+    tick itself (as on Redis), which runs, and no later tick is ever written."""
+    settings.DELAYQUEUES = {
+        "default": {"URL": "memory://", "HANDLER": "tests.worker_handlers.handle"}
+    }
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC)) as queues:
+        get_queue().schedules.add("poll", every=1, payload={"do": "ok"})
+        ticks = []
+        for _ in range(5):
+            queues.advance(1)
+            ticks += [outcome.message.id for outcome in queues.run_due()]
+    assert ticks == [f"tick:poll:{1_893_456_000_000 + 1000}"]
+
+
 def test_schedules_tick_on_the_blocks_clock_when_asked(settings: Any) -> None:
     schedule_every_second(settings)
     with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC), schedules=True) as queues:
