@@ -178,11 +178,15 @@ def test_an_idle_worker_stores_its_schedules_again_as_redis_answers_after_losing
     server = RedisServer()
     try:
         with_schedules(settings, server.url, hourly={"EVERY": 3600})
+        get_queue().schedules.add("nightly", every=86400, payload={"do": "ok"})
         with start_worker_thread("default") as worker:
             [consumer] = worker.worker.consumers
             wait_for(consumer.schedules.schedules, what="the worker's first read")
             server.restart()  # no persistence: Redis comes back empty
             wait_for(lambda: "hourly" in schedule_names(), timeout=10, what="hourly stored")
         assert "Redis lost its data" in caplog.text
+        # A schedule added at run time cannot be stored again by a worker: its loss is said.
+        assert "the schedule(s) nightly, added at run time, went with Redis's data" in caplog.text
+        assert "nightly" not in schedule_names()
     finally:
         server.close()

@@ -181,6 +181,9 @@ class ScheduleRunner:
         # This worker's settings' schedules it saw in the store at its last refresh: one
         # gone since was removed by hand, or Redis lost its data.
         self._seen_stored: set[str] = set()
+        # The schedules added at run time (the API, the admin) last seen stored: no worker
+        # can store them again, so their loss with Redis's data is said by name.
+        self._seen_added: set[str] = set()
 
     def schedules(self) -> list[Known]:
         with self._lock:
@@ -292,6 +295,13 @@ class ScheduleRunner:
                 self.queue.name,
                 len(lost),
             )
+            if self._seen_added:
+                logger.warning(
+                    "queue %s: the schedule(s) %s, added at run time, went with Redis's data "
+                    "and no worker can store them again: add them again",
+                    self.queue.name,
+                    ", ".join(loggable(name) for name in sorted(self._seen_added)),
+                )
         elif lost:
             logger.warning(
                 "schedule(s) %s of queue %s, in this worker's settings, went from Redis "
@@ -368,6 +378,11 @@ class ScheduleRunner:
             self._seen(now)
         declared = {schedule.name for schedule in declared_schedules(self.queue.config)}
         self._seen_stored = {r.name for r in records if r.definition and r.name in declared}
+        self._seen_added = {
+            r.name
+            for r in records
+            if r.definition and r.name not in declared and _source(r) != SETTINGS
+        }
         self._refresh_at = now + REFRESH_MS
         known = {}
         for record in records:
