@@ -29,5 +29,5 @@ def store_for(config: QueueConfig) -> Store:
             return RedisStore(client, shard, limits)
 
     # Even a queue of one shard: it still drains, finds and counts what a layout of more
-    # shards left, if it had one (see engine.sharded_store).
+    # shards left, if it had one (see engine.shard_layouts).
     return ShardedStore(make(keys), config.shards, make)

@@ -28,7 +28,8 @@ from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.timings import Timings
 from delayqueue_django.engine import loggable
 from delayqueue_django.engine.errors import is_outage, timed_out
-from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
+from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS
+from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import heartbeat, verdicts
@@ -701,7 +702,7 @@ class QueueConsumer(threading.Thread):
         On a queue of many shards, a commit to a shard that cannot be reached stays in line
         with the rest of its shard's, tried again after SHARD_RETRY_SECONDS, while the other
         shards' go on: a master down holds up only its own messages (its fetches are left
-        out the same way, see engine.sharded_store)."""
+        out the same way, see engine.shard_fetch)."""
         committed: list[Outcome] = []
         exhausted = False
         now = time.monotonic()
