@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, features, stores
-from delayqueue_django.core.conf import QueueConfig
+from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
