@@ -12,6 +12,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from delayqueue_django.core import conf, handlers
+from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
 from delayqueue_django.outbox.databases import (
@@ -219,7 +220,7 @@ def _outbox_databases() -> list[str]:
         return []  # check_outbox_databases reports it
 
 
-def _stranded_rows(alias: str, configs: Mapping[str, conf.QueueConfig]) -> list[CheckMessage]:
+def _stranded_rows(alias: str, configs: Mapping[str, QueueConfig]) -> list[CheckMessage]:
     """W031: outbox rows of a queue no longer in DELAYQUEUES (renamed or removed with rows
     still waiting): no relay reads them, and no report counts them."""
     from delayqueue_django.outbox.models import OutboxMessage

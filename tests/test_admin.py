@@ -17,7 +17,7 @@ from django.urls import reverse
 from delayqueue_django import get_queue
 from delayqueue_django.admin.display import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import NewMessage, printable, sharded_store
+from delayqueue_django.engine import NewMessage, printable, shard_layouts
 from delayqueue_django.engine.records import ScheduleFailure
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import slot_of
@@ -539,7 +539,7 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     users: dict[str, User | None], queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The register of layouts is read once (by the first page), not again as every 10 s.
-    monkeypatch.setattr(sharded_store, "LAYOUTS_RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(shard_layouts, "LAYOUTS_RECHECK_SECONDS", 3600.0)
     client = client_for(users["superuser"])
     queue.send("warm up", delay=3600)
     path = url("detail", "default")

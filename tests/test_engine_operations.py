@@ -250,9 +250,9 @@ def test_retention_expires_only_announced_dead_letters_past_their_time(
 def test_retention_reaches_announced_dead_letters_behind_whole_batches_of_unannounced_ones(
     configure: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from delayqueue_django.core import queue as queue_module
+    from delayqueue_django.core.queue import operating
 
-    monkeypatch.setattr(queue_module, "GARBAGE_DROP_BATCH", 2)  # each script call examines 2
+    monkeypatch.setattr(operating, "GARBAGE_DROP_BATCH", 2)  # each script call examines 2
     queue = configure(GARBAGE_RETENTION=0.05)
     unannounced = {bury_one(queue) for _ in range(3)}  # the oldest: more than a whole call
     time.sleep(0.005)

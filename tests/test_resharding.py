@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import sharded_store
+from delayqueue_django.engine import shard_layouts
 from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.engine.sharded_store import ShardedStore, parts
 from delayqueue_django.engine.shards import LAYOUTS_CHANGED, layout_names, shard_of
@@ -36,7 +36,7 @@ def url(request: pytest.FixtureRequest) -> str:
 def fresh_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each store reads the register at every look: these tests change it between calls
     (a worker reads it every LAYOUTS_RECHECK_SECONDS)."""
-    monkeypatch.setattr(sharded_store, "LAYOUTS_RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr(shard_layouts, "LAYOUTS_RECHECK_SECONDS", 0.0)
 
 
 def with_shards(settings: Any, url: str, shards: int) -> Queue:
@@ -159,7 +159,7 @@ def test_retire_names_what_is_wrong_with_the_layout_given(given: str, said: str)
 def test_a_retired_layout_still_in_use_is_registered_again_by_its_sender(
     settings: Any, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sharded_store, "LAYOUT_REGISTER_SECONDS", 0.0)
+    monkeypatch.setattr(shard_layouts, "LAYOUT_REGISTER_SECONDS", 0.0)
     old = with_shards(settings, url, 4)
     # (Twenty: some land on shards other than shard 0, which every layout shares.)
     old.send_many([{"n": n} for n in range(20)])

@@ -21,9 +21,10 @@ import delayqueue_django
 from delayqueue_django import get_queue
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import STATES, FetchResult, NewMessage, sharded_store
+from delayqueue_django.engine import STATES, FetchResult, NewMessage, shard_fetch
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.sharded_store import SHARD_RETRY_SECONDS, ShardedStore
+from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS
+from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import (
     MAX_SHARDS,
     parse_name,
@@ -699,7 +700,7 @@ def test_a_shard_whose_wake_up_was_lost_is_asked_again_while_others_stay_due(
     shard is empty, and later sends there publish nothing behind the older head. While
     shard 0 always has work due, a fetch would ask only shard 0; a shard not asked for
     LOOK_AGAIN_SECONDS joins a fetch all the same."""
-    monkeypatch.setattr(sharded_store, "LOOK_AGAIN_SECONDS", 0.3)
+    monkeypatch.setattr(shard_fetch, "LOOK_AGAIN_SECONDS", 0.3)
     redis_server.client().flushall()
     store = sharded(sharded_queue(settings, redis_server.url, 2))
     subscription = store.subscribe_wakeups()

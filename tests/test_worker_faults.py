@@ -208,10 +208,10 @@ def test_a_flush_failing_half_way_counts_what_it_committed_and_repeats_the_rest(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from delayqueue_django.worker import consumer
+    from delayqueue_django.worker import consumer_state
 
     # Both verdicts in one flush: the ack is committed, then the nack's call times out.
-    monkeypatch.setattr(consumer, "VERDICT_FLUSH_SECONDS", 0.5)
+    monkeypatch.setattr(consumer_state, "VERDICT_FLUSH_SECONDS", 0.5)
     queue = get_queue()
     load_scripts(queue)
     ok, refused = queue.send_many(["ok", "refuse"])

@@ -4,28 +4,32 @@ Settings are read lazily, on first use, and read again after ``setting_changed``
 (``override_settings`` and pytest-django's ``settings`` fixture just work). One validator
 serves both the system checks and the ``ImproperlyConfigured`` raised on use, so the two
 always agree.
+
+This module reads and parses the setting; the checks of a queue's connection options are
+in core.conf_urls, those of its other values in core.conf_values, the problems they report
+in core.conf_problem, and what a valid queue parses into in core.queue_config.
 """
 
-import difflib
-import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django.core import client_options, features
-from delayqueue_django.core.client_options import CLUSTER_URL_SCHEMES
+from delayqueue_django.core.conf_problem import SETTING, Problem
+from delayqueue_django.core.conf_urls import _check_connection
+from delayqueue_django.core.conf_values import (
+    _check_numbers,
+    _exactly_once_alias,
+    _nack_delays_ms,
+    _read_feature_options,
+    _seconds_to_ms,
+)
+from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.shards import MAX_SHARDS
 from delayqueue_django.exceptions import QueueConfigurationError
-
-SETTING = "DELAYQUEUES"
 
 DEFAULTS: dict[str, Any] = {
     "REDIS": None,
@@ -55,372 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "SHARDS": 1,
 }
 
-URL_SCHEMES = ("redis", "rediss", "unix")
-# "memory://" or "memory://name": the in-process store, for tests and quick local runs.
-MEMORY_URL_PREFIX = "memory://"
-
-# Batch sizes beyond this would make single script calls long (and Lua's stack is small).
-MAX_BATCH_SIZE = 10_000
-
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
-MEMORY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{0,100}$")
 PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 DOTTED_PATH_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the setting, as a system check and an exception will word it."""
-
-    id: str
-    msg: str
-    hint: str | None = None
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    """The options of one queue, validated, with defaults filled in and durations in ms."""
-
-    name: str
-    redis_alias: str | None
-    url: str | None
-    options: Mapping[str, Any]
-    handler: str | None
-    retry_count: int
-    max_consume_ms: int
-    nack_delays_ms: tuple[int, ...]
-    key_prefix: str
-    garbage_retention_ms: int | None
-    max_payload_bytes: int
-    fetch_batch_size: int
-    stage_batch_size: int
-    send_batch_size: int
-    send_on_commit: bool
-    # What the feature wings read from their options (core.features), by option name.
-    feature_options: Mapping[str, object] = field(default_factory=dict)
-    outbox: bool = False
-    # The database alias processed message ids are recorded in, or None: at least once.
-    exactly_once: str | None = None
-    exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
-    # The layout new messages are spread over (1: the queue's one set of keys).
-    shards: int = 1
-    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
-
-    @property
-    def memory_name(self) -> str | None:
-        """The in-memory store's name for a ``memory://name`` URL ("" for ``memory://``), or
-        None for a queue on Redis."""
-        if self.url is None or not self.url.startswith(MEMORY_URL_PREFIX):
-            return None
-        return self.url.removeprefix(MEMORY_URL_PREFIX)
-
-    def nack_delay_ms(self, attempt: int) -> int:
-        """The wait before retrying a delivery that failed on ``attempt`` (1-based)."""
-        delays = self.nack_delays_ms
-        return delays[min(max(attempt, 1), len(delays)) - 1]
-
-
-def _seconds_to_ms(value: Any, *, rounded_up: bool = False) -> int | None:
-    """Seconds (int, float or timedelta) as whole ms, to the nearest or ``rounded_up``; None
-    if not a finite number."""
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value):
-        return None
-    if rounded_up:
-        # Through whole µs: as a float, 0.007 s is 7.000000000000001 ms.
-        return -(-round(value * 1_000_000) // 1000)
-    return round(value * 1000)
-
-
-def _is_int_in(value: Any, low: int, high: int | None = None) -> bool:
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
-    )
-
-
-def _check_connection(name: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
-    alias, url = options["REDIS"], options["URL"]
-    where = f"{SETTING}[{name!r}]"
-    if (alias is None) == (url is None):
-        problems.append(
-            Problem(
-                "delayqueue_django.E005",
-                f"{where} must set exactly one of REDIS (a django-redis cache alias) and URL.",
-                hint='e.g. "REDIS": "default" or "URL": "redis://127.0.0.1:6379/0"',
-            )
-        )
-        return
-    if alias is not None:
-        caches = getattr(settings, "CACHES", {})
-        backend = caches.get(alias, {}).get("BACKEND", "") if isinstance(alias, str) else ""
-        if not isinstance(alias, str) or alias not in caches:
-            problems.append(
-                Problem(
-                    "delayqueue_django.E006",
-                    f"{where}['REDIS'] is {alias!r}, which is not an alias in CACHES.",
-                    hint=f"Cache aliases configured: {', '.join(map(repr, caches)) or 'none'}.",
-                )
-            )
-        elif not backend.startswith("django_redis."):
-            problems.append(
-                Problem(
-                    "delayqueue_django.E006",
-                    f"{where}['REDIS'] names cache {alias!r}, whose BACKEND {backend!r} "
-                    "is not django-redis.",
-                    hint='Use "BACKEND": "django_redis.cache.RedisCache", or give the queue '
-                    "a URL instead.",
-                )
-            )
-        if options["OPTIONS"]:
-            problems.append(
-                Problem(
-                    "delayqueue_django.E013",
-                    f"{where}['OPTIONS'] only applies with URL; a REDIS alias uses the "
-                    "cache's own connection options.",
-                )
-            )
-        return
-    scheme = urlsplit(url).scheme if isinstance(url, str) else ""
-    if scheme == "memory":
-        _check_memory_url(where, url, options, problems)
-        return
-    if scheme not in URL_SCHEMES + CLUSTER_URL_SCHEMES:
-        allowed = ", ".join(f"{s}://" for s in URL_SCHEMES + CLUSTER_URL_SCHEMES)
-        problems.append(
-            Problem(
-                "delayqueue_django.E007",
-                f"{where}['URL'] is {url!r}; it must start with one of {allowed}, "
-                f"{MEMORY_URL_PREFIX}.",
-                hint="redis+cluster://host:port connects to a Redis Cluster; memory:// keeps "
-                "the queue in this process, for tests and quick local runs.",
-            )
-        )
-    if not isinstance(options["OPTIONS"], Mapping):
-        problems.append(
-            Problem(
-                "delayqueue_django.E013",
-                f"{where}['OPTIONS'] must be a dict of redis-py connection arguments, "
-                f"not {type(options['OPTIONS']).__name__}.",
-            )
-        )
-    elif scheme in URL_SCHEMES + CLUSTER_URL_SCHEMES:
-        _check_client_options(where, url, options["OPTIONS"], problems)
-
-
-def _check_client_options(
-    where: str, url: str, options: Mapping[Any, Any], problems: list[Problem]
-) -> None:
-    """OPTIONS names the redis-py client would refuse at its first connection (or, on Redis
-    Cluster, drop without a word), read from the installed redis-py's signatures."""
-    try:
-        unknown = client_options.unknown_options(url, options)
-    except ValueError as error:
-        problems.append(
-            Problem(
-                "delayqueue_django.E007",
-                f"{where}['URL'] is {url!r}, which redis-py cannot read: {error}",
-            )
-        )
-        return
-    if not unknown:
-        return
-    accepted = sorted(client_options.accepted_options(url, options))
-    guesses = [
-        guess
-        for name in unknown
-        if isinstance(name, str)
-        for guess in difflib.get_close_matches(name, accepted, n=1)
-    ]
-    hint = (
-        f"Did you mean {', '.join(map(repr, guesses))}?"
-        if guesses
-        else f"It accepts: {', '.join(accepted)}."
-    )
-    problems.append(
-        Problem(
-            "delayqueue_django.E017",
-            f"{where}['OPTIONS'] has {', '.join(map(repr, unknown))}, which redis-py's "
-            f"{client_options.client_description(url)} client does not accept.",
-            hint=hint,
-        )
-    )
-
-
-def _check_memory_url(
-    where: str, url: str, options: Mapping[str, Any], problems: list[Problem]
-) -> None:
-    name = url.removeprefix(MEMORY_URL_PREFIX)
-    if not url.startswith(MEMORY_URL_PREFIX) or not MEMORY_NAME_PATTERN.match(name):
-        problems.append(
-            Problem(
-                "delayqueue_django.E007",
-                f"{where}['URL'] is {url!r}; an in-memory store is memory:// or memory://name, "
-                "the name being up to 100 letters, digits and _ . : -",
-            )
-        )
-    if options["OPTIONS"]:
-        problems.append(
-            Problem(
-                "delayqueue_django.E013",
-                f"{where}['OPTIONS'] only applies to a Redis URL; an in-memory store takes "
-                "no connection options.",
-            )
-        )
-
-
-def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
-    where = f"{SETTING}[{name!r}]"
-    if not _is_int_in(options["RETRY_COUNT"], 0, 1000):
-        problems.append(
-            Problem(
-                "delayqueue_django.E009",
-                f"{where}['RETRY_COUNT'] must be an int from 0 to 1000, "
-                f"not {options['RETRY_COUNT']!r}.",
-            )
-        )
-    if not _is_int_in(options["MAX_PAYLOAD_BYTES"], 1, 512 * 1024 * 1024):
-        problems.append(
-            Problem(
-                "delayqueue_django.E009",
-                f"{where}['MAX_PAYLOAD_BYTES'] must be a positive int (at most 512 MiB), "
-                f"not {options['MAX_PAYLOAD_BYTES']!r}.",
-            )
-        )
-    for option in ("FETCH_BATCH_SIZE", "STAGE_BATCH_SIZE", "SEND_BATCH_SIZE"):
-        if not _is_int_in(options[option], 1, MAX_BATCH_SIZE):
-            problems.append(
-                Problem(
-                    "delayqueue_django.E009",
-                    f"{where}[{option!r}] must be an int from 1 to {MAX_BATCH_SIZE}, "
-                    f"not {options[option]!r}.",
-                )
-            )
-    consume_ms = _seconds_to_ms(options["MAX_CONSUME_DURATION"])
-    if consume_ms is None or consume_ms < 1:
-        problems.append(
-            Problem(
-                "delayqueue_django.E010",
-                f"{where}['MAX_CONSUME_DURATION'] must be a positive number of seconds "
-                f"or a timedelta, not {options['MAX_CONSUME_DURATION']!r}.",
-            )
-        )
-    retention = options["GARBAGE_RETENTION"]
-    retention_ms = _seconds_to_ms(retention)
-    if retention is not None and (retention_ms is None or retention_ms < 0):
-        problems.append(
-            Problem(
-                "delayqueue_django.E010",
-                f"{where}['GARBAGE_RETENTION'] must be a number of seconds, a timedelta, "
-                f"or None to keep dead letters until removed by hand; not {retention!r}.",
-            )
-        )
-    if not isinstance(options["SEND_ON_COMMIT"], bool):
-        problems.append(
-            Problem(
-                "delayqueue_django.E014",
-                f"{where}['SEND_ON_COMMIT'] must be True or False, "
-                f"not {options['SEND_ON_COMMIT']!r}.",
-            )
-        )
-    _check_outbox_options(where, options, problems)
-    if not _is_int_in(options["SHARDS"], 1, MAX_SHARDS):
-        problems.append(
-            Problem(
-                "delayqueue_django.E018",
-                f"{where}['SHARDS'] must be an int from 1 to {MAX_SHARDS}, "
-                f"not {options['SHARDS']!r}.",
-                hint="1 keeps the queue in one hash tag (one Redis Cluster slot); N spreads "
-                "it over N, for a queue that outgrows one Redis server.",
-            )
-        )
-    if _nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) is None:
-        problems.append(
-            Problem(
-                "delayqueue_django.E011",
-                f"{where}['NACK_REDELIVERY_DELAY'] must be seconds (number or timedelta, "
-                "zero or more) or a non-empty list of them, one per retry (the last one "
-                f"repeats); not {options['NACK_REDELIVERY_DELAY']!r}.",
-            )
-        )
-
-
-def _read_feature_options(
-    name: str, options: Mapping[str, Any], problems: list[Problem]
-) -> dict[str, object] | None:
-    """What each feature wing reads from its option of the queue (core.features); None if
-    any reported a problem."""
-    before = len(problems)
-
-    def report(check_id: str, msg: str, hint: str | None = None) -> None:
-        problems.append(Problem(f"delayqueue_django.{check_id}", msg, hint))
-
-    read = {option: reader(name, options, report) for option, reader in features.queue_options()}
-    return read if len(problems) == before else None
-
-
-def _check_outbox_options(where: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
-    outbox = options["OUTBOX"]
-    if not isinstance(outbox, bool):
-        problems.append(
-            Problem(
-                "delayqueue_django.E030",
-                f"{where}['OUTBOX'] must be True or False, not {outbox!r}.",
-            )
-        )
-    elif outbox and options["SEND_ON_COMMIT"] is True:
-        problems.append(
-            Problem(
-                "delayqueue_django.E031",
-                f"{where} sets both OUTBOX and SEND_ON_COMMIT; a send goes through the outbox "
-                "or is sent on commit, not both.",
-                hint="Keep OUTBOX: the outbox also sends nothing for a transaction that rolls "
-                "back, and loses nothing when Redis is down at the commit.",
-            )
-        )
-    exactly_once = options["EXACTLY_ONCE"]
-    databases = getattr(settings, "DATABASES", {})
-    if not (
-        isinstance(exactly_once, bool)
-        or (isinstance(exactly_once, str) and exactly_once in databases)
-    ):
-        problems.append(
-            Problem(
-                "delayqueue_django.E032",
-                f"{where}['EXACTLY_ONCE'] must be True, False or an alias in DATABASES, "
-                f"not {exactly_once!r}.",
-                hint=f"Database aliases configured: {', '.join(map(repr, databases)) or 'none'}.",
-            )
-        )
-    retention_ms = _seconds_to_ms(options["EXACTLY_ONCE_RETENTION"])
-    if retention_ms is None or retention_ms < 1:
-        problems.append(
-            Problem(
-                "delayqueue_django.E033",
-                f"{where}['EXACTLY_ONCE_RETENTION'] must be a positive number of seconds or a "
-                f"timedelta, not {options['EXACTLY_ONCE_RETENTION']!r}.",
-            )
-        )
-
-
-def _exactly_once_alias(value: Any) -> str | None:
-    if value is True:
-        return DEFAULT_DB_ALIAS
-    return value or None
-
-
-def _nack_delays_ms(value: Any) -> tuple[int, ...] | None:
-    steps = value if isinstance(value, list | tuple) else [value]
-    # Rounded up, as every due time is: a retry is never due before its delay has passed.
-    delays = tuple(_seconds_to_ms(step, rounded_up=True) for step in steps)
-    if not delays or any(delay is None or delay < 0 for delay in delays):
-        return None
-    return delays  # type: ignore[return-value]  # Nones were refused above.
 
 
 def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | None:

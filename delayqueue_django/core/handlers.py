@@ -13,8 +13,8 @@ from types import ModuleType
 from typing import Any
 
 from delayqueue_django.core import features
-from delayqueue_django.core.conf import QueueConfig
 from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue_config import QueueConfig
 
 Handler = Callable[[Message], Any]
 

@@ -2,7 +2,7 @@
 in-process memory store for ``memory://`` URLs; spread over shards with ``SHARDS``."""
 
 from delayqueue_django.core import connections
-from delayqueue_django.core.conf import QueueConfig
+from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine import QueueKeys, RedisStore, Store, StoreLimits
 from delayqueue_django.engine.memory import MemoryStore, get_server
 from delayqueue_django.engine.protocol import ShardStore
@@ -29,5 +29,5 @@ def store_for(config: QueueConfig) -> Store:
             return RedisStore(client, shard, limits)
 
     # Even a queue of one shard: it still drains, finds and counts what a layout of more
-    # shards left, if it had one (see engine.sharded_store).
+    # shards left, if it had one (see engine.shard_layouts).
     return ShardedStore(make(keys), config.shards, make)

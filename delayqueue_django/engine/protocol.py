@@ -293,7 +293,7 @@ class ShardStore(Store, Protocol):
 
     def layouts(self) -> set[int]:
         """The layouts (SHARDS of 2 or more) registered as possibly holding messages: on
-        shard 0 only (see engine.sharded_store, "Resharding")."""
+        shard 0 only (see engine.shard_layouts)."""
         ...
 
     def add_layout(self, layout: int) -> None:

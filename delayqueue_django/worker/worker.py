@@ -29,6 +29,7 @@ from delayqueue_django.outbox import exactly_once
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
+from delayqueue_django.worker.consumer_state import ConsumerState
 from delayqueue_django.worker.outages import Outages
 from delayqueue_django.worker.pool import HandlerPool
 
@@ -86,7 +87,7 @@ class Worker:
         self.handled = 0
         self.failed = 0
         # Under --max-messages, what each consumer's fetch under way may take (see reserve).
-        self._reserved: dict[QueueConsumer, int] = {}
+        self._reserved: dict[ConsumerState, int] = {}
         # The counts at the last summary line, and when it was logged (None: not yet).
         self._summarized = (0, 0)
         self._summarized_at: float | None = None
@@ -137,7 +138,7 @@ class Worker:
             *totals,
         )
 
-    def reserve(self, consumer: QueueConsumer, wanted: int) -> int:
+    def reserve(self, consumer: ConsumerState, wanted: int) -> int:
         """How many messages ``consumer`` may fetch now, of the ``wanted``: all of them
         without --max-messages; else no more than the limit leaves once the messages
         handled, in flight and reserved for the other consumers' fetches are counted,
@@ -158,7 +159,7 @@ class Worker:
                 self._reserved[consumer] = granted
             return granted
 
-    def fetched(self, consumer: QueueConsumer) -> None:
+    def fetched(self, consumer: ConsumerState) -> None:
         """``consumer``'s fetch returned, and what it took counts as in flight: its
         reservation ends, and what the fetch did not take is free again."""
         if self.max_messages is None:

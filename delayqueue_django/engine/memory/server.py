@@ -73,7 +73,7 @@ class QueueState:
     schedule_declared: dict[str, int] = field(default_factory=dict)
     # Ids written by relay from a database outbox -> when (see relay.lua).
     relayed: ScoredSet = field(default_factory=ScoredSet)
-    # The layouts registered as possibly holding messages (see engine.sharded_store).
+    # The layouts registered as possibly holding messages (see engine.shard_layouts).
     layouts: set[int] = field(default_factory=set)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)

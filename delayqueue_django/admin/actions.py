@@ -1,0 +1,183 @@
+"""The admin's actions (POST only; CSRF is checked by the middleware): on messages (requeue,
+deliver now, delete), on schedules (pause, resume, remove), and purging dead letters."""
+
+import logging
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from redis.exceptions import RedisError
+
+from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine import loggable
+from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
+
+logger = logging.getLogger("delayqueue_django.admin")
+
+MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page was read)
+
+# The schedule actions (Schedules' methods) and the permission each needs; remove applies
+# only to a schedule whose definition cannot be read.
+SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
+SCHEDULE_ACTIONS_DONE = {"pause": "paused", "resume": "resumed", "remove": "removed"}
+
+
+class Actions(ViewsBase):
+    """The actions, each checked against its permission."""
+
+    # Actions (POST only; CSRF is checked by the middleware)
+
+    def action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        name = request.POST.get("action", "")
+        back = _safe_next(request, self._url("detail", queue_name))
+        if name not in ACTIONS:
+            messages.error(request, "Choose an action.")
+            return HttpResponseRedirect(back)
+        label, permission, states = ACTIONS[name]
+        self._require(request, permission)
+        # The state the user saw the messages in: an action leaves alone those that have
+        # moved on since. Requeue and deliver now act on one state only, so theirs goes
+        # without saying; a delete must say it.
+        state = request.POST.get("state") or (states[0] if len(states) == 1 else "")
+        if state not in states:
+            messages.error(
+                request, "The form does not say which messages you saw. Reload the page."
+            )
+            return HttpResponseRedirect(back)
+        ids = [i for i in request.POST.getlist("ids") if i][: PAGE_SIZE * 2]
+        if not ids:
+            messages.warning(request, "No messages were selected.")
+            return HttpResponseRedirect(back)
+        try:
+            done = self._perform(queue, name, ids, state)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            return HttpResponseRedirect(back)
+        logger.info(
+            "admin action=%s queue=%s user=%s ids=%s done=%d",
+            name,
+            queue_name,
+            loggable(request.user.get_username()),
+            loggable(",".join(ids)),
+            done,
+        )
+        text = f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
+        if done < len(ids):
+            text += f" The others were no longer {state}."
+        messages.success(request, text)
+        return HttpResponseRedirect(back)
+
+    def _perform(self, queue: Queue, name: str, ids: list[str], state: str) -> int:
+        if name == "requeue":
+            return len(queue.requeue(ids))
+        if name == "deliver_now":
+            return len(queue.deliver_now(ids))
+        return sum(queue.delete(message_id, state=state) is not None for message_id in ids)
+
+    def schedule_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        """Pause or resume a schedule (POST, change permission), or remove one whose stored
+        definition cannot be read (delete permission): nothing else can be done with it."""
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        back = self._url("detail", queue_name)
+        name, action = request.POST.get("name", ""), request.POST.get("action", "")
+        if action not in SCHEDULE_ACTIONS or not name:
+            messages.error(request, "Choose a schedule to pause, resume or remove.")
+            return HttpResponseRedirect(back)
+        self._require(request, SCHEDULE_ACTIONS[action])
+        try:
+            if action == "remove" and queue.schedules.get(name).unreadable is None:
+                messages.error(
+                    request,
+                    f"Schedule {name!r} of queue {queue_name!r} can be read: the admin removes "
+                    "only schedules whose definition cannot be read.",
+                )
+                return HttpResponseRedirect(back)
+            getattr(queue.schedules, action)(name)
+        except (UnknownSchedule, InvalidSchedule) as error:
+            messages.error(request, str(error))
+            return HttpResponseRedirect(back)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            return HttpResponseRedirect(back)
+        logger.info(
+            "admin action=schedule-%s queue=%s user=%s schedule=%s",
+            action,
+            queue_name,
+            loggable(request.user.get_username()),
+            loggable(name),
+        )
+        messages.success(
+            request, f"Schedule {name!r} of queue {queue_name!r} {SCHEDULE_ACTIONS_DONE[action]}."
+        )
+        return HttpResponseRedirect(back)
+
+    def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        self._require(request, "delete")
+        queue = self._queue(queue_name)
+        if request.method == "POST":
+            return self._purge_shown(request, queue)
+        garbage: int | None = None
+        buried_before: int | None = None
+        error_text = ""
+        try:
+            stats = queue.stats()
+        except RedisError as error:
+            error_text = str(error)
+        else:
+            if stats["shards_down"]:
+                # A purge goes through every shard: it would stop at the first one down.
+                error_text = f"{stats['shards_down']} of its shards cannot be reached"
+            else:
+                garbage, buried_before = stats["garbage"], stats["server_time_ms"]
+        context = self._context(
+            request,
+            f"Purge dead letters of {queue_name}",
+            queue=queue,
+            garbage=garbage,
+            buried_before=buried_before,
+            redis_error=error_text,
+            queue_url=self._url("detail", queue_name) + "?state=garbage",
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/purge.html", context)
+
+    def _purge_shown(self, request: HttpRequest, queue: Queue) -> HttpResponse:
+        """The purge confirmed: only the dead letters its page counted, those buried before
+        it read the count (Redis's clock, ms); any buried since are left for another look."""
+        try:
+            shown_at = int(request.POST.get("buried_before", ""))
+        except ValueError:
+            shown_at = -1
+        if not 0 <= shown_at < MAX_TIME_MS:
+            messages.error(
+                request, "The form does not say which dead letters you saw. Reload the page."
+            )
+            return HttpResponseRedirect(self._url("purge", queue.name))
+        try:
+            purged = queue.purge_garbage(buried_before_ms=shown_at)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue.name!r}: {error}")
+        else:
+            logger.info(
+                "admin action=purge queue=%s user=%s purged=%d",
+                queue.name,
+                loggable(request.user.get_username()),
+                purged,
+            )
+            messages.success(request, f"Purged {purged} dead letter(s) from queue {queue.name!r}.")
+        return HttpResponseRedirect(self._url("detail", queue.name) + "?state=garbage")
+
+
+def _safe_next(request: HttpRequest, default: str) -> str:
+    """Where to go back to after an action: a path on this site only."""
+    from django.utils.http import url_has_allowed_host_and_scheme
+
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return default

@@ -1,0 +1,72 @@
+"""The admin's page of one message (its record and a preview of its payload) and the
+download of its whole payload."""
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.http import content_disposition_header
+from redis.exceptions import RedisError
+
+from delayqueue_django.admin.display import (
+    MESSAGE_PAYLOAD_BYTES,
+    as_datetime,
+    binary_size,
+    download_name,
+    pretty_payload,
+)
+from delayqueue_django.admin.view_base import ACTIONS, ViewsBase
+
+
+class MessagePages(ViewsBase):
+    """A message's page and its payload."""
+
+    def message(self, request: HttpRequest, queue_name: str, message_id: str) -> TemplateResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        try:
+            stored = queue.peek(message_id, preview_bytes=MESSAGE_PAYLOAD_BYTES)
+        except RedisError as error:
+            return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
+        if stored is None:
+            raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
+        # peek cut it iff it is longer (payload_size counts the whole payload): a cut one is
+        # shown as it came, as no JSON can be made of a part of it.
+        cut = stored.payload is not None and stored.payload_size > MESSAGE_PAYLOAD_BYTES
+        actions = [
+            (key, label)
+            for key, (label, permission, states) in ACTIONS.items()
+            if stored.state in states and self._can(request, permission)
+        ]
+        context = self._context(
+            request,
+            f"Message {message_id}",
+            queue=queue,
+            stored=stored,
+            when=as_datetime(stored.score_ms),
+            payload=stored.payload if cut else pretty_payload(stored.payload),
+            cut=cut,
+            shown_kib=MESSAGE_PAYLOAD_BYTES // 1024,
+            whole_size=binary_size(stored.payload_size),
+            download_url=self._url("payload", queue_name, message_id),
+            actions=actions,
+            action_url=self._url("action", queue_name),
+            queue_url=self._url("detail", queue_name) + f"?state={stored.state}",
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/message.html", context)
+
+    def payload(self, request: HttpRequest, queue_name: str, message_id: str) -> HttpResponse:
+        """The whole payload as a file to download (GET, view permission): the bytes stored,
+        not indented, without a trace context (bytes that are not UTF-8 too, which the page
+        shows as escapes). It is read whole into this process once; nothing is changed."""
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        try:
+            payload = queue.peek_payload(message_id)
+        except RedisError as error:
+            return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
+        if payload is None:
+            raise Http404(f"Queue {queue_name!r} has no payload for message {message_id!r}.")
+        response = HttpResponse(payload, content_type="application/json")
+        response["Content-Disposition"] = content_disposition_header(
+            True, download_name(queue_name, message_id)
+        )
+        return response

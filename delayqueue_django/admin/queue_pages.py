@@ -1,0 +1,237 @@
+"""The admin's pages of queues: the overview, one page per queue (counts, throughput, shards,
+workers, schedules, a page of messages in one state), and their JSON for monitoring."""
+
+import math
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.template.response import TemplateResponse
+from redis.exceptions import RedisError
+
+from delayqueue_django.admin.display import (
+    COUNT_NAMES,
+    as_datetime,
+    call_arguments,
+    from_epoch,
+    shard_table,
+)
+from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
+from delayqueue_django.core import registry
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine import STATES, StoredMessage, printable
+from delayqueue_django.monitoring.reports import (
+    describe_running,
+    outbox_report,
+    queue_report,
+    queue_totals,
+    running_handlers,
+    shard_down,
+    shard_reports,
+    unreachable,
+)
+from delayqueue_django.schedules.api import ScheduleInfo
+from delayqueue_django.worker import heartbeat
+
+PREVIEW_BYTES = 300
+THROUGHPUT_MINUTES = 15
+
+
+class QueuePages(ViewsBase):
+    """The overview, a queue's page, and the JSON views."""
+
+    # Pages
+
+    def overview(self, request: HttpRequest) -> TemplateResponse:
+        self._require(request, "view")
+        rows = []
+        for name in registry.queue_names():
+            row: dict[str, Any] = {"name": name, "url": self._url("detail", name)}
+            queue = registry.get_queue(name)
+            row.update(outbox_report(queue))
+            shards = shard_reports(queue)
+            row["shards"] = None if shards is None else len(shards)
+            try:
+                stats = queue_totals(queue, shards)
+                row["counts"] = [stats[key] for key in COUNT_NAMES]
+                row["lag_seconds"] = stats["lag_ms"] / 1000
+                row["next_due"] = as_datetime(stats["next_due_ms"])
+                row["shards_down"] = stats["shards_down"]
+                if stats["shards_down"]:
+                    row["partial"] = unreachable(queue, shards or {})
+            except RedisError as error:
+                row["error"] = str(error)
+            rows.append(row)
+        context = self._context(
+            request, "Delay queues", rows=rows, count_names=COUNT_NAMES, json_url=self._url("json")
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/overview.html", context)
+
+    def detail(self, request: HttpRequest, queue_name: str) -> TemplateResponse:
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        state = request.GET.get("state", "pending")
+        if state not in STATES:
+            state = "pending"
+        shards = shard_reports(queue)
+        shard_context = shard_table(shards)
+        try:
+            stats = queue_totals(queue, shards)
+            count = stats[state]
+            pages = max(math.ceil(count / PAGE_SIZE), 1)
+            page = _page_number(request.GET.get("page"), pages)
+            # With shards down, the page shows what the others hold; a listing and the
+            # throughput read every shard (they would only fail, after a timeout maybe),
+            # and the workers and schedules are on shard 0.
+            partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
+            entries, throughput = [], []
+            if not partial:
+                entries = queue.list_messages(
+                    state,
+                    offset=(page - 1) * PAGE_SIZE,
+                    limit=PAGE_SIZE,
+                    preview_bytes=PREVIEW_BYTES,
+                )
+                throughput = queue.throughput(THROUGHPUT_MINUTES)
+            workers: list[dict[str, Any]] | None = None
+            schedules: list[ScheduleInfo] | None = None
+            if not shard_down(shards, "0"):
+                workers = heartbeat.live_workers(queue)
+                schedules = queue.schedules.all()
+        except RedisError as error:
+            return self._unavailable(
+                request, "queue.html", f"Queue {queue_name}", queue, error, **shard_context
+            )
+        actions = [
+            (key, label)
+            for key, (label, permission, states) in ACTIONS.items()
+            if state in states and self._can(request, permission)
+        ]
+        peak = max([acked + failed for _, acked, failed in throughput] + [1])
+        context = self._context(
+            request,
+            f"Queue {queue_name}",
+            queue=queue,
+            config=queue.config,
+            max_consume_seconds=queue.config.max_consume_ms / 1000,
+            stats=stats,
+            counts=[(name, stats[name]) for name in COUNT_NAMES],
+            state=state,
+            states=STATES,
+            page=page,
+            pages=pages,
+            entries=[self._row(queue, entry) for entry in entries],
+            actions=actions,
+            next_due=as_datetime(stats["next_due_ms"]),
+            lag_seconds=stats["lag_ms"] / 1000,
+            partial=partial,
+            **shard_context,
+            throughput=[
+                {
+                    "minute": as_datetime(start),
+                    "acked": acked,
+                    "failed": failed,
+                    "acked_percent": round(100 * acked / peak),
+                    "failed_percent": round(100 * failed / peak),
+                }
+                for start, acked, failed in throughput
+            ],
+            throughput_totals=(
+                sum(row[1] for row in throughput),
+                sum(row[2] for row in throughput),
+            ),
+            workers=None
+            if workers is None
+            else [
+                {
+                    **worker,
+                    "started": from_epoch(worker.get("started")),
+                    "last_seen": from_epoch(worker.get("last_seen")),
+                    "running": [describe_running(h) for h in running_handlers(worker)],
+                }
+                for worker in workers
+            ],
+            json_url=self._url("queue_json", queue_name),
+            action_url=self._url("action", queue_name),
+            purge_url=self._url("purge", queue_name),
+            schedules=None
+            if schedules is None
+            else [self._schedule_row(queue, info) for info in schedules],
+            schedule_action_url=self._url("schedule_action", queue_name),
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
+
+    def _schedule_row(self, queue: Queue, info: ScheduleInfo) -> dict[str, Any]:
+        name = printable(info.name)
+        # A name whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
+        # form: it is shown, without a link or a button.
+        postable = name == info.name
+        row = {
+            "info": info,
+            "name": name,
+            "postable": postable,
+            "next_url": None
+            if info.next_id is None or not postable
+            else self._url("message", queue.name, info.next_id),
+        }
+        schedule = info.schedule
+        if schedule is None:  # its definition cannot be read: info.unreadable says why
+            return {**row, "fires": "—", "carries": "—", "missed": "—"}
+        if schedule.task is not None:
+            carries = f"task {schedule.task}({call_arguments(schedule.args, schedule.kwargs)})"
+        else:
+            carries = schedule.payload[:200]
+        return {
+            **row,
+            "fires": schedule.describe(),
+            "carries": carries,
+            "missed": f"{schedule.missed}, after {schedule.missed_after_ms / 1000:g} s"
+            + (f", the latest {schedule.missed_limit}" if schedule.missed == "all" else ""),
+        }
+
+    def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
+        payload = entry.payload or ""
+        preview = payload[:200]
+        shown_id = printable(entry.id)
+        return {
+            "entry": entry,
+            "id": shown_id,
+            "when": as_datetime(entry.score_ms),
+            "preview": preview,
+            "cut": entry.payload_size > len(preview.encode()),
+            # An id whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
+            # form: it is shown, without a link or a checkbox.
+            "url": self._url("message", queue.name, entry.id) if shown_id == entry.id else None,
+        }
+
+    # JSON for monitoring
+
+    def queue_json(self, request: HttpRequest, queue_name: str) -> JsonResponse:
+        self._require(request, "view")
+        return JsonResponse(_queue_summary(self._queue(queue_name)))
+
+    def all_json(self, request: HttpRequest) -> JsonResponse:
+        self._require(request, "view")
+        return JsonResponse(
+            {
+                "queues": {
+                    name: _queue_summary(registry.get_queue(name))
+                    for name in registry.queue_names()
+                }
+            }
+        )
+
+
+def _queue_summary(queue: Queue) -> dict[str, Any]:
+    """The monitoring report, with the number of live workers rather than their details."""
+    report = queue_report(queue)
+    if report.get("workers") is not None:
+        report["workers"] = len(report["workers"])
+    return report
+
+
+def _page_number(raw: str | None, pages: int) -> int:
+    try:
+        page = int(raw or 1)
+    except ValueError:
+        return 1
+    return min(max(page, 1), pages)

@@ -1,0 +1,155 @@
+"""``Queue``'s async twins of its producer and inspection calls."""
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from delayqueue_django.core import connections, tracing
+from delayqueue_django.core.queue.base import _areaching_redis, _check_id
+from delayqueue_django.core.queue.operating import QueueOperating
+from delayqueue_django.core.queue.producing import QueueProducing
+from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine.async_store import AsyncRedisStore
+from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import SHARD_MARK
+
+
+class QueueAsync(QueueProducing, QueueOperating):
+    """asend, asend_many, acancel and astats."""
+
+    # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
+    # client (nor has a memory queue), so its calls run the sync client in a worker thread.
+
+    async def asend(
+        self,
+        payload: Any,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
+        outbox: bool | None = None,
+    ) -> str:
+        """``send`` for async code."""
+        ids = await self._asend_all(
+            [payload],
+            batch=False,
+            delay=delay,
+            at=at,
+            retry_count=retry_count,
+            on_commit=on_commit,
+            using=using,
+            outbox=outbox,
+        )
+        return ids[0]
+
+    async def asend_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        retry_count: int | None = None,
+        on_commit: bool | None = None,
+        using: str | None = None,
+        outbox: bool | None = None,
+    ) -> list[str]:
+        """``send_many`` for async code."""
+        return await self._asend_all(
+            messages,
+            batch=True,
+            delay=delay,
+            at=at,
+            retry_count=retry_count,
+            on_commit=on_commit,
+            using=using,
+            outbox=outbox,
+        )
+
+    @_areaching_redis
+    async def _asend_all(
+        self,
+        messages: Iterable[Any],
+        *,
+        batch: bool,
+        delay: float | timedelta | None,
+        at: datetime | None,
+        retry_count: int | None,
+        on_commit: bool | None,
+        using: str | None,
+        outbox: bool | None,
+    ) -> list[str]:
+        through_outbox = self._outbox(outbox, on_commit)
+        if through_outbox or self._on_commit(on_commit):
+            # Transactions belong to the sync world: join its thread, where the
+            # transaction is, and write (or defer) there.
+            send_all = sync_to_async(self._send_all, thread_sensitive=True)
+            return await send_all(
+                list(messages),
+                batch=batch,
+                delay=delay,
+                at=at,
+                retry_count=retry_count,
+                on_commit=not through_outbox,
+                using=using,
+                outbox=through_outbox,
+            )
+        prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
+        if not prepared:
+            return []
+        if tracing.active():
+            with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
+                await self._awrite(stamped)
+        else:
+            await self._awrite(prepared)
+        return [message.id for message in prepared]
+
+    async def _awrite(self, prepared: list[NewMessage]) -> None:
+        store = self.async_store()
+        if store is None:
+            await sync_to_async(self._write, thread_sensitive=False)(prepared)
+        else:
+            await store.send(prepared)
+
+    @_areaching_redis
+    async def acancel(self, message_id: str) -> bool:
+        """``cancel`` for async code."""
+        _check_id(message_id)
+        store = self.async_store()
+        if store is None or SHARD_MARK in message_id:
+            # (An id of another shard: the sync store finds it.)
+            return await sync_to_async(self.cancel, thread_sensitive=False)(message_id)
+        return await store.remove(message_id) is not None
+
+    @_areaching_redis
+    async def astats(self) -> dict[str, int]:
+        """``stats`` for async code."""
+        store = self.async_store()
+        if store is None or self.config.outbox or self._drains():
+            # The outbox is read through the ORM, which belongs to the sync world.
+            return await sync_to_async(self.stats, thread_sensitive=True)()
+        # (Shard 0 alone, which either answers or raises.)
+        return {**await store.stats(), "shards_down": 0}
+
+    def _drains(self) -> bool:
+        """Whether the store may read shards other than shard 0: it drains an earlier
+        layout, or has not read the register of layouts lately (a sync call does)."""
+        store = self.store
+        return isinstance(store, ShardedStore) and store.draining() != ()
+
+    def async_store(self) -> AsyncRedisStore | None:
+        """The redis.asyncio store of shard 0 for the running event loop, or None for a
+        django-redis alias or a memory queue (no asyncio client there), or a sharded
+        queue."""
+        client = connections.async_client_for(self.config)
+        if client is None or self.config.shards > 1:
+            # (A sharded queue's sends go shard by shard: through its sync store.)
+            return None
+        store = self._async_stores.get(client)
+        if store is None:
+            store = AsyncRedisStore(client, self.store.keys, self.store.limits)
+            self._async_stores[client] = store
+        return store

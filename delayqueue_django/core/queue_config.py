@@ -1,0 +1,51 @@
+"""``QueueConfig``: one queue's options as the rest of the package reads them, validated,
+with defaults filled in and durations in ms (see core.conf)."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayqueue_django.core.conf_urls import MEMORY_URL_PREFIX
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The options of one queue, validated, with defaults filled in and durations in ms."""
+
+    name: str
+    redis_alias: str | None
+    url: str | None
+    options: Mapping[str, Any]
+    handler: str | None
+    retry_count: int
+    max_consume_ms: int
+    nack_delays_ms: tuple[int, ...]
+    key_prefix: str
+    garbage_retention_ms: int | None
+    max_payload_bytes: int
+    fetch_batch_size: int
+    stage_batch_size: int
+    send_batch_size: int
+    send_on_commit: bool
+    # What the feature wings read from their options (core.features), by option name.
+    feature_options: Mapping[str, object] = field(default_factory=dict)
+    outbox: bool = False
+    # The database alias processed message ids are recorded in, or None: at least once.
+    exactly_once: str | None = None
+    exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
+    # The layout new messages are spread over (1: the queue's one set of keys).
+    shards: int = 1
+    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def memory_name(self) -> str | None:
+        """The in-memory store's name for a ``memory://name`` URL ("" for ``memory://``), or
+        None for a queue on Redis."""
+        if self.url is None or not self.url.startswith(MEMORY_URL_PREFIX):
+            return None
+        return self.url.removeprefix(MEMORY_URL_PREFIX)
+
+    def nack_delay_ms(self, attempt: int) -> int:
+        """The wait before retrying a delivery that failed on ``attempt`` (1-based)."""
+        delays = self.nack_delays_ms
+        return delays[min(max(attempt, 1), len(delays)) - 1]

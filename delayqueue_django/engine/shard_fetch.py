@@ -1,0 +1,335 @@
+"""Fetching from a ``ShardedStore``: the plan of when each shard next has work.
+
+Fetching keeps a plan: when each shard next has work, learned from that shard's fetches
+and, while a wake-up subscription of this store listens (a worker's), its wake-ups. A
+fetch takes from the shards that are due by the plan, in turn from where the last one
+stopped (each process starts at a random shard), until it has ``count``; with no one
+listening (the plan would miss what other processes send), it looks at every shard in
+turn, and with none due (a look in case a wake-up was lost) at up to IDLE_LOOK_SHARDS;
+while some are due, one not asked for LOOK_AGAIN_SECONDS joins each fetch, so a lost
+wake-up delays its shard by that much at most, however busy the others stay. A
+shard whose Redis cannot be reached is left out and tried again every
+SHARD_RETRY_SECONDS while the others keep flowing; a fetch whose shards all failed asks
+the others, and raises only when none answers.
+
+Clocks: each shard's scripts judge what is due by its own server's clock, so nothing is
+ever handed out early. The plan takes the shards' clocks for one (on one server they are;
+a Redis Cluster's masters agree to within what NTP keeps them): a master whose clock runs
+ahead of the others by some milliseconds has its shards' messages fetched up to that much
+late, one behind by as much early, which its script answers with the due time again.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+
+from redis.exceptions import RedisError
+
+from delayqueue_django.engine.errors import timed_out
+from delayqueue_django.engine.protocol import ChannelSubscription
+from delayqueue_django.engine.records import ExhaustedClaim, FetchResult
+from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS, ShardLayouts
+from delayqueue_django.engine.shard_plan import ShardPlan
+
+logger = logging.getLogger("delayqueue_django.engine")
+
+# A shard the plan has due within this long of a fetch is fetched from: the consumer times
+# its sleep by the same clock readings, to well under this.
+DUE_SLACK_SECONDS = 0.001
+# At most this many shards are asked by a fetch when none is due by the plan.
+IDLE_LOOK_SHARDS = 30
+# A shard not asked for this long joins a fetch even while others are due (one a fetch):
+# a wake-up lost on its way (pub/sub delivers at most once) leaves its plan saying it is
+# empty, and a later send there publishes nothing behind its older head. The consumer's
+# idle look (worker.consumer.IDLE_RECHECK_SECONDS) covers a queue with nothing due.
+LOOK_AGAIN_SECONDS = 30.0
+
+
+class ShardFetching(ShardLayouts):
+    """The part of a ``ShardedStore`` that fetches: the plan, kept from fetches and
+    wake-ups, of which shards to ask."""
+
+    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+        self.refresh_layouts()
+        if len(self._order) == 1:
+            # One shard (SHARDS 1, nothing to drain): the plan would only echo its reply.
+            return self.base.fetch(count, fetcher=fetcher, request=request)
+        visits, repeating = self._visits(time.monotonic(), fetcher, request)
+        taken: list[tuple[str, FetchResult]] = []
+        asked: list[str] = []
+        failures: list[Exception] = []
+        held_back: set[str] = set()
+
+        def ask(names: Iterable[str], *, to_the_end: bool) -> None:
+            """Fetch from each shard in turn until ``count`` (or from every one, if told),
+            but for those held back meanwhile (a shard on their server timed out)."""
+            remaining = count - sum(len(result.deliveries) for _, result in taken)
+            for name in names:
+                if remaining <= 0 < count and not to_the_end:
+                    return
+                if not to_the_end and name in held_back:
+                    continue
+                asked.append(name)
+                # (A fetch of none still has each shard it asks retry what expired.)
+                result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
+                if result is not None:
+                    taken.append((name, result))
+                    remaining -= len(result.deliveries)
+                elif timed_out(failures[-1]):
+                    held_back.update(self.hold_siblings(name))
+
+        ask(visits, to_the_end=repeating)
+        if not taken and not repeating:
+            # Every shard asked failed: ask the others that are not failing, so that one
+            # master down never holds up the rest (nor leaves this fetch without a clock).
+            now = time.monotonic()
+            with self._lock:
+                others = [
+                    name
+                    for name in self._order
+                    if name not in asked and self._plans[name].retry_at <= now
+                ]
+            ask(others, to_the_end=False)
+        if not taken:
+            # (Not noted as this fetcher's last: its repeat asks every shard due, and those
+            # that failed replay it, see _repeats; asking only those would wait out their
+            # outage.)
+            raise failures[0]
+        if request:
+            self._last_fetch[fetcher] = (request, asked)
+        with self._lock:
+            if asked[-1] in self._order:
+                self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
+        return self._merged(taken, more=len(asked) < len(visits))
+
+    def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
+        """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
+        of them when no one listens, or IDLE_LOOK_SHARDS of them when none is due, but for
+        those whose Redis failed and whose retry has not come (unless every shard's failed);
+        and whether it repeats a lost fetch, which asks exactly the shards that one asked
+        (they hand out again what they took)."""
+        repeated, names = self._last_fetch.get(fetcher, ("", []))
+        if request and request == repeated:
+            return names, True
+        with self._lock:
+            # (Under the lock: another thread following the register replaces both.)
+            order = self._order[self._cursor :] + self._order[: self._cursor]
+            # (Asked before its retry, a shard that failed would hold up every fetch, and
+            # the others' messages with it, for its timeout again.)
+            reachable = [name for name in order if self._plans[name].retry_at <= now] or order
+            if not self._listening:
+                return reachable, False
+            due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
+            if due:
+                overlooked = next(
+                    (
+                        name
+                        for name in reachable
+                        if name not in due
+                        and self._plans[name].asked_at <= now - LOOK_AGAIN_SECONDS
+                    ),
+                    None,
+                )
+                # First, so that the due shards filling the count do not leave it out.
+                return ([overlooked] if overlooked else []) + due, False
+        # With none due, a look in case a wake-up was lost: a slice of them in turn, so that
+        # an idle worker's looks (every 30 s) cost at most 1 request a second.
+        return reachable[:IDLE_LOOK_SHARDS], False
+
+    def _fetch_shard(
+        self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
+    ) -> FetchResult | None:
+        """One shard's fetch, the plan updated from it; None (and the error kept) if its
+        Redis failed, which repeats the same request next time."""
+        repeat_key = (fetcher, name)
+        sent = self._repeats.get(repeat_key, request) if request else ""
+        # (A repeat may ask a shard of a layout retired since: it holds nothing.)
+        plan = self._plans.get(name) or ShardPlan()
+        with self._lock:
+            plan.heard_ms = math.inf
+            plan.asked_at = time.monotonic()
+        try:
+            result = self._store(name).fetch(count, fetcher=fetcher, request=sent)
+        except (RedisError, OSError) as error:
+            if sent:
+                self._repeats[repeat_key] = sent
+            self._failed(name, plan, error)
+            failures.append(error)
+            return None
+        self._repeats.pop(repeat_key, None)
+        self._learn(name, plan, result)
+        return result
+
+    def on_same_server(self, name: str) -> list[str]:
+        """The other shards fetched from whose keys are on shard ``name``'s server, as the
+        client last learned it (no round trip): a server that hangs hangs them all."""
+        server = self._store(name).server_name()
+        with self._lock:
+            order = list(self._order)
+        return [
+            other for other in order if other != name and self._store(other).server_name() == server
+        ]
+
+    def hold_siblings(self, name: str) -> list[str]:
+        """Shard ``name``'s server did not answer in time: the other shards on it are not
+        asked before their retry either (each would wait out its own timeout, the other
+        servers' shards held up meanwhile: a queue of 12 shards on one server, 12 socket
+        timeouts). Returns them."""
+        siblings = self.on_same_server(name)
+        retry_at = time.monotonic() + SHARD_RETRY_SECONDS
+        with self._lock:
+            for other in siblings:
+                plan = self._plans.get(other)
+                if plan is not None:
+                    plan.retry_at = max(plan.retry_at, retry_at)
+        return siblings
+
+    def _failed(self, name: str, plan: ShardPlan, error: Exception) -> None:
+        now = time.monotonic()
+        with self._lock:
+            plan.retry_at = now + SHARD_RETRY_SECONDS
+            first = plan.failing_since is None
+            if first:
+                plan.failing_since = now
+        if first:
+            logger.warning(
+                "queue %s: shard %s cannot be reached (%s); its messages wait, the other "
+                "shards go on; trying it every %g s",
+                self.keys.queue,
+                name,
+                error,
+                SHARD_RETRY_SECONDS,
+            )
+
+    def _learn(self, name: str, plan: ShardPlan, result: FetchResult) -> None:
+        if result.next_ms is None:
+            due_ms = math.inf
+        elif result.next_ms <= result.now_ms:
+            due_ms = -math.inf
+        else:
+            due_ms = result.next_ms
+        with self._lock:
+            plan.fetched = True
+            plan.due_ms = min(due_ms, plan.heard_ms)
+            plan.owed = result.exhaustions_owed
+            plan.retry_at = -math.inf
+            failing_since, plan.failing_since = plan.failing_since, None
+        if failing_since is not None:
+            logger.warning(
+                "queue %s: shard %s reached again after %.1f s",
+                self.keys.queue,
+                name,
+                time.monotonic() - failing_since,
+            )
+
+    def _local_due(self, name: str) -> float:
+        """When shard ``name`` next has work, on the monotonic clock (s); lock held."""
+        plan = self._plans[name]
+        if plan.due_ms in (-math.inf, math.inf):
+            local = plan.due_ms
+        elif self._reference_ms is None:
+            local = -math.inf
+        else:
+            local = (plan.due_ms - self._reference_ms) / 1000
+        return max(local, plan.retry_at)
+
+    def _merged(self, taken: list[tuple[str, FetchResult]], *, more: bool) -> FetchResult:
+        """One FetchResult: the clock as the first shard taken from read it. ``more``: the
+        fetch stopped, its count reached, before asking every shard it meant to."""
+        reference = taken[0][1]
+        with self._lock:
+            self._reference_ms = _clock_offset(reference)
+            earliest = min(self._order, key=self._local_due)
+            local = self._local_due(earliest)
+            plan = self._plans[earliest]
+            owed = any(plan.owed for plan in self._plans.values())
+        if local == math.inf:
+            next_ms: int | None = None
+        elif local == -math.inf or more:
+            next_ms = reference.now_ms
+        elif plan.retry_at < local:
+            next_ms = max(reference.now_ms, int(plan.due_ms))
+        else:  # a shard that failed, tried again then
+            next_ms = max(reference.now_ms, math.ceil(self._reference_ms + local * 1000))
+        return replace(
+            reference,
+            next_ms=next_ms,
+            expired=sum(result.expired for _, result in taken),
+            deliveries=[delivery for _, result in taken for delivery in result.deliveries],
+            exhaustions_owed=owed,
+        )
+
+    def listening(self, change: int) -> None:
+        """A wake-up subscription of this store began (+1) or ended (-1) listening."""
+        with self._lock:
+            self._listening += change
+
+    def heard(self, name: str, due_ms: int) -> None:
+        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it."""
+        with self._lock:
+            plan = self._plans.get(name)
+            if plan is not None:
+                plan.heard_ms = min(plan.heard_ms, due_ms)
+                plan.due_ms = min(plan.due_ms, due_ms)
+
+    def _look_again(self, names: Iterable[str]) -> None:
+        """Work may have come due on these shards (a retry, a hand-back, a requeue)."""
+        with self._lock:
+            for name in names:
+                plan = self._plans.get(name)
+                if plan is not None:
+                    plan.due_ms = -math.inf
+
+    def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
+        """From the shards whose last fetch said one is owed, or never fetched (every
+        shard, when none is), in turn, until ``count``. A shard that cannot be reached is
+        passed over (its announcements wait for it); raises only if every one asked fails."""
+        with self._lock:
+            order = list(self._order)
+            owed = [
+                name for name in order if self._plans[name].owed or not self._plans[name].fetched
+            ]
+        claims: list[ExhaustedClaim] = []
+        asked_shards = failed = 0
+        for name in owed or order:
+            if len(claims) >= count:
+                break
+            asked = count - len(claims)
+            asked_shards += 1
+            try:
+                found = self._store(name).claim_exhausted(asked, claim_ms)
+            except (RedisError, OSError):
+                failed += 1
+                if failed == asked_shards == len(owed or order):
+                    raise
+                continue
+            claims += found
+            if len(found) < asked:
+                with self._lock:
+                    # (Its layout may have been retired meanwhile: no plan left.)
+                    plan = self._plans.get(name)
+                    if plan is not None:
+                        plan.owed = False
+        return claims
+
+    def _subscribe(self) -> tuple[int, ChannelSubscription, dict[str, str]]:
+        """A subscription to the wake-ups of every shard fetched from, and the generation
+        of that list of shards."""
+        self.refresh_layouts()
+        with self._lock:
+            generation, names = self.generation, list(self._order)
+        channels = {self._store(name).keys.wakeup_channel: name for name in names}
+        subscription = self.base.subscribe_channels(list(channels))
+        # A layout announced before the subscription took effect was heard by no one (at a
+        # worker's start, its own relay writing rows another layout placed): read the
+        # register now. If it changed, the generation returned is behind, and the
+        # subscription follows the new list at once.
+        self.refresh_layouts(due=True)
+        return generation, subscription, channels
+
+
+def _clock_offset(result: FetchResult) -> float:
+    """The store's clock minus this process's monotonic clock (ms), as a fetch read them."""
+    return result.now_ms + result.now_us / 1000 - result.read_at * 1000

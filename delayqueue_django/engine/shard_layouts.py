@@ -1,0 +1,241 @@
+"""The shards of a ``ShardedStore``, built and named, and the register of layouts they
+follow.
+
+Resharding: changing SHARDS moves no message. Shard 0 keeps a register of the layouts
+that may hold messages (``layouts``, a set): a store adds a layout before its first
+write to one of that layout's shards, and again every LAYOUT_REGISTER_SECONDS (so a
+layout retired while some process still sends to it comes back), and readers and
+fetches read it every LAYOUTS_RECHECK_SECONDS. The shards of registered layouts other
+than this store's own are *draining*: fetched, counted, listed and listened to like the
+live ones, only never sent to. Once a draining layout's shards are empty, ``retire``
+takes it off the register (the ``delayqueue_shards --retire`` command); nothing retires a
+layout on its own, since only the operator knows that no process still sends to it.
+"""
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.protocol import ShardStore
+from delayqueue_django.engine.records import StoreLimits
+from delayqueue_django.engine.shard_plan import ShardPlan
+from delayqueue_django.engine.shards import (
+    MAX_SHARDS,
+    layout_names,
+    parse_name,
+    shard_keys,
+    shard_name,
+)
+
+logger = logging.getLogger("delayqueue_django.engine")
+
+# A shard whose Redis failed a fetch is tried again after this long.
+SHARD_RETRY_SECONDS = 1.0
+# The register of layouts is read again this often (by fetches and readers)...
+LAYOUTS_RECHECK_SECONDS = 10.0
+# ...and a sending store writes its own layout to it again this often.
+LAYOUT_REGISTER_SECONDS = 60.0
+# Message counts: a layout is drained when every one is 0 on each of its shards.
+HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
+
+
+class ShardLayouts:
+    """The part of a ``ShardedStore`` that knows its shards: the live ones of ``layout``,
+    those of the other layouts on the register (draining), and any other an id names. Its
+    ``__init__`` builds the whole store's state, the fetch plan's too (engine.shard_fetch)."""
+
+    def __init__(
+        self,
+        base: ShardStore,
+        layout: int,
+        make: Callable[[QueueKeys], ShardStore],
+    ) -> None:
+        self.layout = layout
+        self._make = make
+        self.shards: dict[str, ShardStore] = {"0": base}
+        for index in range(1, layout):
+            self.shards[shard_name(layout, index)] = make(shard_keys(base.keys, layout, index))
+        # The shards fetched from, in turn: the live ones, then the draining ones.
+        self._order = list(self.shards)
+        # Shards of other layouts, built when an id names one (a message of another layout).
+        self._others: dict[str, ShardStore] = {}
+        # The other layouts registered on shard 0, and when the register was last read.
+        self._draining: tuple[int, ...] = ()
+        self._layouts_read_at = -math.inf
+        # layout -> when this store last put it on the register (monotonic s).
+        self._registered_at: dict[int, float] = {}
+        # Bumped whenever the shards fetched from change: subscriptions follow.
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._plans = {name: ShardPlan() for name in self._order}
+        # Where the next fetch starts; processes start at different shards.
+        self._cursor = random.randrange(layout)
+        # The queue's clock minus this process's monotonic clock (ms), from the last fetch.
+        self._reference_ms: float | None = None
+        # (fetcher, shard) -> the request a failed fetch of that shard must repeat.
+        self._repeats: dict[tuple[str, str], str] = {}
+        # fetcher -> (request, the shards that request's fetch asked): a repeat asks them.
+        self._last_fetch: dict[str, tuple[str, list[str]]] = {}
+        # How many wake-up subscriptions of this store listen: the plan is trusted only then.
+        self._listening = 0
+
+    @property
+    def base(self) -> ShardStore:
+        return self.shards["0"]
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.base.keys
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self.base.limits
+
+    @property
+    def client(self) -> Any:
+        """The Redis client (every shard's), or None in memory."""
+        return getattr(self.base, "client", None)
+
+    # Layouts
+
+    def consumed(self) -> dict[str, ShardStore]:
+        """Every shard this store reads, by name: the live ones, then the draining ones
+        (the register read again when it is due)."""
+        self.refresh_layouts()
+        return {name: self._store(name) for name in self._order}
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards this store fetches from, as last read."""
+        return len(self._order)
+
+    def draining(self) -> tuple[int, ...] | None:
+        """The other layouts this store drains, or None when the register is due to be
+        read again (or never was)."""
+        if time.monotonic() >= self._layouts_read_at + LAYOUTS_RECHECK_SECONDS:
+            return None
+        return self._draining
+
+    def refresh_layouts(self, *, force: bool = False, due: bool = False) -> None:
+        """Read the register of layouts if it is time (or it is ``due`` now, or ``force``d:
+        raising if it cannot be read); the shards fetched from follow it. A register that
+        cannot be read is tried again after SHARD_RETRY_SECONDS, the shards as they were
+        meanwhile."""
+        if (
+            not (force or due)
+            and time.monotonic() < self._layouts_read_at + LAYOUTS_RECHECK_SECONDS
+        ):
+            return
+        # One reading at a time (the fetch loop's, the listener's on LAYOUTS_CHANGED, an
+        # operator's): one read earlier and followed later would undo a newer one. A
+        # routine recheck that finds another under way leaves it to that one.
+        if not self._refresh_lock.acquire(blocking=force or due):
+            return
+        try:
+            self._read_layouts(force=force)
+        finally:
+            self._refresh_lock.release()
+
+    def _read_layouts(self, *, force: bool) -> None:
+        now = time.monotonic()
+        try:
+            registered = self.base.layouts()
+        except (RedisError, OSError) as error:
+            self._layouts_read_at = now - LAYOUTS_RECHECK_SECONDS + SHARD_RETRY_SECONDS
+            logger.debug("queue %s: reading its layouts failed: %s", self.keys.queue, error)
+            if force:
+                raise
+            return
+        self._layouts_read_at = now
+        draining = tuple(
+            sorted(
+                layout
+                for layout in registered
+                if layout != self.layout and 1 < layout <= MAX_SHARDS
+            )
+        )
+        if draining != self._draining:
+            self._follow(draining)
+
+    def _follow(self, draining: tuple[int, ...]) -> None:
+        """Fetch from the live shards and those of ``draining``."""
+        names = list(self.shards)
+        for layout in draining:
+            names += [name for name in layout_names(layout) if name not in self.shards]
+        for name in names:
+            self._store(name)  # built outside the lock
+        with self._lock:
+            before = self._draining
+            self._draining = draining
+            self._order = names
+            self._plans = {name: self._plans.get(name) or ShardPlan() for name in names}
+            self._cursor %= len(names)
+            self.generation += 1
+        added = sorted(set(draining) - set(before))
+        gone = sorted(set(before) - set(draining))
+        if added:
+            logger.info(
+                "queue %s: draining the shards of layout %s (SHARDS is %d here)",
+                self.keys.queue,
+                ", ".join(map(str, added)),
+                self.layout,
+            )
+        if gone:
+            logger.info("queue %s: layout %s retired", self.keys.queue, ", ".join(map(str, gone)))
+
+    def _register(self, groups: Iterable[str]) -> None:
+        """Put the layouts of the shards about to be written (``groups``: their names) on
+        the register first, and again now and then. The first time must succeed: a message
+        on a shard of a layout no one knows of would wait for a worker of that layout.
+        (The layout an id names, not this store's: a relay writes what other processes
+        placed, perhaps with another SHARDS.)"""
+        now = time.monotonic()
+        for layout in {parse_name(name)[0] for name in groups if name != "0"}:
+            registered_at = self._registered_at.get(layout)
+            if registered_at is not None and now < registered_at + LAYOUT_REGISTER_SECONDS:
+                continue
+            try:
+                self.base.add_layout(layout)
+            except (RedisError, OSError):
+                if registered_at is None:
+                    raise
+                logger.debug("queue %s: registering layout %d failed", self.keys.queue, layout)
+                continue
+            self._registered_at[layout] = now
+
+    def retire(self, layout: int) -> dict[str, dict[str, int]]:
+        """Take ``layout`` off the register if its shards hold nothing (its shard 0 is
+        every layout's, and is not asked). Returns the shards that still hold messages,
+        by name, with their counts: empty when the layout was retired."""
+        if layout == self.layout:
+            raise ValueError(f"layout {layout} is this queue's SHARDS: it cannot be retired")
+        if not 1 < layout <= MAX_SHARDS:
+            raise ValueError(f"{layout!r} is not a layout (2 to {MAX_SHARDS})")
+        holding = {}
+        for name in layout_names(layout)[1:]:
+            stats = self._store(name).stats()
+            if any(stats[count] for count in HELD):
+                holding[name] = {count: stats[count] for count in HELD}
+        if not holding:
+            self.base.retire_layout(layout)
+            self.refresh_layouts(force=True)
+        return holding
+
+    def _store(self, name: str) -> ShardStore:
+        store = self.shards.get(name) or self._others.get(name)
+        if store is None:
+            layout, index = parse_name(name)
+            with self._lock:
+                store = self._others.get(name)
+                if store is None:
+                    store = self._make(shard_keys(self.keys, layout, index))
+                    self._others[name] = store
+        return store

@@ -1,0 +1,123 @@
+"""A consumer's side of the handler pool: how much it may hand over (room, the batch
+grown and shrunk at the handlers' pace), and its running jobs watched between fetches."""
+
+import logging
+import math
+import time
+
+from delayqueue_django.engine import loggable
+from delayqueue_django.worker.consumer_state import ConsumerState
+from delayqueue_django.worker.pool import Running
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+
+class ConsumerPool(ConsumerState):
+    """Pacing the batches, and watching this queue's jobs in the pool."""
+
+    def has_room(self) -> bool:
+        return self._room() > 0
+
+    def _room(self) -> int:
+        """How many messages this consumer may fetch now.
+
+        The pool may hold ``_batch`` messages (running or waiting for a thread), at least
+        one per thread. It is refilled once it is down to the threads plus half of what
+        may wait: the next batch arrives while the handlers work through the rest. While
+        one of this queue's handlers has run longer than the slack, nothing is fetched
+        ahead: what would wait behind it may well not start in time.
+
+        Every delivery this consumer holds (running, buffered, or handled with its verdict
+        not committed: each one an attempt used if the worker dies) counts against the
+        target, so they never exceed it.
+        """
+        concurrency = self.worker.concurrency
+        target = concurrency if self._handler_outlasting_slack() else max(self._batch, concurrency)
+        refill_at = concurrency + (target - concurrency) // 2
+        outstanding = self.worker.pool.outstanding()
+        if outstanding >= target or outstanding > refill_at:
+            return 0
+        with self._lock:
+            uncommitted = len(self._outcomes)
+        # A fetch commits the verdicts first, so these are only the handlers that finished
+        # since; at least one all the same: the refill is due.
+        return max(target - outstanding - uncommitted, 1)
+
+    def _grow_batch(self) -> None:
+        """Double the batch if, at the handlers' pace, the last message of a doubled batch
+        would still start within half the slack (slow handlers never buffer); never while
+        a handler has run longer than the slack."""
+        if self._handler_outlasting_slack():
+            return
+        concurrency = self.worker.concurrency
+        grown = min(self._batch * 2, self._batch_limit)
+        queued_behind = max(grown - concurrency, 0) / concurrency
+        if queued_behind * self._pace() < self.slack / 2:
+            self._batch = grown
+
+    def _own_running(self) -> list[Running]:
+        return [running for running in self.worker.pool.running() if running.job.consumer is self]
+
+    def _pace(self) -> float:
+        """How long this queue's handlers take, in seconds: the moving average of those that
+        returned, or the age of the oldest one still running if that is longer (until a
+        handler returns, the average knows nothing of it: a stuck one would count as 0)."""
+        running = self._own_running()
+        oldest = time.monotonic() - running[0].started_at if running else 0.0
+        return max(self._handler_seconds, oldest)
+
+    def _handler_outlasting_slack(self) -> bool:
+        running = self._own_running()
+        return bool(running) and time.monotonic() - running[0].started_at > self.slack
+
+    def _shrink_batch(self) -> None:
+        """Handlers are slower than the buffer: fetch about what can start at once."""
+        self._batch = max(self.worker.concurrency, self._batch // 2)
+
+    # This queue's jobs in the pool, between fetches
+
+    def _next_pool_check(self) -> float:
+        """When the pool next needs this consumer (time.monotonic(); inf if never): when its
+        oldest buffered message outlasts the slack, to hand it back on time, or when one of
+        its running handlers passes its delivery's deadline, to report it."""
+        at = math.inf
+        oldest = self.worker.pool.oldest_buffered(self)
+        if oldest is not None:
+            at = oldest + self.slack
+        for running in self._own_running():
+            message = running.job.message
+            if (message.id, message.lease) not in self._overruns_reported:
+                at = min(at, self._monotonic_at(message.deadline_ms))
+        return at
+
+    def _watch_pool(self) -> None:
+        """Between fetches (a full pool may keep this consumer from fetching for long): a
+        buffered message past the slack calls for a look now, which hands it back long
+        before its deadline; a handler running past its deadline is logged, once."""
+        oldest = self.worker.pool.oldest_buffered(self)
+        if oldest is not None and self.is_stale(oldest):
+            self._woken = True  # _fetch_if_due hands back the stale ones, then looks
+        self._report_overruns()
+
+    def _report_overruns(self) -> None:
+        """Log each of this queue's handlers still running past its delivery's deadline,
+        once per delivery: it will never be stopped, and its message is delivered again."""
+        running = self._own_running()
+        now, redis_now_ms = time.monotonic(), self.redis_now_ms()
+        for handler in running:
+            message = handler.job.message
+            key = (message.id, message.lease)
+            if redis_now_ms < message.deadline_ms or key in self._overruns_reported:
+                continue
+            self._overruns_reported.add(key)
+            logger.warning(
+                "handler still running past its deadline (MAX_CONSUME_DURATION), for %.1f s "
+                "now; message id=%s queue=%s attempt=%s will be delivered again, and this handler "
+                "thread stays busy until the handler returns",
+                now - handler.started_at,
+                loggable(message.id),
+                message.queue,
+                message.attempt,
+            )
+        # Only the running ones are remembered: a delivery ends when its handler returns.
+        self._overruns_reported &= {(r.job.message.id, r.job.message.lease) for r in running}
