@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ShardStore
@@ -42,6 +42,11 @@ SHARD_RETRY_SECONDS = 1.0
 LAYOUTS_RECHECK_SECONDS = 10.0
 # ...and a sending store writes its own layout to it again this often.
 LAYOUT_REGISTER_SECONDS = 60.0
+# How long a write waits for such a refresh, which runs in a thread of its own: far above a
+# healthy call, far below a hung shard 0's socket timeout and retries. A refresh that fails
+# is tried again after SHARD_RETRY_SECONDS, and no write waits for it meanwhile: the layout
+# was registered before, and a layout retired under a sender is drained once it is back.
+REGISTER_PATIENCE_SECONDS = 1.0
 # Message counts: a layout is drained when every one is 0 on each of its shards.
 HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
 
@@ -71,6 +76,10 @@ class ShardLayouts:
         self._layouts_read_at = -math.inf
         # layout -> when this store last put it on the register (monotonic s).
         self._registered_at: dict[int, float] = {}
+        # layout -> its refresh under way, and not before when one that failed is tried again.
+        self._registering: dict[int, threading.Thread] = {}
+        self._register_retry_at: dict[int, float] = {}
+        self._register_lock = threading.Lock()
         # Bumped whenever the shards fetched from change: subscriptions follow.
         self.generation = 0
         self._lock = threading.Lock()
@@ -193,23 +202,61 @@ class ShardLayouts:
 
     def _register(self, groups: Iterable[str]) -> None:
         """Put the layouts of the shards about to be written (``groups``: their names) on
-        the register first, and again now and then. The first time must succeed: a message
-        on a shard of a layout no one knows of would wait for a worker of that layout.
+        the register first, and again now and then (see _refresh_registration). The first
+        time must succeed: a message on a shard of a layout no one knows of would wait for
+        a worker of that layout.
         (The layout an id names, not this store's: a relay writes what other processes
         placed, perhaps with another SHARDS.)"""
         now = time.monotonic()
         for layout in {parse_name(name)[0] for name in groups if name != "0"}:
             registered_at = self._registered_at.get(layout)
-            if registered_at is not None and now < registered_at + LAYOUT_REGISTER_SECONDS:
-                continue
-            try:
+            if registered_at is None:
                 self.base.add_layout(layout)
-            except (RedisError, OSError):
-                if registered_at is None:
-                    raise
-                logger.debug("queue %s: registering layout %d failed", self.keys.queue, layout)
-                continue
-            self._registered_at[layout] = now
+                self._registered_at[layout] = now
+            elif now >= registered_at + LAYOUT_REGISTER_SECONDS:
+                self._refresh_registration(layout, now)
+
+    def _refresh_registration(self, layout: int, now: float) -> None:
+        """Put ``layout`` on the register again, in a thread of its own: waited for
+        REGISTER_PATIENCE_SECONDS at the most, and not at all while refreshes fail (a
+        hung shard 0 must not hold back writes to the other shards). One at a time, and
+        not again before the backoff of one that failed."""
+        with self._register_lock:
+            under_way = self._registering.get(layout)
+            # (is_alive: a thread copied by a fork is not running in the child.)
+            if under_way is not None and under_way.is_alive():
+                return
+            retry_at = self._register_retry_at.get(layout)
+            if retry_at is not None and now < retry_at:
+                return
+            thread = threading.Thread(
+                target=self._register_again,
+                args=(layout,),
+                name=f"delayqueue-register-{self.keys.queue}-{layout}",
+                daemon=True,
+            )
+            self._registering[layout] = thread
+            thread.start()
+        if retry_at is None:
+            thread.join(REGISTER_PATIENCE_SECONDS)
+
+    def _register_again(self, layout: int) -> None:
+        started = time.monotonic()
+        try:
+            self.base.add_layout(layout)
+        except Exception as error:  # a background refresh: tried again, never raised
+            self._register_retry_at[layout] = time.monotonic() + SHARD_RETRY_SECONDS
+            outage = isinstance(error, RedisError | RedisClusterException | OSError)
+            (logger.debug if outage else logger.warning)(
+                "queue %s: registering layout %d failed: %r",
+                self.keys.queue,
+                layout,
+                error,
+                exc_info=not outage,
+            )
+            return
+        self._register_retry_at.pop(layout, None)
+        self._registered_at[layout] = started
 
     def retire(self, layout: int) -> dict[str, dict[str, int]]:
         """Take ``layout`` off the register if its shards hold nothing (its shard 0 is
