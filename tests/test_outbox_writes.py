@@ -263,3 +263,18 @@ def test_inserts_are_cut_by_the_bytes_of_their_rows_not_their_count() -> None:
     # In order, every message once; a run over the limit only when one message is.
     assert [size for run in runs for size in run] == sizes
     assert runs == [[10, 10], [500, 10], [3000], [10, 10]]
+
+
+def test_every_relay_reads_its_queues_in_one_order_whatever_order_it_was_given(
+    database: str,
+) -> None:
+    """Relays started as ``other default`` and ``default other`` take their queues' row
+    locks in the same order: in opposite orders, two relays on a MariaDB without SKIP
+    LOCKED could each hold one queue's rows and wait for the other's."""
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("other", "default")])
+    with CaptureQueriesContext(connections[database]) as statements:
+        assert relay.relay_batch(database) == 0
+    taken = " ".join(
+        s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]
+    )
+    assert 0 <= taken.index("'default'") < taken.index("'other'"), taken

@@ -192,7 +192,10 @@ class OutboxRelay:
         table = quote(OutboxMessage._meta.db_table)
         fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms", "written_ms")
         columns = ", ".join(quote(name) for name in fields)
-        names = list(self.queues)
+        # In one order for every relay, whatever order its queues were given in: relays that
+        # wait for each other's row locks (MySQL/MariaDB without SKIP LOCKED) then take
+        # them in the same order, and cannot deadlock.
+        names = sorted(self.queues)
         key, queue = quote("id"), quote("queue")
         # The held lanes' rows are left out of each queue's read (see Lanes.where).
         held = {name: self._lanes.where(quote, [name]) for name in names}
