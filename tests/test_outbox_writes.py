@@ -278,3 +278,30 @@ def test_every_relay_reads_its_queues_in_one_order_whatever_order_it_was_given(
         s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]
     )
     assert 0 <= taken.index("'default'") < taken.index("'other'"), taken
+
+
+class MeasuredPayload(str):
+    """A payload that counts how often it is encoded (to be measured)."""
+
+    encoded = 0
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        MeasuredPayload.encoded += 1
+        return super().encode(encoding, errors)
+
+
+def test_rows_that_fit_however_they_encode_are_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A send, or a send_many well under the limit, goes in one INSERT without its
+    payloads encoded to count their bytes; one that may not fit is measured."""
+    monkeypatch.setattr(MeasuredPayload, "encoded", 0)
+    messages = [NewMessage(f"id{n}", MeasuredPayload("é" * 100), 0, at_ms=0) for n in range(3)]
+    fits = 3 * (ROW_BYTES + 3 + 4 * 100)
+    assert [list(run) for run in chunks_of(messages, fits)] == [messages]
+    assert [list(run) for run in chunks_of(messages[:1], fits)] == [messages[:1]]
+    assert MeasuredPayload.encoded == 0
+    # 200 bytes each in UTF-8: all three in one run still, once measured.
+    assert [list(run) for run in chunks_of(messages, fits - 1)] == [messages]
+    assert MeasuredPayload.encoded == 3
+    assert list(chunks_of([], fits)) == []
