@@ -379,3 +379,42 @@ def test_a_relay_reads_without_the_index_when_it_is_dropped_under_it(
     with CaptureQueriesContext(connections[mariadb]) as statements:
         assert relay.relay_batch(mariadb) == 0
     assert any("FORCE INDEX" in s["sql"] for s in statements.captured_queries)
+
+
+# A fresh process's first calls to a queue whose cluster it cannot reach: the error of each.
+CALL_IN_A_FRESH_PROCESS = """
+import django, json
+django.setup()
+import delayqueue_django as delayqueue
+queue = delayqueue.get_queue()
+errors = []
+for call in (lambda: queue.send(1), queue.stats):
+    try:
+        call()
+    except Exception as error:
+        errors.append([type(error).__name__, str(error)])
+print(json.dumps(errors))
+"""
+
+
+def test_a_cluster_that_cannot_be_reached_raises_queue_unavailable_naming_the_queue(
+    redis_cluster: RedisClusterServers, paused: RedisServer
+) -> None:
+    """Building the cluster client, on the queue's first use, raised redis-py's
+    RedisClusterException ("Redis Cluster cannot be connected"), naming no queue."""
+    queues = {"default": {"URL": redis_cluster.url, "OPTIONS": {"socket_timeout": 0.5}}}
+    done = subprocess.run(
+        [sys.executable, "-c", CALL_IN_A_FRESH_PROCESS],
+        env=run_settings("default", queues),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout)
+    assert len(errors) == 2, errors
+    for name, text in errors:
+        assert name == "QueueUnavailable", errors
+        assert "queue 'default'" in text, errors
+        assert f"127.0.0.1:{paused.port}" in text, errors
