@@ -426,12 +426,18 @@ def test_relay_cost_one_statement_and_one_round_trip_per_batch(
     queue.send_many(list(range(300)), outbox=True, using=database)
     relay = relay_for(database, batch_size=1000)
     client = redis_server.client()
+    # The Functions library loaded first (a fresh server's first FCALL fails, loads it and
+    # calls again): the count below is a batch's own.
+    queue.stats()
     client.config_resetstat()
 
     with CaptureQueriesContext(connections[database]) as queries:
         assert relay.relay_batch(database) == 300
     statements = [q["sql"] for q in queries.captured_queries]
-    taken = [sql for sql in statements if "delayqueue_outbox" in sql]
+    # (Not counted: MySQL/MariaDB's look for the outbox's index, once per relay and database.)
+    taken = [
+        sql for sql in statements if "delayqueue_outbox" in sql and "information_schema" not in sql
+    ]
     # PostgreSQL and SQLite: one DELETE ... RETURNING; MariaDB: SELECT ... FOR UPDATE, DELETE.
     assert len(taken) == (2 if connections[database].vendor == "mysql" else 1), statements
     calls = client.info("commandstats")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 import delayqueue_django as delayqueue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.shards import SHARD_MARK, shard_of
+from delayqueue_django.outbox import queue_index
 from delayqueue_django.outbox.models import OUTBOX_QUEUE_INDEX, OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.outbox.table import ROW_BYTES, chunks_of
@@ -162,7 +164,12 @@ def test_a_relays_poll_and_take_read_only_their_queues_rows_through_the_index(
     with CaptureQueriesContext(connections[database]) as statements:
         assert not relay.has_rows(database)
         assert relay.relay_batch(database) == 0
-    read = [s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]]
+    # (On MySQL/MariaDB the relay's first batch also looks the index up: not the outbox.)
+    read = [
+        s["sql"]
+        for s in statements.captured_queries
+        if "delayqueue_outbox" in s["sql"] and "information_schema" not in s["sql"]
+    ]
     assert len(read) >= 2, read
     vendor = connections[database].vendor
     for sql in read:
@@ -209,13 +216,26 @@ LARGE_BATCH = 20_000
 KILOBYTE_PAYLOAD = {"text": "x" * 1000}
 
 
+# MariaDB's default max_allowed_packet, the smallest of the servers': no INSERT may be
+# larger, whatever the server under test accepts.
+MARIADB_PACKET = 16 * 1024 * 1024
+
+
 def test_send_many_of_more_than_a_packet_is_written_whole(database: str) -> None:
-    with transaction.atomic(using=database):
+    """Its rows go in INSERTs a default MariaDB takes: in one, they made a 20 MB INSERT,
+    which such a server refused by closing the connection."""
+    with (
+        CaptureQueriesContext(connections[database]) as statements,
+        transaction.atomic(using=database),
+    ):
         sent = delayqueue.get_queue().send_many(
             [{**KILOBYTE_PAYLOAD, "n": n} for n in range(LARGE_BATCH)],
             outbox=True,
             using=database,
         )
+    inserts = [len(s["sql"].encode()) for s in statements.captured_queries if "INSERT" in s["sql"]]
+    assert sum(inserts) > LARGE_BATCH * len(KILOBYTE_PAYLOAD["text"])
+    assert max(inserts) < MARIADB_PACKET, inserts
     written = OutboxMessage.objects.using(database).order_by("id")
     assert list(written.values_list("message_id", flat=True)) == sent
     assert json.loads(written.last().payload)["n"] == LARGE_BATCH - 1  # type: ignore[union-attr]
@@ -263,3 +283,151 @@ def test_inserts_are_cut_by_the_bytes_of_their_rows_not_their_count() -> None:
     # In order, every message once; a run over the limit only when one message is.
     assert [size for run in runs for size in run] == sizes
     assert runs == [[10, 10], [500, 10], [3000], [10, 10]]
+
+
+def test_every_relay_reads_its_queues_in_one_order_whatever_order_it_was_given(
+    database: str,
+) -> None:
+    """Relays started as ``other default`` and ``default other`` take their queues' row
+    locks in the same order: in opposite orders, two relays on a MariaDB without SKIP
+    LOCKED could each hold one queue's rows and wait for the other's."""
+    relay = OutboxRelay([delayqueue.get_queue(name) for name in ("other", "default")])
+    with CaptureQueriesContext(connections[database]) as statements:
+        assert relay.relay_batch(database) == 0
+    taken = " ".join(
+        s["sql"] for s in statements.captured_queries if "delayqueue_outbox" in s["sql"]
+    )
+    assert 0 <= taken.index("'default'") < taken.index("'other'"), taken
+
+
+class MeasuredPayload(str):
+    """A payload that counts how often it is encoded (to be measured)."""
+
+    encoded = 0
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        MeasuredPayload.encoded += 1
+        return super().encode(encoding, errors)
+
+
+def test_rows_that_fit_however_they_encode_are_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A send, or a send_many well under the limit, goes in one INSERT without its
+    payloads encoded to count their bytes; one that may not fit is measured."""
+    monkeypatch.setattr(MeasuredPayload, "encoded", 0)
+    messages = [NewMessage(f"id{n}", MeasuredPayload("é" * 100), 0, at_ms=0) for n in range(3)]
+    fits = 3 * (ROW_BYTES + 3 + 4 * 100)
+    assert [list(run) for run in chunks_of(messages, fits)] == [messages]
+    assert [list(run) for run in chunks_of(messages[:1], fits)] == [messages[:1]]
+    assert MeasuredPayload.encoded == 0
+    # 200 bytes each in UTF-8: all three in one run still, once measured.
+    assert [list(run) for run in chunks_of(messages, fits - 1)] == [messages]
+    assert MeasuredPayload.encoded == 3
+    assert list(chunks_of([], fits)) == []
+
+
+@contextmanager
+def without_the_queue_index(alias: str) -> Iterator[None]:
+    """The outbox as migration 0002 left it: without the (queue, id) index (created again
+    after the block)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"DROP INDEX {OUTBOX_QUEUE_INDEX} ON delayqueue_outbox")
+    try:
+        yield
+    finally:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"CREATE INDEX {OUTBOX_QUEUE_INDEX} ON delayqueue_outbox (queue, id)")
+
+
+@pytest.fixture
+def before_migration_0003(mariadb: str) -> Iterator[str]:
+    """The MariaDB outbox as a rolling deploy's new relays find it before ``migrate``."""
+    with without_the_queue_index(mariadb):
+        yield mariadb
+
+
+@pytest.fixture(params=database_params(("mariadb",)))
+def mariadb(request: pytest.FixtureRequest, settings: Any) -> str:
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
+def test_a_relay_runs_before_migration_0003_and_says_to_apply_it(
+    before_migration_0003: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Forcing the index migration 0003 creates failed every batch (error 1176) until
+    ``migrate``: the relay moved nothing and only logged "database failed"."""
+    alias = before_migration_0003
+    queue = delayqueue.get_queue()
+    sent = queue.send_many([1, 2, 3], outbox=True, using=alias)
+    relay = OutboxRelay([queue, delayqueue.get_queue("other")])
+    with caplog.at_level("WARNING", logger="delayqueue_django.relay"):
+        assert relay.relay_batch(alias) == 3
+        queue.send(4, outbox=True, using=alias)
+        assert relay.relay_batch(alias) == 1
+    assert all(queue.peek(message_id) is not None for message_id in sent)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert OUTBOX_QUEUE_INDEX in warnings[0]
+    assert "0003" in warnings[0]
+    assert f"migrate delayqueue_django --database {alias}" in warnings[0]
+
+
+def test_a_relay_reads_without_the_index_when_it_is_dropped_under_it(
+    mariadb: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay that found the index goes on when it is gone (a migration rolled back), and
+    reads through it again once it is back."""
+    queue = delayqueue.get_queue()
+    relay = OutboxRelay([queue])
+    assert relay.relay_batch(mariadb) == 0
+    with without_the_queue_index(mariadb):
+        queue.send(1, outbox=True, using=mariadb)
+        with caplog.at_level("WARNING", logger="delayqueue_django.relay"):
+            assert relay.relay_batch(mariadb) == 1
+        assert "0003" in caplog.text
+    monkeypatch.setattr(queue_index, "MISSING_INDEX_SECONDS", 0.0)
+    with CaptureQueriesContext(connections[mariadb]) as statements:
+        assert relay.relay_batch(mariadb) == 0
+    assert any("FORCE INDEX" in s["sql"] for s in statements.captured_queries)
+
+
+# A fresh process's first calls to a queue whose cluster it cannot reach: the error of each.
+CALL_IN_A_FRESH_PROCESS = """
+import django, json
+django.setup()
+import delayqueue_django as delayqueue
+queue = delayqueue.get_queue()
+errors = []
+for call in (lambda: queue.send(1), queue.stats):
+    try:
+        call()
+    except Exception as error:
+        errors.append([type(error).__name__, str(error)])
+print(json.dumps(errors))
+"""
+
+
+def test_a_cluster_that_cannot_be_reached_raises_queue_unavailable_naming_the_queue(
+    redis_cluster: RedisClusterServers, paused: RedisServer
+) -> None:
+    """Building the cluster client, on the queue's first use, raised redis-py's
+    RedisClusterException ("Redis Cluster cannot be connected"), naming no queue."""
+    queues = {"default": {"URL": redis_cluster.url, "OPTIONS": {"socket_timeout": 0.5}}}
+    done = subprocess.run(
+        [sys.executable, "-c", CALL_IN_A_FRESH_PROCESS],
+        env=run_settings("default", queues),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout)
+    assert len(errors) == 2, errors
+    for name, text in errors:
+        assert name == "QueueUnavailable", errors
+        assert "queue 'default'" in text, errors
+        assert f"127.0.0.1:{paused.port}" in text, errors

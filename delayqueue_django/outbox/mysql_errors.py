@@ -7,6 +7,8 @@ DEADLOCK: Final = 1213
 # A lock wait that timed out: the statement alone is rolled back, or the whole transaction
 # with innodb_rollback_on_timeout (off by default).
 LOCK_WAIT_TIMEOUT: Final = 1205
+# A statement names an index the table does not have (FORCE INDEX before its migration).
+KEY_DOES_NOT_EXIST: Final = 1176
 
 
 def error_code(error: BaseException) -> int | None:

@@ -51,6 +51,7 @@ from delayqueue_django.engine.shards import SHARD_MARK
 from delayqueue_django.outbox import mysql_errors
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.key_deletes import delete_by_keys
+from delayqueue_django.outbox.queue_index import QueueIndex
 from delayqueue_django.outbox.relay_lanes import Lane, Lanes, describe, lane_of, start_call
 from delayqueue_django.outbox.table import doorbell
 
@@ -139,6 +140,7 @@ class OutboxRelay:
         self._wake = doorbell.listen()
         self._lanes = Lanes(on_recovered=self._wake.set)
         self._missing_tables: set[str] = set()
+        self._queue_index = QueueIndex()
 
     # One batch
 
@@ -154,8 +156,11 @@ class OutboxRelay:
                 # MySQL/MariaDB: relays racing can deadlock on their DELETEs (a range read
                 # may end on a row another relay holds). The victim InnoDB rolled back had
                 # sent nothing yet (the DELETE comes first): it only has to try again.
-                deadlocked = mysql_errors.error_code(error) == mysql_errors.DEADLOCK
-                if not deadlocked or attempt >= DEADLOCK_RETRIES:
+                code = mysql_errors.error_code(error)
+                if code == mysql_errors.KEY_DOES_NOT_EXIST and self._queue_index.forget(alias):
+                    # The index forced was dropped meanwhile: read without it.
+                    continue
+                if code != mysql_errors.DEADLOCK or attempt >= DEADLOCK_RETRIES:
                     raise
                 attempt += 1
 
@@ -185,14 +190,17 @@ class OutboxRelay:
         past the LIMIT. One "queue IN (...) ORDER BY id" would not read the index in order:
         planners scan the table by id (through every other queue's rows) or read and sort
         all the rows of those queues, and on MySQL/MariaDB lock every row so read."""
-        from delayqueue_django.outbox.models import OUTBOX_QUEUE_INDEX, OutboxMessage
+        from delayqueue_django.outbox.models import OutboxMessage
 
         connection = connections[alias]
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
         fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms", "written_ms")
         columns = ", ".join(quote(name) for name in fields)
-        names = list(self.queues)
+        # In one order for every relay, whatever order its queues were given in: relays that
+        # wait for each other's row locks (MySQL/MariaDB without SKIP LOCKED) then take
+        # them in the same order, and cannot deadlock.
+        names = sorted(self.queues)
         key, queue = quote("id"), quote("queue")
         # The held lanes' rows are left out of each queue's read (see Lanes.where).
         held = {name: self._lanes.where(quote, [name]) for name in names}
@@ -229,9 +237,10 @@ class OutboxRelay:
                     lock = ""
                 # MySQL/MariaDB may plan a scan when a young table's statistics are stale,
                 # which would lock rows other relays hold (past the LIMIT), and the DELETE
-                # then wait for, and deadlock with, other relays: the index is forced.
+                # then wait for, and deadlock with, other relays: the index is forced,
+                # once migration 0003 created it.
                 mysql = connection.vendor == "mysql"
-                by_index = f" FORCE INDEX ({OUTBOX_QUEUE_INDEX})" if mysql else ""
+                by_index = self._queue_index.force(alias) if mysql else ""
                 found = []
                 for name in names:
                     cursor.execute(

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, features, stores
@@ -89,9 +90,22 @@ class QueueBase:
         if store is None:
             with self._store_lock:
                 if self._store is None:
-                    self._store = stores.store_for(self.config)
+                    self._store = self._build_store()
                 store = self._store
         return store
+
+    def _build_store(self) -> Store:
+        """The store of the settings. A Redis Cluster client reads the cluster's slots as
+        it is built: a cluster that cannot be reached raises QueueUnavailable, which names
+        the queue, not redis-py's RedisClusterException."""
+        try:
+            return stores.store_for(self.config)
+        except (RedisClusterException, RedisConnectionError, RedisTimeoutError) as error:
+            # Where from the settings alone: ``address`` would read the store being built.
+            where = connections.address(self.config)
+            raise QueueUnavailable(
+                f"queue {self.name!r} cannot reach Redis at {where}: {error}"
+            ) from error
 
     @cached_property
     def address(self) -> str:
