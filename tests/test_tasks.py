@@ -7,8 +7,10 @@ import asyncio
 import importlib
 import json
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -16,13 +18,14 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.outbox.models import ProcessedMessage
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.compat import (
@@ -40,11 +43,15 @@ from delayqueue_django.tasks.compat import (
     task_started,
 )
 from delayqueue_django.tasks.results import call_fields
+from delayqueue_django.tasks.runner import _record_failure, run_task
+from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from delayqueue_django.worker.verdicts import announce_exhaustions
 from tests.databases import database_params
-from tests.helpers import redis_store, wait_for
+from tests.helpers import fetch_when_due, redis_store, wait_for
 from tests.redis_servers import RedisServer
 from tests.task_app import tasks
 from tests.task_app.models import Effect
+from tests.tcp_relay import TcpRelay
 
 BACKEND = "delayqueue_django.tasks.DelayQueueBackend"
 # The installed framework's package of backends, and its backend that runs a task at once.
@@ -556,6 +563,175 @@ def test_a_task_whose_exactly_once_commit_fails_fails(
         error_path="django.db.utils.IntegrityError",
         says="dq_orphan",
     )
+
+
+@contextmanager
+def commit_gate(database: str) -> Iterator[None]:
+    """Holds the COMMIT of ``tasks.commits_behind_a_gate`` on ``database`` until the block
+    ends. PostgreSQL: the advisory lock its deferred trigger waits for, taken on a
+    connection of the gate's own. SQLite: a read transaction of this thread's, which a
+    COMMIT waits for (the busy timeout: 5 s); this thread's reads in the block see the
+    database as it was before."""
+    if connections[database].vendor == "postgresql":
+        wrapper = connections[database]
+        raw = wrapper.get_new_connection(wrapper.get_connection_params())
+        raw.autocommit = True
+        try:
+            raw.execute("SELECT pg_advisory_lock(%s)", [tasks.COMMIT_GATE])
+            yield
+        finally:
+            raw.close()
+        return
+    with transaction.atomic(using=database):
+        Effect.objects.using(database).exists()
+        yield
+
+
+@pytest.mark.parametrize("database", database_params(("default", "postgresql")))
+def test_a_task_whose_exhaustion_is_announced_before_its_commit_ends_successful(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    """Regression: the last attempt outlived its lease, and the exhaustion's announcement
+    ran between its SUCCESSFUL and its COMMIT: it found no processed record and recorded
+    FAILED; the COMMIT then succeeded. Effects committed, the task FAILED."""
+    queue = redis_tasks_queue(RETRY_COUNT=0, MAX_CONSUME_DURATION=0.2, EXACTLY_ONCE=database)
+    result = tasks.commits_behind_a_gate.enqueue(database)
+    [taken] = queue.fetch().messages
+    records = DelayQueueBackend("default", {"QUEUES": ["default"]}).records(queue)
+    outcomes: list[Outcome] = []
+    with commit_gate(database):
+        runner = threading.Thread(target=lambda: outcomes.append(call_handler(run_task, taken)))
+        runner.start()
+        wait_for(
+            lambda: records.read(taken.id).get("status") == TaskResultStatus.SUCCESSFUL,
+            what="SUCCESSFUL written before the COMMIT",
+        )
+        wait_for(
+            lambda: queue.stats()["server_time_ms"] > taken.deadline_ms,
+            what="the last attempt's lease to lapse",
+        )
+        assert queue.fetch().messages == []  # it buries the timed-out last attempt
+        announce_exhaustions(queue)
+        # The announcement found no processed record: the COMMIT has not come.
+        assert records.read(taken.id)["status"] == TaskResultStatus.FAILED
+    runner.join(30)
+
+    assert [outcome.verdict for outcome in outcomes] == [Verdict.ACK]
+    assert Effect.objects.using(database).count() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "done"
+    finished = [entry[1] for entry in received if entry[0] == "finished"]
+    assert finished == [TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL]
+
+
+@pytest.mark.parametrize("database", database_params(("postgresql",)))
+def test_a_task_whose_commit_reply_is_lost_on_the_wire_is_successful_at_its_redelivery(
+    redis_tasks_queue: Callable[..., Queue], database: str
+) -> None:
+    """Regression, a reply really lost: the worker's connection goes through a TCP relay,
+    which stops forwarding while its COMMIT waits at the gate; the server commits, then
+    the connection is cut. The attempt was recorded READY, and stayed so: the redelivery
+    was acked as processed before."""
+    queue = redis_tasks_queue(RETRY_COUNT=1, EXACTLY_ONCE=database)
+    result = tasks.commits_behind_a_gate.enqueue(database)
+    [taken] = queue.fetch().messages
+    relay = TcpRelay(int(connections[database].settings_dict["PORT"]))
+    outcomes: list[Outcome] = []
+
+    def run_through_the_relay() -> None:
+        wrapper = connections[database]  # this thread's own, not connected yet
+        wrapper.settings_dict = {**wrapper.settings_dict, "HOST": "127.0.0.1", "PORT": relay.port}
+        outcomes.append(call_handler(run_task, taken))
+
+    def waiting_at_the_gate() -> bool:
+        with connections[database].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            )
+            row = cursor.fetchone()
+        return bool(row and row[0])
+
+    runner = threading.Thread(target=run_through_the_relay)
+    try:
+        with commit_gate(database):
+            runner.start()
+            wait_for(waiting_at_the_gate, timeout=10, what="the task's COMMIT at the gate")
+            assert relay.freeze() == 1
+        # The gate open, the server commits; its reply stays in the relay.
+        wait_for(
+            ProcessedMessage.objects.using(database).filter(message_id=taken.id).exists,
+            what="the server's commit",
+        )
+    finally:
+        relay.close()  # the worker's connection cut: its COMMIT fails, for all it knows
+        runner.join(30)
+    assert [outcome.verdict for outcome in outcomes] == [Verdict.NACK]
+    assert tasks.commits_behind_a_gate.get_result(result.id).status == TaskResultStatus.READY
+    queue.nack([taken])  # as the worker does with that outcome
+
+    [again] = fetch_when_due(queue)
+    assert call_handler(run_task, again).verdict is Verdict.ACK
+    assert Effect.objects.using(database).count() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "done"
+
+
+def _lose_the_commit_reply(queue: Queue, database: str, *, last: bool) -> str:
+    """A task run whose COMMIT succeeded on the server while the worker got an error: run
+    it, then record what run_task records for a failed COMMIT (on_rollback), and hand the
+    message back as the worker would. Returns its id."""
+    result = tasks.add.enqueue(1, 2)
+    [taken] = queue.fetch().messages
+    assert call_handler(run_task, taken).verdict is Verdict.ACK  # committed, not acked
+    backend = DelayQueueBackend("default", {"QUEUES": ["default"]})
+    error = OperationalError("server closed the connection unexpectedly")
+    call, task = TaskCall.from_payload(taken.payload), tasks.add
+    _record_failure(backend, task, call, taken.id, taken.attempt, error, last=last)
+    queue.nack([taken])
+    return result.id
+
+
+@pytest.mark.parametrize("database", database_params(("default", "postgresql")))
+def test_a_task_whose_commit_reply_was_lost_is_successful_at_its_redelivery(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    """Regression: a COMMIT the server made whose reply the worker lost recorded the
+    attempt as failed (READY); the redelivery, acked as processed before without running
+    the task, left the result READY for good."""
+    queue = redis_tasks_queue(RETRY_COUNT=1, EXACTLY_ONCE=database)
+    result_id = _lose_the_commit_reply(queue, database, last=False)
+    assert tasks.add.get_result(result_id).status == TaskResultStatus.READY
+    received.clear()
+    [again] = fetch_when_due(queue)
+    assert call_handler(run_task, again).verdict is Verdict.ACK
+    assert tasks.calls == [("add", (1, 2))]  # once
+
+    result = tasks.add.get_result(result_id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3  # what the committed run wrote before its COMMIT
+    finished = [entry[1] for entry in received if entry[0] == "finished"]
+    assert finished == [TaskResultStatus.SUCCESSFUL]
+
+
+@pytest.mark.parametrize("database", database_params(("default", "postgresql")))
+def test_a_task_whose_last_commit_reply_was_lost_is_successful_at_its_exhaustion(
+    redis_tasks_queue: Callable[..., Queue], received: list[Any], database: str
+) -> None:
+    """Regression: the same on the last attempt recorded FAILED; the message buried, the
+    exhaustion's announcement kept FAILED, though the processed record proves success."""
+    queue = redis_tasks_queue(RETRY_COUNT=0, EXACTLY_ONCE=database)
+    result_id = _lose_the_commit_reply(queue, database, last=True)
+    assert tasks.add.get_result(result_id).status == TaskResultStatus.FAILED
+    received.clear()
+    announce_exhaustions(queue)
+
+    result = tasks.add.get_result(result_id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+    finished = [entry[1] for entry in received if entry[0] == "finished"]
+    assert finished == [TaskResultStatus.SUCCESSFUL]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -76,6 +76,10 @@ class TaskMessages(Protocol):
         """The payload of a message that makes ``call``, or None if no task backend
         carries its queue."""
 
+    def processed_before(self, message: Message) -> None:
+        """A message acked without running its handler, as its EXACTLY_ONCE transaction
+        committed before: if it is a task, its result says SUCCESSFUL."""
+
 
 _tasks: TaskMessages | None = None
 

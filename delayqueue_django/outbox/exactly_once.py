@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
+from redis.exceptions import RedisClusterException, RedisError
 
 from delayqueue_django.core import conf
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.outbox import mysql_errors
 from delayqueue_django.outbox.key_deletes import delete_by_keys
 
@@ -114,6 +114,11 @@ class _Running:
     # Whether the handler was called: before, nothing but the record was written.
     started: bool = False
 
+
+# Where each queue's pruning (by database alias and queue name) goes on at its next round:
+# the (processed_ms, id) of the last record the round before read, when it stopped short of
+# the end. Kept per process: every worker walks all the records in its own rounds.
+_prune_cursors: dict[tuple[str, str], tuple[int, int]] = {}
 
 # Set while call_once runs a handler, for raise_if_rolled_back and on_rollback.
 _running: ContextVar[_Running | None] = ContextVar("delayqueue_exactly_once", default=None)
@@ -330,29 +335,48 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
     message is still in the queue, in any state: a dead letter may be requeued (or a
     delivery come again) at any time, and must find it. One round trip to the queue's
     store per statement tells which are.
+
+    Those kept may be many (dead letters kept for good): a round goes on from where the
+    last one stopped (``_prune_cursors``), so each in turn reads the next of them, and
+    after the newest ones the oldest again. A round that reaches the end with statements
+    to spare goes on from the oldest, so the records behind a cursor wait no round more.
     """
     from delayqueue_django.core.registry import get_queue
     from delayqueue_django.outbox.models import ProcessedMessage
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)
-    deleted, after = 0, 0
+    after = _prune_cursors.pop((using, queue), None)
+    # From the cursor to the end, then from the oldest: two ends at the most.
+    ends_left = 1 if after is None else 2
+    deleted = 0
     for _ in range(PRUNE_BATCHES_PER_ROUND):
+        page = records.filter(queue=queue, processed_ms__lt=cutoff)
+        if after is not None:
+            # (processed_ms, id) past the cursor, as a range of the index.
+            page = page.filter(processed_ms__gte=after[0]).exclude(
+                processed_ms=after[0], id__lte=after[1]
+            )
         old = list(
-            records.filter(queue=queue, processed_ms__lt=cutoff, id__gt=after)
-            .order_by("id")
-            .values_list("id", "message_id")[:PRUNE_BATCH]
+            page.order_by("processed_ms", "id").values_list("id", "message_id", "processed_ms")[
+                :PRUNE_BATCH
+            ]
         )
-        if not old:
+        if old:
+            held = get_queue(queue).held([message_id for _, message_id, _ in old])
+            gone = [key for key, message_id, _ in old if message_id not in held]
+            if gone:
+                _delete(using, gone)
+                deleted += len(gone)
+        if len(old) == PRUNE_BATCH:
+            after = (old[-1][2], old[-1][0])
+            continue
+        after = None
+        ends_left -= 1
+        if not ends_left:
             break
-        after = old[-1][0]
-        held = get_queue(queue).held([message_id for _, message_id in old])
-        gone = [key for key, message_id in old if message_id not in held]
-        if gone:
-            _delete(using, gone)
-            deleted += len(gone)
-        if len(old) < PRUNE_BATCH:
-            break
+    if after is not None:
+        _prune_cursors[(using, queue)] = after
     return deleted
 
 
@@ -367,8 +391,9 @@ def prune_queues(names: Sequence[str]) -> int:
             continue
         try:
             deleted += prune(name, config.exactly_once, config.exactly_once_retention_ms)
-        except QueueUnavailable as error:
-            # Without its store, no record can be known unneeded: all wait for the next round.
+        except (RedisError, RedisClusterException) as error:
+            # Without its store, no record can be known unneeded: all wait for the next
+            # round, and the other queues are pruned meanwhile.
             logger.warning("processed-message records of queue=%s not pruned: %s", name, error)
     if deleted:
         logger.info("deleted %d processed-message records past EXACTLY_ONCE_RETENTION", deleted)

@@ -24,6 +24,13 @@ class TaskMessages:
 
         return run_task
 
+    def processed_before(self, message: Message) -> None:
+        if message.queue not in task_queue_names():
+            return
+        from delayqueue_django.tasks.runner import finish_processed_task
+
+        finish_processed_task(message)
+
     def call_payload(self, call: TaskCallSpec) -> Any | None:
         """A call due at ``call.run_after``, on the first DelayQueueBackend (by alias)
         whose QUEUES list its queue."""

@@ -100,24 +100,80 @@ def run_task(message: Message) -> None:
             backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
         )
     )
-    record = records.write(
-        message.id,
-        {
-            "status": TaskResultStatus.SUCCESSFUL,
-            "finished_at": timezone.now().isoformat(),
-            "return_value": returned,
-        },
-    )
-    result = build_result(task, message.id, call, record)
+    succeeded = {
+        "status": TaskResultStatus.SUCCESSFUL,
+        "finished_at": timezone.now().isoformat(),
+        "return_value": returned,
+    }
+    record = records.write(message.id, succeeded)
     features.handler_transaction().on_commit(
-        lambda: task_finished.send(sender=type(backend), task_result=result)
+        lambda: _finish_committed(backend, task, call, message, succeeded, record)
     )
+
+
+def _finish_committed(
+    backend: DelayQueueBackend,
+    task: Task[..., Any],
+    call: TaskCall,
+    message: Message,
+    succeeded: dict[str, str],
+    record: dict[str, str],
+) -> None:
+    """The run's transaction committed (at once outside EXACTLY_ONCE): send task_finished.
+
+    On the last attempt, the exhaustion's announcement (fail_abandoned_task) may have come
+    meanwhile, if the run outlived its lease: between its SUCCESSFUL and its COMMIT, it
+    found no processed record yet and recorded FAILED. The commit proves the run's
+    success: it is written again. (An announcement that looks after the COMMIT finds the
+    record, and fixes a FAILED it wrote itself; see fail_abandoned_task.)"""
+    if message.is_last_attempt:
+        records = backend.records(get_queue(message.queue))
+        if records.read(message.id).get("status") != TaskResultStatus.SUCCESSFUL:
+            record = records.write(message.id, succeeded)
+    result = build_result(task, message.id, call, record)
+    task_finished.send(sender=type(backend), task_result=result)
+
+
+def finish_processed_task(message: Message) -> None:
+    """A task message acked without running, as its EXACTLY_ONCE transaction committed
+    before: its result says SUCCESSFUL. A redelivery after a worker died past its COMMIT
+    finds it so already; after a COMMIT whose reply was lost (the server committed, the
+    worker got an error and recorded a failed attempt), this makes the result final."""
+    try:
+        call, backend, task = _task_of(message.payload, message.queue)
+    except NOT_A_TASK:
+        return
+    _record_committed(backend, task, call, message.id)
+
+
+def _record_committed(
+    backend: DelayQueueBackend, task: Task[..., Any], call: TaskCall, result_id: str
+) -> None:
+    """The task's transaction committed (its processed record proves it): record SUCCESSFUL,
+    whatever was recorded since, and send task_finished, unless it says so already.
+
+    The return value is the one the committed run wrote with its SUCCESSFUL, just before its
+    COMMIT: a failure recorded after leaves it in the record. A record that lost it (its
+    RESULT_TTL ran out before the redelivery) is written anew, with None for return value."""
+    records = backend.records(get_queue(call.queue_name))
+    if records.read(result_id).get("status") == TaskResultStatus.SUCCESSFUL:
+        return
+    now = timezone.now().isoformat()
+    record = records.write(
+        result_id,
+        {"status": TaskResultStatus.SUCCESSFUL},
+        unless_set={**call_fields(call), "finished_at": now, "return_value": "null"},
+    )
+    result = build_result(task, result_id, call, record)
+    task_finished.send(sender=type(backend), task_result=result)
 
 
 @receiver(message_exhausted)
 def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: Any) -> None:
     """A task whose last delivery timed out or whose worker died never said how it ended:
-    record it as FAILED, so its result does not stay RUNNING for good."""
+    record it as FAILED, so its result does not stay RUNNING for good. On an EXACTLY_ONCE
+    queue, a processed record proves it succeeded instead: SUCCESSFUL it stays, or is
+    made."""
     if queue not in task_queue_names():
         return
     try:
@@ -126,22 +182,24 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
         return  # refused as a task when it was delivered; nothing ran, nothing to record
     record = backend.records(get_queue(queue)).read(message.id)
     status = record.get("status")
-    if status == TaskResultStatus.FAILED:
-        return
+    handler_transaction = features.handler_transaction()
     # On an EXACTLY_ONCE queue SUCCESSFUL is written just before the COMMIT: a worker that
     # died between the two left it, with nothing committed, if no processed record says so.
-    if status == TaskResultStatus.SUCCESSFUL and features.handler_transaction().committed(
-        queue, message.id
-    ):
+    if status == TaskResultStatus.SUCCESSFUL and handler_transaction.committed(queue, message.id):
         return
-    abandoned = TaskAbandoned(
-        f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "
-        "its worker stopped, or it ran past the queue's MAX_CONSUME_DURATION"
-    )
-    # The record may never have been written (the task never started): write the call too.
-    _record_failure(
-        backend, task, call, message.id, message.attempt, abandoned, last=True, with_call=True
-    )
+    if status != TaskResultStatus.FAILED:
+        abandoned = TaskAbandoned(
+            f"the task's last delivery (attempt {message.attempt}) ended without an outcome: "
+            "its worker stopped, or it ran past the queue's MAX_CONSUME_DURATION"
+        )
+        # The record may never have been written (the task never started): write the call.
+        _record_failure(
+            backend, task, call, message.id, message.attempt, abandoned, last=True, with_call=True
+        )
+    # Looked at after that write: a processed record proves the run succeeded, whatever the
+    # result says (a COMMIT that came since, or whose reply was lost: a failure recorded).
+    if get_queue(queue).config.exactly_once and handler_transaction.committed(queue, message.id):
+        _record_committed(backend, task, call, message.id)
 
 
 def _task_of(payload: Any, queue: str) -> tuple[TaskCall, DelayQueueBackend, Task[..., Any]]:

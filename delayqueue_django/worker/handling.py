@@ -7,7 +7,7 @@ from enum import Enum
 
 from django.db import close_old_connections
 
-from delayqueue_django.core import tracing
+from delayqueue_django.core import features, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
@@ -82,6 +82,22 @@ def call_handler(
     return outcome
 
 
+def _processed_before(message: Message) -> None:
+    """Tell the Tasks wing of a message acked as processed before: a task's result follows
+    its committed transaction. Its failure is logged; the ack goes on."""
+    tasks = features.tasks()
+    if tasks is None:
+        return
+    try:
+        tasks.processed_before(message)
+    except Exception:
+        logger.exception(
+            "recording the result of message id=%s queue=%s, processed before, failed",
+            loggable(message.id),
+            message.queue,
+        )
+
+
 def _call_handler(
     handler: Handler,
     message: Message,
@@ -116,6 +132,7 @@ def _call_handler(
             message.queue,
             message.attempt,
         )
+        _processed_before(message)
     except Reject as error:
         outcome = Outcome(message, Verdict.BURY, error, time.perf_counter() - started)
         logger.warning(

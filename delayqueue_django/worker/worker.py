@@ -25,8 +25,8 @@ from typing import Any
 
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.outbox import exactly_once
 from delayqueue_django.outbox.databases import outbox_databases
+from delayqueue_django.outbox.prune_rounds import PruneRounds
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.consumer_state import ConsumerState
@@ -93,7 +93,7 @@ class Worker:
         self._summarized_at: float | None = None
         # The database duties, in a thread of their own: relaying the outbox rows of these
         # queues (unless ``relay`` is off, or DELAYQUEUE_OUTBOX_DATABASES is empty), and
-        # pruning the processed ids of those that are EXACTLY_ONCE.
+        # starting the rounds that prune the processed ids of those that are EXACTLY_ONCE.
         chosen = [queue for queue, _ in queues]
         self.exactly_once = [queue.name for queue in chosen if queue.config.exactly_once]
         databases = outbox_databases() if relay else []
@@ -303,7 +303,8 @@ class Worker:
                     logger.info("relayed %d outbox rows", relayed)
             return
         names = self.exactly_once
-        every = [(PRUNE_PROCESSED_SECONDS, lambda: exactly_once.prune_queues(names))]
+        # The relay's thread only starts each round: see prune_rounds.
+        every = [(PRUNE_PROCESSED_SECONDS, PruneRounds(names).start)]
         self._database_thread = threading.Thread(
             target=relay.run,
             kwargs={"every": every if names else []},

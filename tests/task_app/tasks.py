@@ -113,3 +113,29 @@ def writes_what_its_commit_refuses(database: str) -> str:
         )
         cursor.execute("INSERT INTO dq_orphan VALUES (1)")
     return "done"
+
+
+# The advisory lock (PostgreSQL) that holds the COMMIT of commits_behind_a_gate.
+COMMIT_GATE = 250_803
+
+
+@task
+def commits_behind_a_gate(database: str) -> str:
+    """Writes a row; on PostgreSQL, its transaction's COMMIT then waits for the advisory
+    lock COMMIT_GATE, which a deferred constraint trigger takes (a test holds it).
+    Elsewhere, a COMMIT is held by other means (SQLite: another connection's read)."""
+    Effect.objects.using(database).create(message_id="commits_behind_a_gate")
+    if connections[database].vendor == "postgresql":
+        with connections[database].cursor() as cursor:
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION pg_temp.dq_gate() RETURNS trigger "
+                "LANGUAGE plpgsql AS $$ BEGIN "
+                f"PERFORM pg_advisory_xact_lock({COMMIT_GATE}); RETURN NULL; END $$"
+            )
+            cursor.execute("CREATE TEMPORARY TABLE dq_gate (id integer) ON COMMIT DROP")
+            cursor.execute(
+                "CREATE CONSTRAINT TRIGGER dq_gate AFTER INSERT ON dq_gate DEFERRABLE "
+                "INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.dq_gate()"
+            )
+            cursor.execute("INSERT INTO dq_gate VALUES (1)")
+    return "done"
