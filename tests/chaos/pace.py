@@ -35,6 +35,8 @@ class Pace:
     seconds: float
 
     def __str__(self) -> str:
+        if not self.backlog:
+            return "none"
         return f"{self.backlog} in {self.seconds:.1f} s (measured {self.rate:.0f}/s)"
 
 
