@@ -198,6 +198,7 @@ def test_relays_killed_mid_batch_while_racing(
         time.sleep(rng.uniform(0.05, 0.3))
         relays.kill_one(rng)
         kills += 1
+    relays.wait_started()  # the pace is the relays', not their Django's start
     emptied = wait_for_empty_outbox(database, floor=60)
     relayed_in = time.monotonic() - relays_started
     drained = wait_until_empty(
@@ -272,6 +273,7 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
             break
         time.sleep(rng.uniform(0.2, 0.8))
         fleet.kill_one(rng)
+    fleet.wait_started()  # the pace is the workers', not their Django's start
     drained = wait_until_empty(waiting_messages(queue), "messages waiting", CONSUME_SECONDS * 10)
     handled_in = time.monotonic() - handling_started
     fleet.stop()
