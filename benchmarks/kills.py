@@ -182,11 +182,12 @@ def exactly_once_pace(count: int, redis_url: str, kills: bool, concurrency: int)
         stats = queue.stats()
         return sum(stats[state] for state in ("pending", "ready", "unack", "retry"))
 
+    def fill() -> None:
+        queue.send_many([{"n": n} for n in range(count)])
+
     command = ["run_delayqueue", "--concurrency", str(concurrency), "--no-relay"]
     with Processes(command, env) as workers:
-        return pace(
-            workers, lambda: queue.send_many([{"n": n} for n in range(count)]), waiting, kills, 600
-        )
+        return pace(workers, fill, waiting, kills, timeout=600)
 
 
 def concurrency(kind: str) -> int:
