@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from typing import Any, TypeVar
 
 import django
@@ -26,12 +27,12 @@ from django.conf import settings
 from django.test import override_settings
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, lateness, outbox, peers, scale, send, shards
+from benchmarks import drain, idle, kills, lateness, outbox, peers, scale, send, shards
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
 from tests.redis_servers import RedisClusterServers, RedisServer
 
-PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "shards", "peers")
+PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "kills", "shards", "peers")
 NOOP = "benchmarks.handlers.noop"
 
 T = TypeVar("T")
@@ -66,6 +67,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--relay-messages", type=int, default=100_000, help="outbox rows one relay moves per run")
     add("--exactly-once-messages", type=int, default=5_000, help="handled per exactly-once run")
     add(
+        "--kill-messages",
+        type=int,
+        default=20_000,
+        help="outbox rows relayed, and EXACTLY_ONCE messages handled, per run of the kills "
+        "benchmark (default: 20000)",
+    )
+    add(
         "--shards",
         default="1,3,6",
         help="SHARDS values of the sharded queue on the cluster (default: 1,3,6)",
@@ -86,6 +94,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
         args.relay_messages, args.exactly_once_messages = 2_000, 200
+        args.kill_messages = 300
         args.shard_workers = 1
     return args
 
@@ -357,6 +366,33 @@ def bench_outbox(args: argparse.Namespace, probe: Any, kind: str) -> list[Row]:
     return outbox.rows(args, kind, rates, latency, costs)
 
 
+def flushed(probe: Any, measure: Callable[[], T]) -> Callable[[], T]:
+    """``measure``, on a Redis emptied first."""
+
+    def run() -> T:
+        probe.flushall()
+        return measure()
+
+    return run
+
+
+def bench_kills(args: argparse.Namespace, server: RedisServer, probe: Any, kind: str) -> list[Row]:
+    progress(f"kills: relays and EXACTLY_ONCE workers under kill -9, on {kind}")
+    outbox.migrate()
+    relays: dict[bool, list[kills.Pace]] = {}
+    workers: dict[bool, list[kills.Pace]] = {}
+    threads = kills.concurrency(kind)
+    for killing in (False, True):
+        what = "with kills" if killing else "no kills"
+        relay = partial(kills.relay_pace, args.kill_messages, server.url, killing)
+        handle = partial(kills.exactly_once_pace, args.kill_messages, server.url, killing, threads)
+        relays[killing] = repeat(args.runs, f"relays, {what}", flushed(probe, relay))
+        workers[killing] = repeat(
+            args.runs, f"EXACTLY_ONCE workers, {what}", flushed(probe, handle)
+        )
+    return kills.rows(args, kind, relays, workers)
+
+
 def bench_shards(args: argparse.Namespace) -> list[Row]:
     progress(f"shards: a private Redis Cluster of {args.masters} masters")
     cluster = RedisClusterServers(masters=args.masters)
@@ -456,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     with contextlib.ExitStack() as stack:
         # The outbox's database, for this process only: the worker processes have none.
-        kind = stack.enter_context(outbox.database()) if "outbox" in chosen else ""
+        with_database = "outbox" in chosen or "kills" in chosen
+        kind = stack.enter_context(outbox.database()) if with_database else ""
         django.setup()
         os.environ.pop(outbox.DATABASE_ENV, None)
         run_phases(args, chosen, server, kind)
@@ -479,6 +516,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_scale(args, server, probe)
         if "outbox" in chosen:
             rows += bench_outbox(args, probe, kind)
+        if "kills" in chosen:
+            rows += bench_kills(args, server, probe, kind)
         if "shards" in chosen:
             rows += bench_shards(args)
         if "peers" in chosen:

@@ -1,6 +1,6 @@
 """Django settings for the benchmark and its worker processes: one queue, on the private
 Redis the benchmark started (its URL comes in ``DQ_BENCH_REDIS_URL``; its ``SHARDS`` in
-``DQ_BENCH_SHARDS``, for the sharding benchmark's cluster)."""
+``DQ_BENCH_SHARDS``, for the sharding benchmark's cluster; more options in ``DQ_BENCH_QUEUE``)."""
 
 import json
 import os
@@ -20,5 +20,7 @@ DELAYQUEUES = {
         "URL": os.environ.get("DQ_BENCH_REDIS_URL", "redis://127.0.0.1:1/0"),
         "HANDLER": os.environ.get("DQ_BENCH_HANDLER", "benchmarks.handlers.noop"),
         "SHARDS": int(os.environ.get("DQ_BENCH_SHARDS", "1")),
+        # More options of the queue, as JSON (the kills benchmark's EXACTLY_ONCE workers).
+        **json.loads(os.environ.get("DQ_BENCH_QUEUE", "{}")),
     }
 }

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 SERVER_CHOICE_VARIABLE = "DQ_TEST_SERVER"
 NO_SERVER = (
@@ -121,6 +123,13 @@ def _master_or_replicating(client: redis.Redis) -> bool:
     return client.info("replication")["role"] == "master" or _replicating(client)
 
 
+PORT_ATTEMPTS = 5
+
+
+class PortTaken(RuntimeError):
+    """A server could not listen on its port (or its cluster bus port): taken meanwhile."""
+
+
 class RedisServer:
     """One server process (redis-server, or valkey-server: see ``default_binaries``);
     ``restart`` keeps its port (and its data, if persisted)."""
@@ -130,11 +139,21 @@ class RedisServer:
     ) -> None:
         self.binaries = binaries or default_binaries()
         cluster = "--cluster-enabled" in extra_args
-        self.port = port or free_port(highest=55535 if cluster else 65535)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"dq-redis-{self.port}-"))
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        # A free port is free only until someone binds it: another test process (xdist's
+        # other worker, another checkout's suite) may take it before this server does. A port
+        # of our own choosing is then chosen again; a port given is kept (and fails).
+        for attempt in range(PORT_ATTEMPTS):
+            self.port = port or free_port(highest=55535 if cluster else 65535)
+            self.dir = Path(tempfile.mkdtemp(prefix=f"dq-redis-{self.port}-"))
+            try:
+                self.start()
+                return
+            except PortTaken:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                if port is not None or attempt == PORT_ATTEMPTS - 1:
+                    raise
 
     @property
     def url(self) -> str:
@@ -162,13 +181,17 @@ class RedisServer:
         ]  # fmt: skip
         process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.process = process
-        client = self.client(socket_timeout=1)
+        # No retries: a port taken by something that never answers must fail each probe
+        # in its 1 s, not in redis-py's retried ~15 s, so that the server's exit is seen.
+        client = self.client(socket_timeout=1, retry=Retry(NoBackoff(), 0))
 
         def answers() -> bool:
             if process.poll() is not None:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{self.program} on port {self.port} exited:\n{log}")
-            return bool(client.ping())
+                error = PortTaken if "Address already in use" in log else RuntimeError
+                raise error(f"{self.program} on port {self.port} exited:\n{log}")
+            # Ours, not another process's server that took the port first.
+            return bool(client.info("server")["process_id"] == process.pid)
 
         _wait_until(answers, f"{self.program} on port {self.port}")
         client.close()

@@ -34,10 +34,13 @@ def run_quick(*phases: str) -> tuple[str, list[str]]:
 
 @pytest.mark.timeout(60)
 def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
-    # Every benchmark but the shards', which starts a cluster of its own (the test below), and
+    # Every benchmark but the shards', which starts a cluster of its own (the test below), the
+    # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test.
-    stdout, table = run_quick(*(phase for phase in PHASES if phase not in ("shards", "peers")))
+    stdout, table = run_quick(
+        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills"))
+    )
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
     for measure in (
@@ -101,3 +104,20 @@ def test_the_shards_benchmark_runs_on_a_cluster_and_splits_the_cpu_by_master() -
         # Rounded to whole percents, the shares still add up to about all of it.
         assert 97 <= sum(shares) <= 103
         assert f"| {what}: the worker processes' CPU per message in the drain |" in stdout
+
+
+@pytest.mark.timeout(60)
+def test_the_kills_benchmark_paces_relays_and_workers_with_and_without_kills() -> None:
+    stdout, table = run_quick("kills")
+    assert table[0] == "| measure | median (min-max over runs) | target |"
+    assert "cores" in stdout
+    for what in (
+        "outbox relay, 3 relays (batches of 20), 300 rows",
+        "EXACTLY_ONCE, 3 workers (--concurrency",
+    ):
+        rows = [line for line in table if line.startswith(f"| {what}")]
+        assert len(rows) == 2
+        assert ": no kills |" in rows[0]
+        assert ": one kill -9 every 0.5 s" in rows[1]
+        for row in rows:
+            assert float(row.split(" | ")[1].split()[0].replace(",", "")) > 0, row

@@ -30,6 +30,17 @@ def silent_server() -> Iterator[socket.socket]:
     listener.close()
 
 
+@pytest.fixture
+def ctrl_c_reaches_commands() -> Iterator[None]:
+    """SIGINT handled in this process while the test runs, so that the commands it starts
+    begin with SIGINT's default action, as under a terminal. A suite started where SIGINT is
+    ignored (``nohup make test &``, a script's background job) would pass that on, and the
+    command would never see the Ctrl-C the test sends."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_every_command_shares_the_handling_of_a_process_of_its_own() -> None:
     names = [module.name for module in pkgutil.iter_modules(commands.__path__)]
     assert names, "no command found"
@@ -47,6 +58,7 @@ def test_every_command_shares_the_handling_of_a_process_of_its_own() -> None:
     ],
     ids=["stats", "check", "shards"],
 )
+@pytest.mark.usefixtures("ctrl_c_reaches_commands")
 def test_ctrl_c_while_waiting_for_redis_ends_with_one_line_and_status_130(
     silent_server: socket.socket, command: list[str], env: dict[str, str]
 ) -> None:

@@ -3,13 +3,15 @@ fresh machine with nothing but Python finds it."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.redis_servers import SERVER_CHOICE_VARIABLE, valkey_binaries
+from tests import redis_servers
+from tests.redis_servers import SERVER_CHOICE_VARIABLE, RedisServer, valkey_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,3 +94,29 @@ def test_a_chosen_server_that_is_missing_is_named_with_what_to_install(tmp_path:
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("RuntimeError: DQ_TEST_SERVER=redis: not found. ")
     assert "apt-get install redis-server" in last_line
+
+
+def test_a_server_whose_free_port_was_taken_meanwhile_starts_on_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Another process binds the port free_port chose before the server does (xdist's other
+    # worker, another checkout's suite): the first port offered is already taken here.
+    taken = socket.create_server(("127.0.0.1", 0))
+    taken_port = taken.getsockname()[1]
+    offered = [taken_port]
+    real_free_port = redis_servers.free_port
+
+    def free_port(highest: int = 65535) -> int:
+        return offered.pop() if offered else real_free_port(highest)
+
+    monkeypatch.setattr(redis_servers, "free_port", free_port)
+    try:
+        server = RedisServer()
+    finally:
+        taken.close()
+    try:
+        assert server.port != taken_port
+        assert server.process is not None
+        assert server.client().info("server")["process_id"] == server.process.pid
+    finally:
+        server.close()

@@ -25,10 +25,11 @@ from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.outbox.models import OutboxMessage
 from tests.chaos import ledger
-from tests.chaos.accounting import drain, tally
+from tests.chaos.accounting import tally
 from tests.chaos.conftest import queue_settings
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
+from tests.chaos.pace import Pace, wait_until_empty, waiting_messages
 from tests.databases import NAMES, database_params, subprocess_settings
 from tests.redis_servers import RedisServer
 from tests.task_app.models import Effect
@@ -61,12 +62,10 @@ def outbox_rows(alias: str) -> int:
     return OutboxMessage.objects.using(alias).count()
 
 
-def wait_for_empty_outbox(alias: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while outbox_rows(alias):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{outbox_rows(alias)} outbox rows left after {timeout}s")
-        time.sleep(0.1)
+def wait_for_empty_outbox(alias: str, floor: float) -> Pace:
+    """Until no outbox row is left, within a window set by the pace the rows leave at (see
+    tests.chaos.pace), at least ``floor`` seconds."""
+    return wait_until_empty(lambda: outbox_rows(alias), "outbox rows", floor)
 
 
 class OrderRequests(threading.Thread):
@@ -136,8 +135,8 @@ def test_redis_killed_while_requests_commit_orders(
             outages.append(time.monotonic() - crashed_at)
         time.sleep(1.0)
         requests.stop()
-        wait_for_empty_outbox(database, timeout=30)
-        drain(queue, timeout=CONSUME_SECONDS * 3 + 10)
+        wait_for_empty_outbox(database, floor=30)
+        wait_until_empty(waiting_messages(queue), "messages waiting", CONSUME_SECONDS * 3 + 10)
         exit_codes = fleet.stop()
         entries = ledger.read(fleet.ledger)
         result = tally(requests.committed, entries)
@@ -191,6 +190,7 @@ def test_relays_killed_mid_batch_while_racing(
     # Small batches: a relay is nearly always between taking its rows and committing.
     relay_args = ("--batch-size", "20", "--poll", "0.05")
     relays = fleets(config, *relay_args, size=3, command="delayqueue_relay")
+    relays_started = time.monotonic()
     relays.start()
     rng = random.Random(9)
     kills = 0
@@ -198,8 +198,12 @@ def test_relays_killed_mid_batch_while_racing(
         time.sleep(rng.uniform(0.05, 0.3))
         relays.kill_one(rng)
         kills += 1
-    wait_for_empty_outbox(database, timeout=60)
-    drain(queue, timeout=CONSUME_SECONDS * 3 + 10)
+    relays.wait_started()  # the pace is the relays', not their Django's start
+    emptied = wait_for_empty_outbox(database, floor=60)
+    relayed_in = time.monotonic() - relays_started
+    drained = wait_until_empty(
+        waiting_messages(queue), "messages waiting", CONSUME_SECONDS * 3 + 10
+    )
     relays.stop()
     workers.stop()
     entries = ledger.read(workers.ledger)
@@ -216,7 +220,9 @@ def test_relays_killed_mid_batch_while_racing(
             result.duplicates,
             None,
             f"{kills} kills; rows a killed relay had written, found and not sent again by "
-            f"the stopped relays: {again}; relayed-ids record left: {record}",
+            f"the stopped relays: {again}; relayed-ids record left: {record}; relayed "
+            f"{len(ids) / relayed_in:.0f} rows/s overall; after the kills, rows left: "
+            f"{emptied}, then messages waiting: {drained}",
         )
     )
     assert kills >= 2
@@ -254,6 +260,7 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
         ]
     )
     fleet = fleets(config, "--concurrency", "4", size=3)
+    handling_started = time.monotonic()
     fleet.start()
     # The kills start with the handling (on a loaded machine the messages could otherwise
     # all be handled before the first of them) and stop after KILL_SECONDS: each kill holds
@@ -266,7 +273,9 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
             break
         time.sleep(rng.uniform(0.2, 0.8))
         fleet.kill_one(rng)
-    drain(queue, timeout=CONSUME_SECONDS * 10)
+    fleet.wait_started()  # the pace is the workers', not their Django's start
+    drained = wait_until_empty(waiting_messages(queue), "messages waiting", CONSUME_SECONDS * 10)
+    handled_in = time.monotonic() - handling_started
     fleet.stop()
     entries = ledger.read(fleet.ledger)
     deliveries = Counter(entry.id for entry in entries if entry.event == "start")
@@ -281,7 +290,9 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
             sum(n - 1 for n in twice.values()),
             None,
             f"{len(fleet.killed)} kills; deliveries repeated: "
-            f"{sum(n - 1 for n in deliveries.values())}, rows repeated: 0 allowed",
+            f"{sum(n - 1 for n in deliveries.values())}, rows repeated: 0 allowed; handled "
+            f"{len(ids) / handled_in:.0f} messages/s overall; after the kills, messages "
+            f"waiting: {drained}",
         )
     )
     assert len(fleet.killed) >= 2

@@ -213,7 +213,7 @@ def test_one_queues_redis_down_while_the_other_queue_flows_through_the_outbox(
 
     run_outage(sends, fleet, phase_seconds, phases, fail=sick_redis.stop, recover=sick_redis.start)
 
-    wait_for_empty_outbox(database, timeout=60)
+    wait_for_empty_outbox(database, floor=60)
     drain(healthy, timeout=CONSUME_SECONDS * 3 + 10)
     drain(sick, timeout=CONSUME_SECONDS * 3 + 10)
     fleet.stop()
@@ -309,7 +309,7 @@ def test_one_master_paused_under_a_queue_of_6_shards_on_3_masters(
         recover=lambda: process.send_signal(signal.SIGCONT),
     )
 
-    wait_for_empty_outbox(database, timeout=60)
+    wait_for_empty_outbox(database, floor=60)
     drain(queue, timeout=CONSUME_SECONDS * 3 + 30)
     fleet.stop()
     entries = ledger.read(fleet.ledger)
