@@ -10,7 +10,11 @@ while some are due, one not asked for LOOK_AGAIN_SECONDS joins each fetch, so a 
 wake-up delays its shard by that much at most, however busy the others stay. A
 shard whose Redis cannot be reached is left out and tried again every
 SHARD_RETRY_SECONDS while the others keep flowing; a fetch whose shards all failed asks
-the others, and raises only when none answers.
+the others, and raises only when none answers. A shard is waited for
+FETCH_PATIENCE_SECONDS at the most: one whose server does not answer by then (or times
+out) has that server's shards left out of every fetch until a probe of it answers
+(engine.shard_hangs), so the deliveries a fetch took from the others never wait for a
+socket timeout, and no later fetch waits on that server while it stays hung.
 
 Clocks: each shard's scripts judge what is due by its own server's clock, so nothing is
 ever handed out early. The plan takes the shards' clocks for one (on one server they are;
@@ -24,12 +28,19 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.engine.errors import timed_out
+from delayqueue_django.engine.errors import QueueTimedOut, timed_out
 from delayqueue_django.engine.protocol import ChannelSubscription
 from delayqueue_django.engine.records import ExhaustedClaim, FetchResult
+from delayqueue_django.engine.shard_hangs import (
+    FETCH_PATIENCE_SECONDS,
+    Hang,
+    start_probe,
+    wait_for_probes,
+)
 from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS, ShardLayouts
 from delayqueue_django.engine.shard_plan import ShardPlan
 
@@ -56,6 +67,7 @@ class ShardFetching(ShardLayouts):
         if len(self._order) == 1:
             # One shard (SHARDS 1, nothing to drain): the plan would only echo its reply.
             return self.base.fetch(count, fetcher=fetcher, request=request)
+        self._probe_hung(time.monotonic())
         visits, repeating = self._visits(time.monotonic(), fetcher, request)
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
@@ -89,9 +101,17 @@ class ShardFetching(ShardLayouts):
                 others = [
                     name
                     for name in self._order
-                    if name not in asked and self._plans[name].retry_at <= now
+                    if name not in asked
+                    and not self._plans[name].held
+                    and self._plans[name].retry_at <= now
                 ]
             ask(others, to_the_end=False)
+        if not taken and not failures:
+            # Every shard's server is held as hung: none asked.
+            raise QueueTimedOut(
+                f"queue {self.keys.queue}: no shard's server answers (each was given "
+                f"{FETCH_PATIENCE_SECONDS:g} s); probing them"
+            )
         if not taken:
             # (Not noted as this fetcher's last: its repeat asks every shard due, and those
             # that failed replay it, see _repeats; asking only those would wait out their
@@ -118,10 +138,12 @@ class ShardFetching(ShardLayouts):
             order = self._order[self._cursor :] + self._order[: self._cursor]
             # (Asked before its retry, a shard that failed would hold up every fetch, and
             # the others' messages with it, for its timeout again.)
-            reachable = [name for name in order if self._plans[name].retry_at <= now] or order
+            # A shard whose server is hung is left out even then (see shard_hangs).
+            unheld = [name for name in order if not self._plans[name].held]
+            reachable = [name for name in unheld if self._plans[name].retry_at <= now] or unheld
             if not self._listening:
                 return reachable, False
-            due = [name for name in order if self._local_due(name) <= now + DUE_SLACK_SECONDS]
+            due = [name for name in unheld if self._local_due(name) <= now + DUE_SLACK_SECONDS]
             if due:
                 overlooked = next(
                     (
@@ -151,7 +173,12 @@ class ShardFetching(ShardLayouts):
             plan.heard_ms = math.inf
             plan.asked_at = time.monotonic()
         try:
-            result = self._store(name).fetch(count, fetcher=fetcher, request=sent)
+            # (Waited for FETCH_PATIENCE_SECONDS at the most: a TimeoutError then, an
+            # OSError. The call may take its deliveries after: the repeat hands them out.)
+            store = self._store(name)
+            result = self._calls.call(
+                lambda: store.fetch(count, fetcher=fetcher, request=sent), FETCH_PATIENCE_SECONDS
+            )
         except (RedisError, OSError) as error:
             if sent:
                 self._repeats[repeat_key] = sent
@@ -173,18 +200,82 @@ class ShardFetching(ShardLayouts):
         ]
 
     def hold_siblings(self, name: str) -> list[str]:
-        """Shard ``name``'s server did not answer in time: the other shards on it are not
-        asked before their retry either (each would wait out its own timeout, the other
-        servers' shards held up meanwhile: a queue of 12 shards on one server, 12 socket
-        timeouts). Returns them."""
+        """Shard ``name``'s server did not answer in time: it is held as hung, its shards
+        (the other shards on it too) not asked until a probe of it answers (each would
+        wait out its own timeout, the other servers' shards held up meanwhile: a queue of
+        12 shards on one server, 12 socket timeouts). Returns the others."""
         siblings = self.on_same_server(name)
-        retry_at = time.monotonic() + SHARD_RETRY_SECONDS
+        server = self._store(name).server_name()
+        now = time.monotonic()
         with self._lock:
-            for other in siblings:
-                plan = self._plans.get(other)
-                if plan is not None:
-                    plan.retry_at = max(plan.retry_at, retry_at)
+            new = server not in self._hung.hangs
+            hang = self._hung.hold(server, {name, *siblings}, now)
+            self._hold_plans(hang)
+        if new:
+            logger.warning(
+                "queue %s: server %s did not answer in time; its shards (%s) are left out "
+                "of fetches until it answers a probe",
+                self.keys.queue,
+                server,
+                ", ".join(sorted(hang.shards)),
+            )
         return siblings
+
+    def _hold_plans(self, hang: Hang) -> None:
+        """The plans of a hung server's shards: held, looked at again at its next probe
+        (the consumer wakes then: it may have answered); lock held."""
+        for shard in hang.shards:
+            plan = self._plans.get(shard)
+            if plan is not None:
+                plan.held = True
+                plan.retry_at = hang.probe_at
+
+    def _probe_hung(self, now: float) -> None:
+        """Start a probe of each hung server whose backoff is over (none on a healthy
+        queue: an empty dict looked at). With every shard held, the fetch has nothing
+        else to ask: it waits for them, FETCH_PATIENCE_SECONDS at the most."""
+        if not self._hung.hangs:
+            return
+        with self._lock:
+            due, passed = self._hung.due(now)
+            for hang in passed:
+                self._hold_plans(hang)
+        probes = [
+            start_probe(
+                server,
+                partial(self._store(min(hang.shards)).fetch, 0),
+                partial(self._probed, server),
+            )
+            for server, hang in due
+        ]
+        with self._lock:
+            every_shard_held = all(self._plans[name].held for name in self._order)
+        if probes and every_shard_held:
+            wait_for_probes(probes, FETCH_PATIENCE_SECONDS)
+
+    def _probed(self, server: str, answered: bool) -> None:
+        """A probe's outcome: an answer ends the hold, its shards looked at at once."""
+        with self._lock:
+            hang = self._hung.hangs.get(server)
+            if hang is None:
+                return
+            if not answered:
+                hang.probe_failed(time.monotonic())
+                self._hold_plans(hang)
+                return
+            del self._hung.hangs[server]
+            for shard in hang.shards:
+                plan = self._plans.get(shard)
+                if plan is not None:
+                    plan.held = False
+                    plan.retry_at = -math.inf
+                    plan.due_ms = -math.inf
+        logger.warning(
+            "queue %s: server %s answers again after %.1f s; its shards are fetched from again",
+            self.keys.queue,
+            server,
+            time.monotonic() - hang.since,
+        )
 
     def _failed(self, name: str, plan: ShardPlan, error: Exception) -> None:
         now = time.monotonic()
@@ -287,7 +378,10 @@ class ShardFetching(ShardLayouts):
         shard, when none is), in turn, until ``count``. A shard that cannot be reached is
         passed over (its announcements wait for it); raises only if every one asked fails."""
         with self._lock:
-            order = list(self._order)
+            # (Not the shards of a hung server: each would wait out a socket timeout.)
+            order = [name for name in self._order if not self._plans[name].held] or list(
+                self._order
+            )
             owed = [
                 name for name in order if self._plans[name].owed or not self._plans[name].fetched
             ]

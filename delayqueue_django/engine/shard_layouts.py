@@ -23,8 +23,10 @@ from typing import Any
 from redis.exceptions import RedisClusterException, RedisError
 
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.patient_calls import PatientCalls
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.records import StoreLimits
+from delayqueue_django.engine.shard_hangs import HungServers
 from delayqueue_django.engine.shard_plan import ShardPlan
 from delayqueue_django.engine.shards import (
     MAX_SHARDS,
@@ -95,6 +97,9 @@ class ShardLayouts:
         self._last_fetch: dict[str, tuple[str, list[str]]] = {}
         # How many wake-up subscriptions of this store listen: the plan is trusted only then.
         self._listening = 0
+        # The servers that did not answer a fetch in time, and the threads fetches run in.
+        self._hung = HungServers()
+        self._calls = PatientCalls("delayqueue-shard-fetch")
 
     @property
     def base(self) -> ShardStore:

@@ -23,3 +23,6 @@ class ShardPlan:
     # While its fetches fail: since when, and not to be tried again before (monotonic s).
     failing_since: float | None = None
     retry_at: float = -math.inf
+    # Its server did not answer in time: not asked until a probe of it answers
+    # (engine.shard_hangs), retry_at then the time of the next probe.
+    held: bool = False
