@@ -1,3 +1,4 @@
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.chaos.figures import (  # noqa: F401  (pytest hooks: options and the 
     pytest_configure,
     pytest_terminal_summary,
 )
+from tests.databases import database_params
 from tests.helpers import redis_store
 from tests.redis_servers import (
     NO_SERVER,
@@ -82,6 +84,29 @@ def cluster_missing_a_master() -> Iterator[RedisClusterServers]:
     cluster = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(params=database_params())
+def database(request: pytest.FixtureRequest, settings: Any) -> str:
+    """The database under test, once per database this machine has (see
+    tests.databases): the outbox's only one in this process; the worker and relay processes
+    a test starts take it as their "default" (subprocess_settings)."""
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisClusterServers]:
+    """A 3-master cluster of the test's own, for tests that pause (SIGSTOP) or stop its
+    masters: it serves the slots of the masters up (cluster-require-full-coverage no),
+    and none is left stopped at the end."""
+    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
+    yield servers
+    for node in servers.nodes:
+        if node.process is not None:
+            node.process.send_signal(signal.SIGCONT)
+    servers.close()
 
 
 @pytest.fixture

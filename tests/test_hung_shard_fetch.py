@@ -7,7 +7,6 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,16 +29,6 @@ SEND_EVERY_SECONDS = 0.1
 # The most a message of a healthy shard may wait past its due time: one fetch's patience
 # with the hung shard, and some room for a loaded machine. The socket timeout (5 s) is far.
 LATE_LIMIT_SECONDS = FETCH_PATIENCE_SECONDS + 0.5
-
-
-@pytest.fixture
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
-    yield servers
-    for node in servers.nodes:  # none left stopped for close()'s terminate
-        if node.process is not None:
-            node.process.send_signal(signal.SIGCONT)
-    servers.close()
 
 
 def ids_on(store: ShardedStore, names: list[str], count: int) -> list[str]:

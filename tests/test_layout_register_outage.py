@@ -5,7 +5,6 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,16 +16,6 @@ from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import shard_keys, shard_suffix
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers
-
-
-@pytest.fixture
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
-    yield servers
-    for node in servers.nodes:  # none left stopped for close()'s terminate
-        if node.process is not None:
-            node.process.send_signal(signal.SIGCONT)
-    servers.close()
 
 
 @pytest.mark.cluster

@@ -26,14 +26,6 @@ from tests.helpers import short_lock_waits, wait_for
 from tests.redis_servers import RedisServer
 
 
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    """The database alias under test, the outbox's only database."""
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
-
-
 @pytest.fixture(params=database_params(("postgresql", "mariadb")))
 def row_locking_database(request: pytest.FixtureRequest, settings: Any) -> str:
     """A database whose relays lock the rows they take and skip the others' (not SQLite)."""

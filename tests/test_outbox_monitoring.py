@@ -22,16 +22,8 @@ from delayqueue_django.monitoring.reports import queue_report
 from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.outbox.table import now_ms
-from tests.databases import database_params
 from tests.helpers import wait_for
 from tests.test_prometheus import TOKEN, of, scrape
-
-
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
 
 
 def age_rows(alias: str, seconds: float) -> None:

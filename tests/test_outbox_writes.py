@@ -42,14 +42,6 @@ print(json.dumps(ids))
 """
 
 
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    """The database alias under test, the outbox's only database."""
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
-
-
 def run_settings(alias: str, queues: dict[str, Any]) -> dict[str, str]:
     """The environment of a process using ``queues`` and the test database ``alias``."""
     config = {

@@ -17,16 +17,8 @@ from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
 from delayqueue_django.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
-from tests.databases import database_params
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer
-
-
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
 
 
 @pytest.fixture
@@ -116,16 +108,6 @@ def test_a_running_relay_keeps_the_healthy_queue_flowing_and_logs_the_outage_onc
     finally:
         relay.stop()
         thread.join(30)
-
-
-@pytest.fixture
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
-    yield servers
-    for node in servers.nodes:  # none left stopped for close()'s terminate
-        if node.process is not None:
-            node.process.send_signal(signal.SIGCONT)
-    servers.close()
 
 
 @pytest.mark.cluster

@@ -30,7 +30,7 @@ from tests.chaos.conftest import queue_settings
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.pace import Pace, wait_until_empty, waiting_messages
-from tests.databases import NAMES, database_params, subprocess_settings
+from tests.databases import NAMES, subprocess_settings
 from tests.redis_servers import RedisServer
 from tests.task_app.models import Effect
 
@@ -40,14 +40,6 @@ CONSUME_SECONDS = 3
 EFFECT_HANDLER = "tests.chaos.outbox_handlers.write_effect"
 # How long workers are killed while exactly-once handlers write rows (about 15 kills).
 KILL_SECONDS = 8
-
-
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    """The database under test: the outbox's in this process, "default" in the others."""
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
 
 
 def with_database(config: dict[str, Any], alias: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.ledger import Entry
 from tests.chaos.test_outbox_faults import outbox_rows, wait_for_empty_outbox, with_database
-from tests.databases import NAMES, database_params
+from tests.databases import NAMES
 from tests.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.chaos
@@ -43,13 +43,6 @@ RATE = 100
 CONSUME_SECONDS = 3
 # The healthy messages' rate during the outage, against the rate before it, at least.
 KEPT_SHARE = 0.75
-
-
-@pytest.fixture(params=database_params())
-def database(request: pytest.FixtureRequest, settings: Any) -> str:
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
 
 
 @pytest.fixture
@@ -241,16 +234,6 @@ def test_one_queues_redis_down_while_the_other_queue_flows_through_the_outbox(
         usual, kept = rates[f"{step} before"], rates[f"{step} during"]
         assert usual > 0
         assert kept >= KEPT_SHARE * usual, f"{step}: {kept:.1f} msg/s during, {usual:.1f} before"
-
-
-@pytest.fixture
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(3, 0, "--cluster-require-full-coverage", "no")
-    yield servers
-    for node in servers.nodes:  # none left stopped for close()'s terminate
-        if node.process is not None:
-            node.process.send_signal(signal.SIGCONT)
-    servers.close()
 
 
 @pytest.mark.cluster
