@@ -337,23 +337,18 @@ class RedisSentinel:
             RedisServer("--replicaof", "127.0.0.1", str(self.master.port), binaries=self.binaries)
             for _ in range(replicas)
         ]
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"dq-sentinel-{self.port}-"))
-        config = self.dir / "sentinel.conf"  # the sentinel rewrites its own config file
-        # A short failover timeout: a sentinel waits twice that before failing over again.
-        config.write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
-            f"sentinel monitor {service} 127.0.0.1 {self.master.port} 1\n"
-            # Short for quick tests, yet not so short that a loaded machine's slow reply
-            # passes for a master down (1 s once failed the new master over again).
-            f"sentinel down-after-milliseconds {service} 2000\n"
-            f"sentinel failover-timeout {service} 3000\n"
-        )
-        self.process = subprocess.Popen(
-            [self.binaries.server, str(config), "--sentinel"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # A free port may be taken before the sentinel binds it, as a server's may (see
+        # RedisServer): chosen again then.
+        for attempt in range(PORT_ATTEMPTS):
+            self.port = free_port()
+            self.dir = Path(tempfile.mkdtemp(prefix=f"dq-sentinel-{self.port}-"))
+            try:
+                self._start()
+                break
+            except PortTaken:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
         client = self._client()
         _wait_until(
             lambda: client.sentinel_get_master_addr_by_name(service) is not None,
@@ -366,6 +361,41 @@ class RedisSentinel:
             )
         client.close()
         self.wait_until_replicated()
+
+    def _start(self) -> None:
+        config = self.dir / "sentinel.conf"  # the sentinel rewrites its own config file
+        log = self.dir / "sentinel.log"
+        # A short failover timeout: a sentinel waits twice that before failing over again.
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {log}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 1\n"
+            # Short for quick tests, yet not so short that a loaded machine's slow reply
+            # passes for a master down (1 s once failed the new master over again).
+            f"sentinel down-after-milliseconds {self.service} 2000\n"
+            f"sentinel failover-timeout {self.service} 3000\n"
+        )
+        process = subprocess.Popen(
+            [self.binaries.server, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.process = process
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                error = PortTaken if "Address already in use" in text else RuntimeError
+                raise error(f"sentinel on port {self.port} exited:\n{text}")
+            # Ours, not another process's server that took the port first.
+            return bool(client.info("server")["process_id"] == process.pid)
+
+        try:
+            _wait_until(answers, f"sentinel on port {self.port}")
+        finally:
+            client.close()
 
     def _client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)

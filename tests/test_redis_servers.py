@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import redis_servers
-from tests.redis_servers import SERVER_CHOICE_VARIABLE, RedisServer, valkey_binaries
+from tests.redis_servers import SERVER_CHOICE_VARIABLE, RedisSentinel, RedisServer, valkey_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,6 +94,33 @@ def test_a_chosen_server_that_is_missing_is_named_with_what_to_install(tmp_path:
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("RuntimeError: DQ_TEST_SERVER=redis: not found. ")
     assert "apt-get install redis-server" in last_line
+
+
+def test_a_sentinel_whose_free_port_was_taken_meanwhile_starts_on_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As a server's: before, the sentinel exited on the taken port and its fixture waited
+    # out its timeout, then failed ("timed out waiting for sentinel ... to know mymaster").
+    master = RedisServer()  # on a port of its own, before the sentinel's is offered
+    taken = socket.create_server(("127.0.0.1", 0))
+    taken_port = taken.getsockname()[1]
+    offered = [taken_port]
+    real_free_port = redis_servers.free_port
+
+    def free_port(highest: int = 65535) -> int:
+        return offered.pop() if offered else real_free_port(highest)
+
+    monkeypatch.setattr(redis_servers, "RedisServer", lambda **kwargs: master)
+    monkeypatch.setattr(redis_servers, "free_port", free_port)
+    try:
+        sentinel = RedisSentinel()
+    finally:
+        taken.close()
+    try:
+        assert sentinel.port != taken_port
+        assert sentinel.current_master() is master
+    finally:
+        sentinel.close()
 
 
 def test_a_server_whose_free_port_was_taken_meanwhile_starts_on_another(
