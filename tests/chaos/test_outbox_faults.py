@@ -60,39 +60,22 @@ def wait_for_empty_outbox(alias: str, floor: float) -> Pace:
     return wait_until_empty(lambda: outbox_rows(alias), "outbox rows", floor)
 
 
-class OrderRequests(threading.Thread):
-    """A web process's requests: each commits an order with its outbox send, or (one in
-    four) fails after the send and rolls back, at a steady rate, whatever Redis does."""
+class WebRequests(threading.Thread):
+    """A web process's requests, in a thread until ``stop()``: what ``requests()`` raises is
+    kept in ``errors`` for the test to report, and the thread's database connections are
+    closed when it ends."""
 
-    def __init__(self, queue: Queue, alias: str, rate: float) -> None:
-        super().__init__(name="order-requests", daemon=True)
-        self.queue, self.alias, self.rate = queue, alias, rate
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
         self.stopping = threading.Event()
-        self.committed: list[str] = []
-        # When each order committed (time.monotonic()), to tell those made while Redis was down.
-        self.committed_at: list[float] = []
-        self.rolled_back: list[str] = []
         self.errors: list[BaseException] = []
 
+    def requests(self) -> None:
+        raise NotImplementedError
+
     def run(self) -> None:
-        rng = random.Random(11)
         try:
-            while not self.stopping.wait(1 / self.rate):
-                fails = rng.random() < 0.25
-                with transaction.atomic(using=self.alias):
-                    message_id = self.queue.send(
-                        {"order": len(self.committed)},
-                        delay=rng.choice((0, rng.uniform(0, 0.3))),
-                        outbox=True,
-                        using=self.alias,
-                    )
-                    Effect.objects.using(self.alias).create(message_id=message_id)
-                    transaction.set_rollback(fails, using=self.alias)
-                if fails:
-                    self.rolled_back.append(message_id)
-                else:
-                    self.committed.append(message_id)
-                    self.committed_at.append(time.monotonic())
+            self.requests()
         except BaseException as error:  # reported by the test
             self.errors.append(error)
         finally:
@@ -101,6 +84,38 @@ class OrderRequests(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=30)
+
+
+class OrderRequests(WebRequests):
+    """A web process's requests: each commits an order with its outbox send, or (one in
+    four) fails after the send and rolls back, at a steady rate, whatever Redis does."""
+
+    def __init__(self, queue: Queue, alias: str, rate: float) -> None:
+        super().__init__("order-requests")
+        self.queue, self.alias, self.rate = queue, alias, rate
+        self.committed: list[str] = []
+        # When each order committed (time.monotonic()), to tell those made while Redis was down.
+        self.committed_at: list[float] = []
+        self.rolled_back: list[str] = []
+
+    def requests(self) -> None:
+        rng = random.Random(11)
+        while not self.stopping.wait(1 / self.rate):
+            fails = rng.random() < 0.25
+            with transaction.atomic(using=self.alias):
+                message_id = self.queue.send(
+                    {"order": len(self.committed)},
+                    delay=rng.choice((0, rng.uniform(0, 0.3))),
+                    outbox=True,
+                    using=self.alias,
+                )
+                Effect.objects.using(self.alias).create(message_id=message_id)
+                transaction.set_rollback(fails, using=self.alias)
+            if fails:
+                self.rolled_back.append(message_id)
+            else:
+                self.committed.append(message_id)
+                self.committed_at.append(time.monotonic())
 
 
 @pytest.mark.chaos_database("default")

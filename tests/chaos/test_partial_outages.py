@@ -12,13 +12,12 @@ Small in make test (5 s per phase), 15 s per phase under make chaos (``--chaos-r
 """
 
 import signal
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
@@ -32,7 +31,12 @@ from tests.chaos.conftest import HANDLER
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.ledger import Entry
-from tests.chaos.test_outbox_faults import outbox_rows, wait_for_empty_outbox, with_database
+from tests.chaos.test_outbox_faults import (
+    WebRequests,
+    outbox_rows,
+    wait_for_empty_outbox,
+    with_database,
+)
 from tests.databases import NAMES
 from tests.redis_servers import RedisClusterServers, RedisServer
 
@@ -53,38 +57,27 @@ def phase_seconds(chaos_rounds: int) -> float:
     return max(3.0 * chaos_rounds, 5 * LANE_PATIENCE_SECONDS)
 
 
-class OutboxSends(threading.Thread):
+class OutboxSends(WebRequests):
     """A web process: one outbox send per transaction, at RATE, round robin over
     ``queues``; keeps each committed id with its queue."""
 
     def __init__(self, queues: list[Queue], alias: str) -> None:
-        super().__init__(name="outbox-sends", daemon=True)
+        super().__init__("outbox-sends")
         self.queues, self.alias = queues, alias
-        self.stopping = threading.Event()
         self.committed: dict[str, str] = {}  # id -> queue name
         self.committed_at: dict[str, float] = {}  # id -> time.time() after its commit
-        self.errors: list[BaseException] = []
 
-    def run(self) -> None:
+    def requests(self) -> None:
         n = 0
         next_send = time.monotonic()
-        try:
-            while not self.stopping.wait(max(next_send - time.monotonic(), 0)):
-                queue = self.queues[n % len(self.queues)]
-                with transaction.atomic(using=self.alias):
-                    message_id = queue.send({"n": n}, outbox=True, using=self.alias)
-                self.committed[message_id] = queue.name
-                self.committed_at[message_id] = time.time()
-                n += 1
-                next_send = max(next_send + 1 / RATE, time.monotonic() - 1)
-        except BaseException as error:  # reported by the test
-            self.errors.append(error)
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=30)
+        while not self.stopping.wait(max(next_send - time.monotonic(), 0)):
+            queue = self.queues[n % len(self.queues)]
+            with transaction.atomic(using=self.alias):
+                message_id = queue.send({"n": n}, outbox=True, using=self.alias)
+            self.committed[message_id] = queue.name
+            self.committed_at[message_id] = time.time()
+            n += 1
+            next_send = max(next_send + 1 / RATE, time.monotonic() - 1)
 
 
 class Phases:
