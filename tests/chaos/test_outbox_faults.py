@@ -275,9 +275,15 @@ def test_workers_killed_while_exactly_once_handlers_write_rows(
     queue = use_settings({"DELAYQUEUES": config["DELAYQUEUES"]})
     rng = random.Random(2025)
     count = max(chaos_messages // 3, 200)
+    # The messages come due all through the kill window, so the queue is never empty
+    # before the kills end, however fast the workers handle them (a run that had them all
+    # due in 2 s drained before the second kill).
     ids = queue.send_many(
         [
-            Outgoing({"n": n, "work_ms": rng.choice((0, 0, 1, 5))}, delay=rng.uniform(0, 2))
+            Outgoing(
+                {"n": n, "work_ms": rng.choice((0, 0, 1, 5))},
+                delay=rng.uniform(0, KILL_SECONDS * 0.75),
+            )
             for n in range(count)
         ]
     )
