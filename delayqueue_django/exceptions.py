@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from delayqueue_django.engine.errors import (
     DelayQueueError,
+    DuplicateKey,
     DuplicateMessageId,
     QueueTimedOut,
     QueueUnavailable,
@@ -21,6 +22,7 @@ from delayqueue_django.engine.errors import (
 __all__ = [
     "ConflictingOptions",
     "DelayQueueError",
+    "DuplicateKey",
     "DuplicateMessageId",
     "InvalidDelay",
     "InvalidRetryCount",

@@ -7,6 +7,7 @@ JSON encoding and the public API.
 
 from delayqueue_django.engine.errors import (
     DelayQueueError,
+    DuplicateKey,
     DuplicateMessageId,
     RedisOutOfMemory,
     UnsupportedRedisVersion,
@@ -19,6 +20,7 @@ from delayqueue_django.engine.records import (
     Delivery,
     ExhaustedClaim,
     FetchResult,
+    KeyedSent,
     NackOutcome,
     NewMessage,
     StoredMessage,
@@ -33,9 +35,11 @@ __all__ = [
     "STATES",
     "DelayQueueError",
     "Delivery",
+    "DuplicateKey",
     "DuplicateMessageId",
     "ExhaustedClaim",
     "FetchResult",
+    "KeyedSent",
     "NackOutcome",
     "NewMessage",
     "QueueKeys",

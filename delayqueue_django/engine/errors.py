@@ -13,6 +13,16 @@ class DuplicateMessageId(DelayQueueError):
     """A message id given to send is already known to the queue; nothing was written."""
 
 
+class DuplicateKey(DelayQueueError):
+    """A send with ``if_exists="error"`` named a key that a waiting message (or a
+    ``unique_for`` hold) already has; nothing in its batch was written."""
+
+    def __init__(self, key: str, message_id: str, *, held: bool = False) -> None:
+        self.key, self.message_id, self.held = key, message_id, held
+        why = "is held by unique_for for message" if held else "names the waiting message"
+        super().__init__(f"key {key!r} {why} {message_id!r}; nothing in its batch was written")
+
+
 class UnsupportedRedisVersion(DelayQueueError):
     """The Redis server is older than the oldest version the scripts run on."""
 

@@ -13,6 +13,7 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
     ExhaustedClaim,
     FetchResult,
+    KeyedSent,
     NackOutcome,
     NewMessage,
     ScheduleFailure,
@@ -69,6 +70,31 @@ class Store(Protocol):
         queue, is not written again (its entry in the reply is None, the others their due
         times). ``forget``: ids relayed before whose outbox rows are now deleted for good;
         an id never forgotten is forgotten ``keep_ms`` after its relay."""
+
+    def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
+        """Schedule messages that each carry a key, applying each one's ``if_exists`` and
+        ``unique_ms`` against the key's waiting message and hold (see engine/keyed.py and
+        send_keyed.lua), in order, each seeing the earlier ones. Raises DuplicateKey,
+        writing nothing of that batch, when an ``if_exists="error"`` message meets one."""
+
+    def lookup(self, key: str) -> StoredMessage | None:
+        """The key's message (its waiting one, else the latest sent with it while that is
+        still stored: in flight or dead), or None when the key names nothing stored."""
+
+    def cancel_key(self, key: str) -> str | None:
+        """Remove the key's message if it is waiting; returns its id, or None."""
+
+    def reschedule(
+        self,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        at_ms: int | None = None,
+        delay_us: int = 0,
+    ) -> int | None:
+        """Give a waiting message (by id, or the key's) a new due time: ``at_ms``, or
+        ``delay_us`` from the store's clock rounded up to the ms. Returns the new due time,
+        or None when no message waits under that id or key (nothing changed)."""
 
     def remove(
         self,

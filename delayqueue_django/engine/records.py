@@ -94,6 +94,25 @@ class NewMessage:
     budget: int
     at_ms: int | None = None
     delay_us: int = 0
+    # The user's key (see engine/keyed.py); what a send does when the key's message waits
+    # ("keep", "replace" or "error"); and how long the key stays taken after this send
+    # creates its message, whatever becomes of it (0: no hold).
+    key: str | None = None
+    if_exists: str = "keep"
+    unique_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSent:
+    """What a keyed send did: ``outcome`` is "created" (a new message, or a replay of one
+    whose reply was lost), "kept" (the key's waiting message left as it was), "replaced"
+    (the key's waiting message given the new payload and due time) or "held" (a unique_for
+    hold on the key stopped it: nothing sent). ``id`` is the message the key names;
+    ``due_ms`` its due time, None when it is not waiting."""
+
+    id: str
+    outcome: str
+    due_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +130,9 @@ class Delivery:
     # Why the delivery cannot be handled: its id or payload is not UTF-8 text (only a
     # foreign write puts such bytes in Redis). Queue.fetch buries it. Empty when sound.
     unreadable: str = ""
+    # The user's key and the message's generation (engine/keyed.py); None and 0 unkeyed.
+    key: str | None = None
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +159,8 @@ class NackOutcome:
     exhausted: bool
     # The retry's due time, or the time the message was buried.
     at_ms: int
+    # A keyed message not retried because a newer message with its key waits: removed.
+    superseded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +171,7 @@ class ExhaustedClaim:
     # When the claim lapses (ms, store clock); also its token: confirming it removes the
     # exhaustion only while this claim still holds it.
     claimed_until_ms: int
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +189,8 @@ class StoredMessage:
     attempt: int | None
     budget: int | None
     unannounced: bool = False
+    key: str | None = None
+    generation: int = 0
 
     @property
     def retries_left(self) -> int | None:
