@@ -25,8 +25,9 @@ layout, and the rule that keeps one key in one place is:
   and call; none at all while the register holds this layout only) and sends each message
   to its key's home, its id's suffix rewritten to name that shard when it names another
   (ids placed by shards.place with their keys name their key's shard already): the id a
-  send returns is the one stored. There ``if_exists`` and ``unique_ms`` apply as on any store, and a message
-  of the key in flight there is superseded on its return, as on one shard.
+  send returns is the one stored. There ``if_exists`` and ``unique_ms`` apply as on any
+  store, and a message of the key in flight there is superseded on its return, as on one
+  shard.
 - ``lookup`` and ``reschedule(key=...)`` ask the same shards in the same order and stop at
   the first that answers; ``cancel_key`` asks every one of them, so that no waiting message
   of the key is left anywhere.
