@@ -77,11 +77,8 @@ def take_key(state: QueueState, message_id: str) -> None:
 # unique_for holds
 
 
-def live_holder(state: QueueState, key: str, now: int) -> str | None:
-    """Who holds the key, while its hold lasts (it ends at its end time, exclusive)."""
-    end = state.hold_ends.score(key)
-    if end is None or end <= now:
-        return None
+def live_holder(state: QueueState, key: str) -> str | None:
+    """Who holds the key; call after ``reclaim_holds``, which forgets the holds that ended."""
     return state.holders.get(key)
 
 
@@ -91,6 +88,7 @@ def start_hold(state: QueueState, key: str, holder: str, end_ms: int) -> None:
 
 
 def reclaim_holds(state: QueueState, now: int) -> None:
-    """Forget every hold that has ended, as Redis reclaims an expired key: nobody sweeps."""
+    """Forget every hold that has ended (a hold lasts until its end time, exclusive), as
+    Redis reclaims an expired key: nobody sweeps."""
     for key, _ in state.hold_ends.pop_upto(now, len(state.hold_ends)):
         state.holders.pop(key, None)

@@ -78,7 +78,7 @@ class MemoryKeyed(MemoryStoreBase):
                 decisions.append(_Decision("replay", message.id))
                 continue
             waiting = taken.get(key) or key_index.waiting_message(state, key)
-            holder = held.get(key) or key_index.live_holder(state, key, now)
+            holder = held.get(key) or key_index.live_holder(state, key)
             if waiting is not None:
                 if message.if_exists == "error":
                     raise DuplicateKey(key, waiting)
