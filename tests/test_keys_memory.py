@@ -152,3 +152,20 @@ def test_keyed_messages_keep_the_invariants_in_every_state(store: MemoryStore) -
     report = check_queue(store)
     assert report.ok, report.problems
     assert report.counts == {"pending": 2, "ready": 1, "unack": 1, "retry": 0, "garbage": 1}
+
+
+def test_the_invariant_checker_sees_the_key_index(store: MemoryStore) -> None:
+    [sent] = store.send_keyed([keyed(delay_us=60_000_000)])
+    state = state_of(store)
+    # A second waiting message with the key, and a key naming a message that is gone, as
+    # only a broken store would leave them.
+    state.pending.add("intruder", START_MS)
+    state.payloads["intruder"] = state.payloads[sent.id]
+    state.metas["intruder"] = state.metas[sent.id]
+    state.keys["gone"] = "no-such-id"
+    problems = {(problem.kind, problem.subject) for problem in check_queue(store).problems}
+    assert problems == {
+        ("key-not-indexed", "intruder"),
+        ("key-waiting-twice", "k"),
+        ("key-stale", "gone"),
+    }

@@ -122,6 +122,13 @@ class MemoryOperators(MemoryStoreBase):
                 [member for member, _ in state.exhausted.ordered()],
                 [],  # nothing can hold a foreign type here, so nothing is quarantined
                 [],
+                [part for pair in state.keys.items() for part in pair],
+                [
+                    part
+                    for message_id in state.payloads
+                    if (key := key_index.key_of(state, message_id)) is not None
+                    for part in (message_id, key)
+                ],
                 [],
             ]
 
