@@ -157,6 +157,24 @@ def test_keep_replace_and_error_across_keys_spread_over_the_shards(queue: Queue)
 
 
 @sharded_backends
+def test_a_refusal_leaves_a_batch_spread_over_shards_unwritten(queue: Queue) -> None:
+    """Its "error" messages all on one shard: that shard is asked first, and refuses."""
+    store = sharded(queue)
+    (waiting,) = send_keyed(store, KEYS[:1])
+    others = KEYS[1:]
+    ids = store.place(new_ids(len(others) + 1), [*others, KEYS[0]])
+    batch = [keyed(message_id, key) for message_id, key in zip(ids, others, strict=False)]
+
+    with pytest.raises(DuplicateKey) as refused:
+        store.send_keyed([*batch, keyed(ids[-1], KEYS[0], if_exists="error")])
+
+    assert refused.value.message_id == waiting.id
+    assert len({named_shard(message.id) for message in batch}) > 2
+    assert queue.stats()["pending"] == 1
+    assert [key for key in others if store.lookup(key) is not None] == []
+
+
+@sharded_backends
 def test_two_items_with_one_key_in_a_batch_are_decided_in_order_on_its_shard(
     queue: Queue,
 ) -> None:

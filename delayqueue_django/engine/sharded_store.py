@@ -8,9 +8,11 @@ per shard it touches: atomic per shard, not across shards. Readers add the shard
 
 Keyed messages (issue #26) live on their key's shard (shards.key_shard), so in a steady
 layout one call to one shard decides a keyed send, lookup, cancel or reschedule, atomically.
-A batch's messages go to their shards in one call per shard, as send's do: a DuplicateKey
-refusal refuses the part bound for its shard, while the parts sent before it stay written
-(and those after it are not sent).
+A batch's messages go to their shards in one call per shard, as send's do, those with an
+``if_exists="error"`` message first: a DuplicateKey refusal refuses the part bound for its
+shard and leaves the parts after it unsent, so a batch whose "error" messages are all on one
+shard is refused whole; with such messages on several shards, the parts sent before the
+refusing one stay written.
 
 After SHARDS changed, a key's earlier message may still sit on the key's shard of an older
 layout, and the rule that keeps one key in one place is:
@@ -110,13 +112,22 @@ class ShardedStore(ShardFetching, ShardReads):
         call: Callable[[ShardStore, list[T]], Sequence[Any]],
         *,
         register: bool = False,
+        ahead: Callable[[T], bool] | None = None,
     ) -> list[Any]:
         """``call`` once per shard with its items; the replies back in the items' order
         (each reply has one entry per item). ``register``: writes that make messages, whose
-        layouts go on the register first."""
+        layouts go on the register first. ``ahead``: the items whose shards are called
+        first (the shards otherwise in order of their first item)."""
         groups = self._group(id_of(item) for item in items)
         if register:
             self._register(groups)
+        if ahead is not None and len(groups) > 1:
+            groups = dict(
+                sorted(
+                    groups.items(),
+                    key=lambda group: not any(ahead(items[i]) for i in group[1]),
+                )
+            )
         if len(groups) == 1:
             ((name, _),) = groups.items()
             return list(call(self._store(name), list(items)))
@@ -160,8 +171,14 @@ class ShardedStore(ShardFetching, ShardReads):
 
     def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
         homed = self._homed(messages)
+        # The parts that may be refused go first: when they are all on one shard, as one
+        # key's are, a refusal leaves the whole batch unwritten.
         return self._per_shard(
-            homed, _message_id, lambda store, part: store.send_keyed(part), register=True
+            homed,
+            _message_id,
+            lambda store, part: store.send_keyed(part),
+            register=True,
+            ahead=_may_refuse,
         )
 
     def lookup(self, key: str) -> StoredMessage | None:
@@ -436,6 +453,10 @@ def _message_id(message: NewMessage) -> str:
 
 def _refusal_id(refusal: tuple[str, int, int]) -> str:
     return refusal[0]
+
+
+def _may_refuse(message: NewMessage) -> bool:
+    return message.if_exists == "error"
 
 
 __all__ = [
