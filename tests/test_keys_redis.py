@@ -469,6 +469,18 @@ def test_a_requeue_leaves_a_superseded_dead_letter_dead(store: RedisStore) -> No
     assert_sound(store)
 
 
+def test_a_requeued_dead_letter_takes_its_key_back_from_an_empty_index(store: RedisStore) -> None:
+    dead(store)
+    send(store, keyed("b"))
+    b = fetch_one(store)
+    store.ack([(b.id, b.lease)])
+    assert key_index(store) == {}  # the marker keeps the index, so the requeue keeps it too
+    assert store.requeue(["a"], 3) == ["a"]
+    assert key_index(store) == {"k": "a"}
+    assert send(store, keyed("c"))[0].outcome == "kept"
+    assert_sound(store)
+
+
 # The key index forgets a message that leaves the queue
 
 
@@ -581,6 +593,16 @@ def test_a_batch_larger_than_a_script_call(redis_configure: Callable[..., Queue]
     sent = send(store, *batch)
     assert [s.id for s in sent] == ["m0", "m1", "m2", "m0", "m1", "m2", "m0"]
     assert [s.outcome for s in sent] == ["created"] * 3 + ["kept"] * 4
+
+
+def test_a_key_index_of_another_type_is_set_aside(store: RedisStore) -> None:
+    client: Any = store.client
+    client.set(store.keys.key("keys"), "foreign")
+    a = in_flight(store)
+    store.ack([(a.id, a.lease)])
+    assert client.zcard(store.keys.key("quarantine")) == 1
+    assert send(store, keyed("b"))[0].outcome == "created"
+    assert key_index(store) == {"k": "b"}
 
 
 # A queue that never used keys
