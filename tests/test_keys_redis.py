@@ -5,6 +5,7 @@ store shares is in test_keys_contract.py; these are the Redis specifics: the key
 holds in Redis, superseding on every path back to waiting, replays, refused batches, and that
 a queue that never used keys pays nothing for them."""
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from delayqueue_django.engine import (
     RedisStore,
     StoredMessage,
 )
+from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.invariants import check_queue
 from delayqueue_django.engine.records import BURY
 from tests.helpers import redis_store, wait_for
@@ -467,6 +469,18 @@ def test_a_requeue_leaves_a_superseded_dead_letter_dead(store: RedisStore) -> No
     assert_sound(store)
 
 
+def test_a_requeued_dead_letter_takes_its_key_back_from_an_empty_index(store: RedisStore) -> None:
+    dead(store)
+    send(store, keyed("b"))
+    b = fetch_one(store)
+    store.ack([(b.id, b.lease)])
+    assert key_index(store) == {}  # the marker keeps the index, so the requeue keeps it too
+    assert store.requeue(["a"], 3) == ["a"]
+    assert key_index(store) == {"k": "a"}
+    assert send(store, keyed("c"))[0].outcome == "kept"
+    assert_sound(store)
+
+
 # The key index forgets a message that leaves the queue
 
 
@@ -581,6 +595,16 @@ def test_a_batch_larger_than_a_script_call(redis_configure: Callable[..., Queue]
     assert [s.outcome for s in sent] == ["created"] * 3 + ["kept"] * 4
 
 
+def test_a_key_index_of_another_type_is_set_aside(store: RedisStore) -> None:
+    client: Any = store.client
+    client.set(store.keys.key("keys"), "foreign")
+    a = in_flight(store)
+    store.ack([(a.id, a.lease)])
+    assert client.zcard(store.keys.key("quarantine")) == 1
+    assert send(store, keyed("b"))[0].outcome == "created"
+    assert key_index(store) == {"k": "b"}
+
+
 # A queue that never used keys
 
 
@@ -625,3 +649,55 @@ def test_the_checker_reports_a_key_naming_a_message_not_stored(store: RedisStore
     client.hset(store.keys.key("keys"), "gone", "nobody")
     [problem] = check_queue(store).problems
     assert (problem.kind, problem.subject) == ("key-stale", "gone")
+
+
+# Wake-ups
+
+
+def wakeups(subscription: Any) -> list[int]:
+    found = []
+    while (due := subscription.wait(timeout=0.2)) is not None:
+        found.append(due)
+    return found
+
+
+def test_a_replace_or_reschedule_due_earlier_wakes_idle_workers(store: RedisStore) -> None:
+    send(store, keyed("a", delay_us=2 * MINUTE_US))
+    subscription = store.subscribe_wakeups()
+    try:
+        send(store, keyed("b", if_exists="replace", delay_us=3 * MINUTE_US))
+        assert wakeups(subscription) == []  # later: sleeping workers wake in time anyway
+        [replaced] = send(store, keyed("c", if_exists="replace", delay_us=MINUTE_US))
+        assert wakeups(subscription) == [replaced.due_ms]
+        due = store.reschedule(key="k", delay_us=1000)
+        assert wakeups(subscription) == [due]
+        store.reschedule(key="k", delay_us=MINUTE_US)
+        assert wakeups(subscription) == []
+    finally:
+        subscription.close()
+
+
+# The async store
+
+
+def test_the_async_store_sends_cancels_reschedules_and_looks_up_by_key(redis_queue: Queue) -> None:
+    async def scenario() -> None:
+        store = redis_queue.async_store()
+        assert isinstance(store, AsyncRedisStore)
+        [created] = await store.send_keyed([keyed("a", delay_us=MINUTE_US)])
+        [kept] = await store.send_keyed([keyed("b")])
+        assert (created.outcome, kept.outcome, kept.id) == ("created", "kept", "a")
+        with pytest.raises(DuplicateKey):
+            await store.send_keyed([keyed("b", if_exists="error")])
+        due = await store.reschedule(key="k", delay_us=2 * MINUTE_US)
+        assert due is not None
+        assert due > (created.due_ms or 0)
+        assert await store.reschedule(message_id="nobody") is None
+        found = await store.lookup("k")
+        assert found is not None
+        assert (found.id, found.score_ms, found.key) == ("a", due, "k")
+        assert await store.cancel_key("k") == "a"
+        assert await store.cancel_key("k") is None
+        assert await store.lookup("k") is None
+
+    asyncio.run(scenario())

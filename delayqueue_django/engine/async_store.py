@@ -1,5 +1,5 @@
-"""The producer side of the store on redis.asyncio: send, cancel, reschedule and stats
-without blocking an event loop. It runs the same scripts, with the same arguments and
+"""The producer side of the store on redis.asyncio: send, cancel, reschedule, lookup and
+stats without blocking an event loop. It runs the same scripts, with the same arguments and
 replies, as RedisStore."""
 
 import asyncio
@@ -18,11 +18,13 @@ from delayqueue_django.engine.keyed_calls import (
     reschedule_args,
     rescheduled_due,
     send_keyed_calls,
+    wire,
 )
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.records import KeyedSent, NewMessage, StoreLimits
+from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage, StoreLimits
 from delayqueue_django.engine.scripts import AsyncLua
 from delayqueue_django.engine.store import (
+    described,
     log_warnings,
     oldest_version,
     parse_stats,
@@ -100,6 +102,11 @@ class AsyncRedisStore:
         """A waiting message's new due time (see RedisStore.reschedule), or None."""
         args = reschedule_args(self.keys.wakeup_channel, message_id, key, at_ms, delay_us)
         return rescheduled_due(await self._run("reschedule", args))
+
+    async def lookup(self, key: str) -> StoredMessage | None:
+        """The key's message, as RedisStore.lookup finds it, or None."""
+        message_id, *reply = await self._run("lookup", [wire(key)])
+        return described(message_id, reply) if message_id else None
 
     async def stats(self) -> dict[str, int]:
         return parse_stats(await self._run("stats", []))

@@ -338,8 +338,8 @@ class RedisStore:
     def lookup(self, key: str) -> StoredMessage | None:
         """The key's message (its waiting one, else the latest sent with it while still
         stored), or None when the key names nothing stored."""
-        message_id, *described = self._run("lookup", [_wire(key)])
-        return _described(message_id, described) if message_id else None
+        message_id, *reply = self._run("lookup", [_wire(key)])
+        return described(message_id, reply) if message_id else None
 
     def cancel_key(self, key: str) -> str | None:
         """Remove the key's message if it waits; returns its id, or None."""
@@ -629,7 +629,7 @@ class RedisStore:
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
         args = [_wire(message_id)] if preview_bytes is None else [_wire(message_id), preview_bytes]
-        return _described(message_id, self._run("peek", args))
+        return described(message_id, self._run("peek", args))
 
     def peek_payload(self, message_id: str) -> bytes | None:
         """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
@@ -819,9 +819,9 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
     return [value for row in rows for value in (_wire(row[0]), *row[1:])]
 
 
-def _described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
+def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
     """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
-    queue does not know the message."""
+    queue does not know the message. (AsyncRedisStore reads lookup's with it too.)"""
     state, score, payload, size, meta, unannounced = reply[:6]
     state = _text(state)
     if not state and payload is None and meta is None:
