@@ -6,17 +6,52 @@ message (send, cancel, ack, peek, requeue...) goes to the shard its id names, in
 per shard it touches: atomic per shard, not across shards. Readers add the shards up:
 ``stats`` over the shards it can read, counting in ``shards_down`` those it cannot.
 
+Keyed messages (issue #26) live on their key's shard (shards.key_shard), so in a steady
+layout one call to one shard decides a keyed send, lookup, cancel or reschedule, atomically.
+A batch's messages go to their shards in one call per shard, as send's do: a DuplicateKey
+refusal refuses the part bound for its shard, while the parts sent before it stay written
+(and those after it are not sent).
+
+After SHARDS changed, a key's earlier message may still sit on the key's shard of an older
+layout, and the rule that keeps one key in one place is:
+
+- A key's *home* is the first of these shards that holds a message with the key (in any
+  state: waiting, in flight or dead, as ``lookup`` answers): the key's shard of each other
+  layout on the register, in ascending order of their SHARDS (the register keeps no age),
+  then its shard of the layout the message's id names (this store's, unless a relay writes
+  what another process placed; an id of shard 0 names every layout, and counts as this
+  store's). A key found nowhere lives on that last one.
+- ``send_keyed`` asks the other layouts' shards first (one ``lookup`` each, once per key
+  and call; none at all while the register holds this layout only) and sends each message
+  to its key's home, its id's suffix rewritten to name that shard when it names another
+  (ids placed by shards.place with their keys name their key's shard already): the id a
+  send returns is the one stored. There ``if_exists`` and ``unique_ms`` apply as on any
+  store, and a message of the key in flight there is superseded on its return, as on one
+  shard.
+- ``lookup`` and ``reschedule(key=...)`` ask the same shards in the same order and stop at
+  the first that answers; ``cancel_key`` asks every one of them, so that no waiting message
+  of the key is left anywhere.
+
+Its limits, while more than one layout is on the register: the rule is not atomic across
+shards. Two senders racing on a key that none of the older layouts' shards holds (or one
+racing with the last worker of the key's message there) can each create a message, on
+different shards; and a ``unique_for`` hold is kept by the shard its send went to, so once
+the message it held for has left an older layout's shard the hold no longer stops sends to
+the new one. Once the older layouts are retired, a key is one shard's again.
+
 The store is composed of its parts: the shards and their layouts (engine.shard_layouts),
 fetching by plan (engine.shard_fetch, with engine.shard_wakeups) and the readers that add
 the shards up (engine.shard_reads); what stays here routes each call by the ids it names.
 """
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
+    KeyedSent,
     NackOutcome,
     NewMessage,
     ScheduleFailure,
@@ -31,10 +66,13 @@ from delayqueue_django.engine.shard_reads import ShardReads
 from delayqueue_django.engine.shard_wakeups import ShardedWakeups
 from delayqueue_django.engine.shards import (
     SHARD_MARK,
+    key_shard,
     layout_names,
+    parse_name,
     place,
     shard_name,
     shard_of,
+    with_shard,
 )
 
 T = TypeVar("T")
@@ -47,9 +85,9 @@ class ShardedStore(ShardFetching, ShardReads):
 
     # Where messages go
 
-    def place(self, message_ids: list[str]) -> list[str]:
+    def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
         """Each new id with a shard of this layout (see shards.place)."""
-        return place(message_ids, self.layout)
+        return place(message_ids, self.layout, keys)
 
     def shard_for(self, message_id: str) -> ShardStore:
         """The store of the shard an id names (of any layout)."""
@@ -117,6 +155,91 @@ class ShardedStore(ShardFetching, ShardReads):
             for position, due in zip(positions, dues, strict=True):
                 replies[position] = due
         return replies
+
+    # Keyed messages (see the module's docstring: a key's home)
+
+    def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
+        homed = self._homed(messages)
+        return self._per_shard(
+            homed, _message_id, lambda store, part: store.send_keyed(part), register=True
+        )
+
+    def lookup(self, key: str) -> StoredMessage | None:
+        for name in self._key_shards(key, self.layout):
+            found = self._store(name).lookup(key)
+            if found is not None:
+                return found
+        return None
+
+    def cancel_key(self, key: str) -> str | None:
+        removed = [self._store(name).cancel_key(key) for name in self._key_shards(key, self.layout)]
+        return next((message_id for message_id in removed if message_id is not None), None)
+
+    def reschedule(
+        self,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        at_ms: int | None = None,
+        delay_us: int = 0,
+    ) -> int | None:
+        if key is None:
+            if message_id is None:
+                raise ValueError("reschedule: give a message_id or a key")
+            return self.shard_for(message_id).reschedule(
+                message_id=message_id, at_ms=at_ms, delay_us=delay_us
+            )
+        if message_id is not None:
+            raise ValueError("reschedule: give a message_id or a key, not both")
+        for name in self._key_shards(key, self.layout):
+            due_ms = self._store(name).reschedule(key=key, at_ms=at_ms, delay_us=delay_us)
+            if due_ms is not None:
+                return due_ms
+        return None
+
+    def _key_shards(self, key: str, layout: int) -> list[str]:
+        """The shards ``key`` may live on, in the order its home is looked for: its shard
+        of each other layout on the register (by ascending SHARDS), then its shard of
+        ``layout``; each named once (shard 0 is every layout's)."""
+        self.refresh_layouts()
+        others = sorted({*self._draining, self.layout} - {layout})
+        names: list[str] = []
+        for each in (*others, layout):
+            name = shard_name(each, key_shard(key, each))
+            if name not in names:
+                names.append(name)
+        return names
+
+    def _homed(self, messages: Sequence[NewMessage]) -> list[NewMessage]:
+        """``messages``, those whose id names another shard than their key's home with the
+        id rewritten to name it (each key's home looked for once)."""
+        homes: dict[tuple[str, int], str] = {}
+        homed = []
+        for message in messages:
+            if message.key is None:
+                raise ValueError(f"send_keyed: message {message.id!r} has no key")
+            named = shard_of(message.id)
+            # An id of shard 0 names no layout in particular (shard 0 is every layout's).
+            layout = self.layout if named == (1, 0) else named[0]
+            home = homes.get((message.key, layout))
+            if home is None:
+                home = homes[message.key, layout] = self._home(message.key, layout)
+            moved = home != shard_name(*named)
+            homed.append(
+                dataclasses.replace(message, id=with_shard(message.id, *parse_name(home)))
+                if moved
+                else message
+            )
+        return homed
+
+    def _home(self, key: str, layout: int) -> str:
+        """The first of ``key``'s shards of the other layouts on the register that holds
+        a message with it, else its shard of ``layout``."""
+        *others, own = self._key_shards(key, layout)
+        for name in others:
+            if self._store(name).lookup(key) is not None:
+                return name
+        return own
 
     def remove(
         self,

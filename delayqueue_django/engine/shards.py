@@ -10,11 +10,17 @@ shard 0's. The segments start where ``redis-cli --cluster create`` starts the ra
 gives M masters (rounded to the nearest slot), so the N shards fall N/M to each master
 whenever M divides N. Ids carry their shard: ``<id>~N.k`` (none for shard 0), so anyone
 finds a message in one round trip, whatever layout its sender used.
+
+A message sent with a key goes to its key's shard (key_shard: the CRC-32 of the key's UTF-8
+bytes modulo N, the same in every process), so one shard, asked once, decides whether the
+key's message waits; other messages go to a shard chosen at random.
 """
 
 import functools
 import random
 import re
+import zlib
+from collections.abc import Sequence
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -56,12 +62,37 @@ def shard_suffix(layout: int, index: int) -> str:
     return "" if index == 0 else f"{SHARD_MARK}{layout}.{index}"
 
 
-def place(message_ids: list[str], layout: int) -> list[str]:
+def place(
+    message_ids: list[str], layout: int, keys: Sequence[str | None] | None = None
+) -> list[str]:
     """Each new id with a shard of ``layout``, chosen at random: even spread, and no
-    coordination between senders (nor any Redis asked)."""
+    coordination between senders (nor any Redis asked). ``keys``, one per id (None for a
+    message without one): an id with a key gets its key's shard instead."""
+    if keys is None:
+        return [
+            message_id + shard_suffix(layout, random.randrange(layout))
+            for message_id in message_ids
+        ]
     return [
-        message_id + shard_suffix(layout, random.randrange(layout)) for message_id in message_ids
+        message_id
+        + shard_suffix(layout, random.randrange(layout) if key is None else key_shard(key, layout))
+        for message_id, key in zip(message_ids, keys, strict=True)
     ]
+
+
+def key_shard(key: str, layout: int) -> int:
+    """The index of the shard of ``layout`` that messages sent with ``key`` go to: a
+    stable hash of the key (CRC-32 of its UTF-8 bytes; Python's hash() differs from one
+    process to the next), modulo the layout."""
+    return zlib.crc32(key.encode("utf-8", "surrogateescape")) % layout
+
+
+def with_shard(message_id: str, layout: int, index: int) -> str:
+    """``message_id`` naming shard ``index`` of ``layout`` instead of the one it names."""
+    found = _SUFFIX.search(message_id)
+    if found is not None and shard_of(message_id) != (1, 0):
+        message_id = message_id[: found.start()]
+    return message_id + shard_suffix(layout, index)
 
 
 def layout_names(layout: int) -> list[str]:
