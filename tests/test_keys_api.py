@@ -311,21 +311,26 @@ def test_module_level_cancel_by_key_on_a_named_queue(queue: Queue) -> None:
 @pytest.mark.parametrize("by", ["id", "key"])
 def test_reschedule_moves_a_waiting_message(queue: Queue, by: str) -> None:
     message_id = queue.send("x", key="order-1", delay=LATER)
-    address = {"message_id": message_id} if by == "id" else {"key": "order-1"}
-    assert queue.reschedule(**address, delay=3 * LATER) is True
+
+    def move(**timing: Any) -> bool:
+        if by == "id":
+            return queue.reschedule(message_id, **timing)
+        return queue.reschedule(key="order-1", **timing)
+
+    assert move(delay=3 * LATER) is True
     found = queue.peek(message_id)
     assert found is not None
     assert found.score_ms is not None
     assert found.score_ms >= store_time_ms(queue) + (3 * LATER - 1) * 1000
     at = timezone.now().replace(microsecond=0) + timedelta(hours=5)
-    assert queue.reschedule(**address, at=at) is True
+    assert move(at=at) is True
     found = queue.peek(message_id)
     assert found is not None
     assert found.score_ms == int(at.timestamp()) * 1000
-    assert queue.reschedule(**address) is True  # neither: due now
+    assert move() is True  # neither: due now
     [delivery] = fetch_when_due(queue)
     assert delivery.id == message_id
-    assert queue.reschedule(**address, delay=LATER) is False  # in flight: left alone
+    assert move(delay=LATER) is False  # in flight: left alone
 
 
 def test_reschedule_of_nothing_waiting_is_false(queue: Queue) -> None:

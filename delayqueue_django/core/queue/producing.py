@@ -14,7 +14,7 @@ from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.engine.shards import place
+from delayqueue_django.engine.shards import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions
 
 
@@ -204,7 +204,8 @@ class QueueProducing(QueueBase):
         prepared = []
         # Each id's shard is chosen from the settings' layout, as the store would: an outbox
         # send touches no Redis, nor builds its client.
-        ids = place(new_message_ids(len(items)), self.config.shards)
+        layout = self.config.shards
+        ids = place(new_message_ids(len(items)), layout)
         for message_id, item in zip(ids, items, strict=True):
             if isinstance(item, Outgoing):
                 at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)
@@ -220,6 +221,9 @@ class QueueProducing(QueueBase):
             if key is None:
                 prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
             else:
+                # A keyed message lives on its key's shard, where its key is decided: its id
+                # says so from the start, as an on_commit or outbox send returns it at once.
+                message_id = with_shard(message_id, layout, key_shard(key, layout))
                 prepared.append(
                     NewMessage(message_id, text, budget, at_ms, delay_us, key, if_exists, unique_ms)
                 )
