@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
-from delayqueue_django.engine.memory import prelude
+from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.memory import key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
@@ -147,7 +148,7 @@ class MemoryDelivery(MemoryStoreBase):
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
                 prelude.bury(state, message_id, now)
-            else:
+            elif key_index.return_to_waiting(state, message_id):
                 state.retry.append(message_id)
                 prelude.count_total(state, "retried", 1)
         prelude.count(state, now, "failed", expired)
@@ -241,8 +242,7 @@ class MemoryDelivery(MemoryStoreBase):
             for message_id, lease in leases:
                 if prelude.holds(state, message_id, lease):
                     state.unack.remove(message_id)
-                    state.payloads.pop(message_id, None)
-                    state.metas.pop(message_id, None)
+                    prelude.forget(state, message_id)
                     acked.append(message_id)
             prelude.count(state, now, "acked", len(acked))
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
@@ -274,6 +274,8 @@ class MemoryDelivery(MemoryStoreBase):
                 if meta.attempt > meta.budget or delay_ms < 0:
                     prelude.bury(state, message_id, now)
                     outcomes.append(NackOutcome(message_id, True, now))
+                elif not key_index.return_to_waiting(state, message_id):
+                    outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
                     meta.due = prelude.due_after(now, now_us, delay_ms, 0)
                     state.pending.add(message_id, meta.due)
@@ -299,6 +301,8 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
+                if not key_index.return_to_waiting(state, message_id):
+                    continue  # superseded: gone, so not handed back
                 (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)
                 released.appendleft(message_id)
             if released:
@@ -326,12 +330,14 @@ class MemoryDelivery(MemoryStoreBase):
             for message_id, _ in state.exhausted.upto(now, count):
                 state.exhausted.add(message_id, claimed_until)
                 meta = state.metas.get(message_id)
+                key, _, payload = split_keyed(state.payloads.get(message_id) or "")
                 claims.append(
                     ExhaustedClaim(
                         message_id,
-                        state.payloads.get(message_id),
+                        payload if message_id in state.payloads else None,
                         0 if meta is None else meta.attempt,
                         claimed_until,
+                        key,
                     )
                 )
             return claims

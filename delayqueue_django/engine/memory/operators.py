@@ -5,7 +5,8 @@ peek.lua do them."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from delayqueue_django.engine.memory import prelude
+from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.memory import key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta
 from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
@@ -23,7 +24,8 @@ class MemoryOperators(MemoryStoreBase):
             state, now = self._state(), self._now()
             requeued = []
             for message_id in message_ids:
-                if message_id not in state.garbage:
+                # A keyed dead letter whose key has a newer waiting message stays dead.
+                if message_id not in state.garbage or key_index.superseded(state, message_id):
                     continue
                 old = state.metas.get(message_id)
                 lease, budget = (0, default_budget) if old is None else (old.lease, old.budget)
@@ -31,6 +33,7 @@ class MemoryOperators(MemoryStoreBase):
                 state.garbage.remove(message_id)
                 state.exhausted.remove(message_id)
                 state.pending.add(message_id, now)
+                key_index.take_key(state, message_id)
                 requeued.append(message_id)
             if requeued:
                 self._wake(now)
@@ -180,32 +183,14 @@ class MemoryOperators(MemoryStoreBase):
 
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
         with self.server.lock:
-            queue = self._state()
-            for name, scored in (
-                ("pending", queue.pending),
-                ("unack", queue.unack),
-                ("garbage", queue.garbage),
-            ):
-                score = scored.score(message_id)
-                if score is not None:
-                    return prelude.stored(
-                        queue, message_id, name, score, peeked=True, preview_bytes=preview_bytes
-                    )
-            for name, staged in (("ready", queue.ready), ("retry", queue.retry)):
-                if message_id in staged:
-                    return prelude.stored(
-                        queue, message_id, name, None, peeked=True, preview_bytes=preview_bytes
-                    )
-            if message_id in queue.payloads or message_id in queue.metas:
-                return prelude.stored(
-                    queue, message_id, "unknown", None, peeked=True, preview_bytes=preview_bytes
-                )
-            return None
+            return prelude.peek(self._state(), message_id, preview_bytes)
 
     def peek_payload(self, message_id: str) -> bytes | None:
         with self.server.lock:
             payload = self._state().payloads.get(message_id)
-        return None if payload is None else split_trace(payload)[1].encode("utf-8")
+        if payload is None:
+            return None
+        return split_trace(split_keyed(payload)[2])[1].encode("utf-8")
 
     def held(self, message_ids: Sequence[str]) -> set[str]:
         with self.server.lock:

@@ -4,6 +4,8 @@ schedule's record), for the memory store's operations to share in the same way."
 
 from collections import deque
 
+from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
     Meta,
     QueueState,
@@ -43,8 +45,7 @@ def take_out(state: QueueState, message_id: str) -> bool:
     if (meta is None or meta.attempt == 0) and (
         state.pending.remove(message_id) or remove_first(state.ready, message_id)
     ):
-        state.payloads.pop(message_id, None)
-        state.metas.pop(message_id, None)
+        forget(state, message_id)
         return True
     return False
 
@@ -114,18 +115,23 @@ def bury(state: QueueState, message_id: str, now: int) -> None:
 
 
 def delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> Delivery:
+    key, generation, payload = split_keyed(state.payloads[message_id])
     return Delivery(
         id=message_id,
-        payload=state.payloads[message_id],
+        payload=payload,
         attempt=meta.attempt,
         lease=meta.lease,
         budget=meta.budget,
         deadline_ms=deadline,
         due_ms=meta.due,
+        key=key,
+        generation=generation,
     )
 
 
 def forget(state: QueueState, message_id: str) -> None:
+    """The message leaves storage, and its key's pointer with it if that names it."""
+    drop_pointer(state, message_id)
     state.payloads.pop(message_id, None)
     state.metas.pop(message_id, None)
     state.exhausted.remove(message_id)
@@ -153,6 +159,15 @@ def remove_first(staged: deque[str], message_id: str) -> bool:
     return True
 
 
+def take_out_of_waiting(state: QueueState, message_id: str) -> bool:
+    """Take a message out of pending, ready or retry; True if it was in one of them."""
+    return (
+        state.pending.remove(message_id)
+        or remove_first(state.ready, message_id)
+        or remove_first(state.retry, message_id)
+    )
+
+
 def staged_slice(staged: deque[str], offset: int, limit: int) -> list[str]:
     return [staged[i] for i in range(offset, min(offset + limit, len(staged)))]
 
@@ -167,8 +182,11 @@ def stored(
     peeked: bool = False,
 ) -> StoredMessage:
     """What list.lua (a preview of the payload) or peek.lua (all of it or a preview, and
-    whether an exhaustion is still to be announced) return about one message."""
-    payload = state.payloads.get(message_id)
+    whether an exhaustion is still to be announced) return about one message. A keyed
+    message's key is split off first: the size and the preview are of its payload."""
+    key, generation, payload = None, 0, state.payloads.get(message_id)
+    if payload is not None:
+        key, generation, payload = split_keyed(payload)
     size = 0 if payload is None else len(payload.encode("utf-8"))
     if payload is not None and preview_bytes is not None and size > preview_bytes:
         # Cut on a character boundary, as list.lua does, so the preview is still valid text.
@@ -185,4 +203,24 @@ def stored(
         attempt=None if meta is None else meta.attempt,
         budget=None if meta is None else meta.budget,
         unannounced=peeked and message_id in state.exhausted,
+        key=key,
+        generation=generation,
     )
+
+
+def peek(state: QueueState, message_id: str, preview_bytes: int | None) -> StoredMessage | None:
+    """Where a message is and what it holds (peek.lua), or None if the queue does not know it."""
+    for name, scored in (
+        ("pending", state.pending),
+        ("unack", state.unack),
+        ("garbage", state.garbage),
+    ):
+        score = scored.score(message_id)
+        if score is not None:
+            return stored(state, message_id, name, score, peeked=True, preview_bytes=preview_bytes)
+    for name, staged in (("ready", state.ready), ("retry", state.retry)):
+        if message_id in staged:
+            return stored(state, message_id, name, None, peeked=True, preview_bytes=preview_bytes)
+    if message_id in state.payloads or message_id in state.metas:
+        return stored(state, message_id, "unknown", None, peeked=True, preview_bytes=preview_bytes)
+    return None

@@ -15,12 +15,20 @@ to other processes.
 
 from delayqueue_django.engine.memory.bookkeeping import MemoryBookkeeping
 from delayqueue_django.engine.memory.delivery import MemoryDelivery
+from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.operators import MemoryOperators
 from delayqueue_django.engine.memory.relay import MemoryRelay
 from delayqueue_django.engine.memory.schedules import MemorySchedules
 
 
-class MemoryStore(MemoryDelivery, MemoryRelay, MemoryOperators, MemorySchedules, MemoryBookkeeping):
+class MemoryStore(
+    MemoryDelivery,
+    MemoryKeyed,
+    MemoryRelay,
+    MemoryOperators,
+    MemorySchedules,
+    MemoryBookkeeping,
+):
     """One queue on a memory server: each part mirrors a family of the Lua scripts (the
-    delivery of messages, the relay, operators' reads and moves, schedules, and what is
-    kept beside the messages)."""
+    delivery of messages, keyed messages, the relay, operators' reads and moves, schedules,
+    and what is kept beside the messages)."""
