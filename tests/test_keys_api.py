@@ -28,6 +28,7 @@ from delayqueue_django.exceptions import ConflictingOptions, DuplicateKey, Inval
 from delayqueue_django.testing import memory_queues
 from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from tests.backends import one_shard
 from tests.helpers import fetch_when_due, store_time_ms
 
 LATER = 60  # seconds: a message that stays pending for the whole test
@@ -204,6 +205,15 @@ def test_send_many_takes_keys_per_item_and_returns_the_ids_they_name(queue: Queu
     assert stored_count(queue) == 3
 
 
+def test_a_refusal_in_send_many_leaves_its_unkeyed_items_unwritten(queue: Queue) -> None:
+    """The keyed items go first: a refusal stops the call before its plain items."""
+    queue.send("old", key="a", delay=LATER)
+    with pytest.raises(DuplicateKey):
+        queue.send_many(["plain", Outgoing("refused", key="a", if_exists="error")])
+    assert stored_count(queue) == 1
+
+
+@one_shard  # (a sharded queue's refusal refuses its own shard's part only)
 def test_a_refused_key_in_send_many_writes_nothing_of_the_call(queue: Queue) -> None:
     queue.send("old", key="a", delay=LATER)
     with pytest.raises(DuplicateKey):

@@ -97,7 +97,9 @@ class QueueProducing(QueueBase):
         replace all but one of them): each item's id is then the one its key names, as
         ``send`` returns it. Keyed items are decided in order, each seeing the earlier ones,
         and written before the unkeyed ones, in a round trip of their own: an
-        ``if_exists="error"`` refusal (DuplicateKey) writes nothing of the call.
+        ``if_exists="error"`` refusal (DuplicateKey) writes nothing of the call (on a
+        sharded queue, nothing of the refused item's shard: items bound for other shards
+        before it stay written, see engine.sharded_store).
         """
         return self._send_all(
             messages,
