@@ -1,5 +1,6 @@
-"""The producer side of the store on redis.asyncio: send, cancel and stats without blocking
-an event loop. It runs the same scripts, with the same arguments and replies, as RedisStore."""
+"""The producer side of the store on redis.asyncio: send, cancel, reschedule and stats
+without blocking an event loop. It runs the same scripts, with the same arguments and
+replies, as RedisStore."""
 
 import asyncio
 from collections.abc import Sequence
@@ -9,8 +10,17 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import ResponseError
 
+from delayqueue_django.engine.keyed_calls import (
+    cancel_key_args,
+    cancelled_id,
+    duplicate_key,
+    keyed_sent,
+    reschedule_args,
+    rescheduled_due,
+    send_keyed_calls,
+)
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.records import NewMessage, StoreLimits
+from delayqueue_django.engine.records import KeyedSent, NewMessage, StoreLimits
 from delayqueue_django.engine.scripts import AsyncLua
 from delayqueue_django.engine.store import (
     log_warnings,
@@ -59,9 +69,37 @@ class AsyncRedisStore:
             raise send_error(error, self.keys.queue) from None
         return [int(due) for reply in replies for due in reply[:-1]]
 
+    async def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
+        """Schedule keyed messages, chunk by chunk as RedisStore.send_keyed does."""
+        sent: list[KeyedSent] = []
+        channel, batch_size = self.keys.wakeup_channel, self.limits.send_batch_size
+        for chunk, args in send_keyed_calls(channel, messages, batch_size):
+            try:
+                reply = await self._run("send_keyed", args)
+            except ResponseError as error:
+                raise duplicate_key(error, chunk) or send_error(error, self.keys.queue) from None
+            sent += keyed_sent(reply[:-1])
+        return sent
+
     async def remove(self, message_id: str) -> str | None:
         """Cancel a waiting message; returns the state it left, or None."""
         return removed_state(await self._run("remove", [message_id, "cancel"]))
+
+    async def cancel_key(self, key: str) -> str | None:
+        """Cancel the key's message if it waits; returns its id, or None."""
+        return cancelled_id(await self._run("remove", cancel_key_args(key)))
+
+    async def reschedule(
+        self,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        at_ms: int | None = None,
+        delay_us: int = 0,
+    ) -> int | None:
+        """A waiting message's new due time (see RedisStore.reschedule), or None."""
+        args = reschedule_args(self.keys.wakeup_channel, message_id, key, at_ms, delay_us)
+        return rescheduled_due(await self._run("reschedule", args))
 
     async def stats(self) -> dict[str, int]:
         return parse_stats(await self._run("stats", []))

@@ -3,10 +3,13 @@
 The rules: every message id is in exactly one state (pending, ready, unack, retry, garbage),
 once; every live message has a payload and a readable meta record whose attempt count fits
 its state, and its id and payload are UTF-8 text; no payload or meta record outlives its
-message; an exhaustion still to announce belongs to a dead letter. Dead letters without a readable
-payload or meta record are the engine's own way of setting damage aside, so they are counted
-(``damaged``), not reported as problems; and so are the keys renamed aside for holding the
-wrong type (``quarantined``).
+message; an exhaustion still to announce belongs to a dead letter; and for keyed messages,
+every waiting one is its key's message in the key index (so no two wait with one key), and
+the index names no message that is gone (the scripts drop a key with its message: one left
+behind is a leak, though harmless to sends and lookups, which find nothing waiting).
+Dead letters without a readable payload or meta record are the engine's own way of setting
+damage aside, so they are counted (``damaged``), not reported as problems; and so are the
+keys renamed aside for holding the wrong type (``quarantined``).
 
 The state is read in one atomic snapshot by a read-only Lua script (snapshot.lua) that returns
 every id; the checking runs here, off the server. A MULTI/EXEC of the same range reads would
@@ -76,6 +79,9 @@ class Snapshot:
     unreadable_ids: set[str] = field(default_factory=set)
     # Ids whose payload is not UTF-8 text (read apart from the snapshot, see above).
     unreadable_payloads: list[str] = field(default_factory=list)
+    # The key index (key -> id), and the key of every stored keyed message (id -> key).
+    key_index: dict[str, str] = field(default_factory=dict)
+    message_keys: dict[str, str] = field(default_factory=dict)
 
 
 def _text(value: bytes | str) -> str:
@@ -85,8 +91,11 @@ def _text(value: bytes | str) -> str:
 
 
 def parse_snapshot(reply: Sequence[Any], keys: QueueKeys) -> Snapshot:
-    """snapshot.lua's reply as a Snapshot."""
-    *state_ids, payload_ids, flat_metas, exhausted, quarantined, foreign, _ = reply
+    """snapshot.lua's reply as a Snapshot. (A reply without the two lists of keys, as a
+    store without keys gives, reads as a queue that never used them.)"""
+    state_ids = reply[: len(STATES)]
+    payload_ids, flat_metas, exhausted, quarantined, foreign = reply[len(STATES) : len(STATES) + 5]
+    flat_index, flat_keys = reply[len(STATES) + 5 : -1] or ([], [])
     foreign_keys = {_text(key) for key in foreign}
     unreadable_ids: set[str] = set()
 
@@ -112,7 +121,13 @@ def parse_snapshot(reply: Sequence[Any], keys: QueueKeys) -> Snapshot:
         exhausted=ids("exhausted", exhausted),
         quarantined=[_text(name) for name in quarantined],
         unreadable_ids=unreadable_ids,
+        key_index=_pairs(flat_index),
+        message_keys=_pairs(flat_keys),
     )
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {_text(name): _text(value) for name, value in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def parse_meta(raw: str) -> tuple[int, int, int] | None:
@@ -204,6 +219,7 @@ def check(snapshot: Snapshot, keys: QueueKeys) -> InvariantReport:
                 )
             )
 
+    problems += _key_problems(snapshot, where)
     problems += _orphans("orphan-payload", "a payload", payloads, where)
     problems += _orphans("orphan-meta", "a meta record", metas, where)
     for message_id in snapshot.exhausted or ():
@@ -220,6 +236,30 @@ def check(snapshot: Snapshot, keys: QueueKeys) -> InvariantReport:
         quarantined=snapshot.quarantined,
         problems=problems,
     )
+
+
+def _key_problems(snapshot: Snapshot, where: dict[str, list[str]]) -> list[Problem]:
+    """Every waiting keyed message is its key's (so no two wait with one key); every key
+    names a stored message that has that key."""
+    problems = []
+    waiting: dict[str, list[str]] = {}
+    for message_id, key in sorted(snapshot.message_keys.items()):
+        states = where.get(message_id, [])
+        if len(states) == 1 and states[0] in ("pending", "ready", "retry"):
+            waiting.setdefault(key, []).append(message_id)
+            named = snapshot.key_index.get(key)
+            if named != message_id:
+                detail = f"waits with key {key!r}, which names {named or 'nothing'}"
+                problems.append(Problem("key-not-indexed", message_id, detail))
+    for key, ids in sorted(waiting.items()):
+        if len(ids) > 1:
+            problems.append(Problem("key-waiting-twice", key, f"waiting: {', '.join(ids)}"))
+    for key, message_id in sorted(snapshot.key_index.items()):
+        if snapshot.message_keys.get(message_id) != key:
+            problems.append(
+                Problem("key-stale", key, f"names {message_id}, not stored with this key")
+            )
+    return problems
 
 
 def _orphans(

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "extend",
     "fetch",
     "list",
+    "lookup",
     "nack",
     "peek",
     "promote",
@@ -57,9 +58,11 @@ SCRIPT_NAMES = (
     "release",
     "remove",
     "requeue",
+    "reschedule",
     "schedule",
     "schedules",
     "send",
+    "send_keyed",
     "snapshot",
     "stats",
     "throughput",
@@ -67,7 +70,9 @@ SCRIPT_NAMES = (
 )
 
 # Called with FCALL_RO: they run on a Redis out of memory and could run on a replica.
-READ_ONLY = frozenset({"list", "peek", "schedules", "snapshot", "stats", "throughput", "totals"})
+READ_ONLY = frozenset(
+    {"list", "lookup", "peek", "schedules", "snapshot", "stats", "throughput", "totals"}
+)
 
 # Flagged allow-oom: Redis runs them while it is over maxmemory (with noeviction), as they
 # free memory or only move what is there, so workers drain a full Redis. Redis refuses the

@@ -20,6 +20,16 @@ from delayqueue_django.engine.errors import (
     RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
+from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.keyed_calls import (
+    cancel_key_args,
+    cancelled_id,
+    duplicate_key,
+    keyed_sent,
+    reschedule_args,
+    rescheduled_due,
+    send_keyed_calls,
+)
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
@@ -28,6 +38,7 @@ from delayqueue_django.engine.records import (
     Delivery,
     ExhaustedClaim,
     FetchResult,
+    KeyedSent,
     NackOutcome,
     NewMessage,
     ScheduleFailure,
@@ -311,6 +322,42 @@ class RedisStore:
             raise send_error(error, self.keys.queue) from None
         return [None if int(due) < 0 else int(due) for reply in replies for due in reply[:-1]]
 
+    def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
+        """Schedule keyed messages (send_keyed.lua), one call per SEND_BATCH_SIZE chunk in
+        turn, each straight to the queue's node: a chunk refused (DuplicateKey) writes
+        nothing, and stops the chunks after it."""
+        sent: list[KeyedSent] = []
+        for chunk, args in send_keyed_calls(self._channel, messages, self.limits.send_batch_size):
+            try:
+                reply = self._run("send_keyed", args)
+            except ResponseError as error:
+                raise duplicate_key(error, chunk) or send_error(error, self.keys.queue) from None
+            sent += keyed_sent(reply[:-1])
+        return sent
+
+    def lookup(self, key: str) -> StoredMessage | None:
+        """The key's message (its waiting one, else the latest sent with it while still
+        stored), or None when the key names nothing stored."""
+        message_id, *described = self._run("lookup", [_wire(key)])
+        return _described(message_id, described) if message_id else None
+
+    def cancel_key(self, key: str) -> str | None:
+        """Remove the key's message if it waits; returns its id, or None."""
+        return cancelled_id(self._run("remove", cancel_key_args(key)))
+
+    def reschedule(
+        self,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        at_ms: int | None = None,
+        delay_us: int = 0,
+    ) -> int | None:
+        """Give a waiting message (by id, or the key's) a new due time; returns it, or None
+        when nothing waits under that id or key (reschedule.lua)."""
+        args = reschedule_args(self._channel, message_id, key, at_ms, delay_us)
+        return rescheduled_due(self._run("reschedule", args))
+
     def remove(
         self,
         message_id: str,
@@ -347,8 +394,10 @@ class RedisStore:
         deadline = now + limits.consume_ms
         deliveries = []
         for i in range(0, len(flat), 6):
+            key, generation = None, 0
             try:
                 message_id, payload, unreadable = _text(flat[i]), _text(flat[i + 1]), ""
+                key, generation, payload = split_keyed(payload)
             except UnicodeDecodeError as error:
                 message_id, payload = _id(flat[i]), _shown(flat[i + 1])
                 unreadable = f"its id or payload is not UTF-8 text ({error})"
@@ -362,6 +411,8 @@ class RedisStore:
                     deadline_ms=deadline,
                     due_ms=int(flat[i + 5]),
                     unreadable=unreadable,
+                    key=key,
+                    generation=generation,
                 )
             )
         return FetchResult(
@@ -415,7 +466,12 @@ class RedisStore:
             extra_keys=self._commit_record(fetcher, request),
         )
         return [
-            NackOutcome(_id(flat[i]), int(flat[i + 1]) == 2, int(flat[i + 2]))
+            NackOutcome(
+                _id(flat[i]),
+                int(flat[i + 1]) == 2,
+                int(flat[i + 2]),
+                superseded=int(flat[i + 1]) == 3,
+            )
             for i in range(0, len(flat), 3)
         ]
 
@@ -438,12 +494,15 @@ class RedisStore:
     def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
         flat, _ = self._run("claim_exhausted", [count, claim_ms])
-        return [
-            ExhaustedClaim(
-                _id(flat[i]), _payload_text(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3])
+        claims = []
+        for i in range(0, len(flat), 4):
+            key, payload = None, _payload_text(flat[i + 1])
+            if payload is not None:
+                key, _, payload = split_keyed(payload)
+            claims.append(
+                ExhaustedClaim(_id(flat[i]), payload, int(flat[i + 2]), int(flat[i + 3]), key)
             )
-            for i in range(0, len(flat), 4)
-        ]
+        return claims
 
     def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
         """Record that claimed exhaustions were announced, each only while its claim holds."""
@@ -570,13 +629,7 @@ class RedisStore:
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
         args = [_wire(message_id)] if preview_bytes is None else [_wire(message_id), preview_bytes]
-        state, score, payload, size, meta, unannounced, _ = self._run("peek", args)
-        state = _text(state)
-        if not state and payload is None and meta is None:
-            return None
-        return _stored(
-            message_id, state or "unknown", score, payload, size, meta, bool(unannounced)
-        )
+        return _described(message_id, self._run("peek", args))
 
     def peek_payload(self, message_id: str) -> bytes | None:
         """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
@@ -585,7 +638,8 @@ class RedisStore:
         payload = self._run("peek", [_wire(message_id)])[2]
         if payload is None:
             return None
-        return split_trace(payload if isinstance(payload, bytes) else payload.encode())[1]
+        body = split_keyed(_id(payload))[2]
+        return split_trace(_wire(body))[1]
 
     def held(self, message_ids: Sequence[str]) -> set[str]:
         # Every message held, whatever its state, has its payload: ack, remove and the
@@ -765,6 +819,16 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
     return [value for row in rows for value in (_wire(row[0]), *row[1:])]
 
 
+def _described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
+    """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
+    queue does not know the message."""
+    state, score, payload, size, meta, unannounced = reply[:6]
+    state = _text(state)
+    if not state and payload is None and meta is None:
+        return None
+    return _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+
+
 def _stored(
     message_id: bytes | str,
     state: str,
@@ -777,6 +841,9 @@ def _stored(
     parsed = parse_meta(_optional_shown(meta))
     lease, attempt, budget = parsed if parsed else (None, None, None)
     shown = _optional_shown(payload)
+    key, generation = None, 0
+    if shown is not None:
+        key, generation, shown = split_keyed(shown)
     return StoredMessage(
         id=_id(message_id),
         state=state,
@@ -788,4 +855,6 @@ def _stored(
         attempt=attempt,
         budget=budget,
         unannounced=unannounced,
+        key=key,
+        generation=generation,
     )

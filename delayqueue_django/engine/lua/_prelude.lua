@@ -27,7 +27,22 @@
                              and running totals since the queue began, never pruned:
                              "all:acked", "all:failed" (refusals and timeouts),
                              "all:retried" (deliveries scheduled again), "all:timed_out",
-                             "all:exhausted" (buried with retries used up or refused)
+                             "all:exhausted" (buried with retries used up or refused),
+                             "all:superseded" (keyed messages removed on their way back
+                             to waiting, see "Keys" below)
+
+  Keys: the keys of keyed messages (the user's own names for them, see send_keyed.lua)
+  are not in KEYS: begin() derives their names from the payload key's, "<tag>:payload", so
+  they share its hash tag (the same Cluster slot) and no script's KEYS list changes:
+    <tag>:keys        hash   key -> id of the key's message: the latest created with it,
+                             or the one that took it back (see settle_keys); the field ""
+                             (never a key) marks that the queue has had a keyed message,
+                             so one EXISTS tells a queue that never used keys, which pays
+                             nothing more
+    <tag>:hold:<key>  string id of the message whose send holds the key (unique_for),
+                             set with PX: Redis reclaims it when it expires
+  A keyed message's stored body starts with "~<key bytes>~<generation>~<key>" (see
+  split_key and engine/keyed.py).
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -48,12 +63,17 @@ local warnings
 -- The microseconds past the millisecond of the last now_ms() reading: fetch hands them
 -- out, so that workers can time their wake-ups to the due time, not up to 1 ms after it.
 local now_us
+-- The key index and the start of the holds' names (see "Keys" above).
+local key_index, hold_prefix
 
 local function begin(keys)
   pending, ready, unack, retry = keys[1], keys[2], keys[3], keys[4]
   garbage, payloads, metas, exhausted = keys[5], keys[6], keys[7], keys[8]
   quarantine, throughput = keys[9], keys[10]
   warnings, now_us = {}, 0
+  -- "<tag>:" from "<tag>:payload".
+  local tag = string.sub(payloads, 1, -8)
+  key_index, hold_prefix = tag .. 'keys', tag .. 'hold:'
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table
@@ -81,6 +101,12 @@ local function due_after(now, delay_ms, delay_us)
     return now
   end
   return now + delay_ms + math.ceil((now_us + delay_us) / 1000)
+end
+
+-- A delay given as whole µs, cut apart as text into ms and the µs left over, so that it
+-- stays exact at any size (a double holds every whole µs only up to 2^53, 285 years).
+local function delay_of(text)
+  return tonumber(string.sub(text, 1, -4)) or 0, tonumber(string.sub(text, -3))
 end
 
 -- The Redis clock in ms; now_ms() also keeps the µs past that ms (see now_us).
@@ -432,4 +458,156 @@ local function head_score(key)
     return tonumber(head[2])
   end
   return nil
+end
+
+-- Keys (see "Keys" in the header). A body (a stored payload after unwrap) of a keyed
+-- message starts with "~<key bytes>~<generation>~<key>", which JSON text and the trace
+-- mark never start with: an unkeyed body costs one byte's test. Returns the key, the
+-- generation and the payload after them; nil, 0 and the body when it carries no key (or
+-- a prefix that does not add up, a foreign write: the body is then taken as it is).
+local function split_key(body)
+  if string.byte(body, 1) ~= 126 then -- "~"
+    return nil, 0, body
+  end
+  local size, generation = string.match(body, '^~(%d+)~(%d+)~')
+  if not size then
+    return nil, 0, body
+  end
+  local start = #size + #generation + 4
+  size = tonumber(size)
+  if size < 1 or start + size - 1 > #body then
+    return nil, 0, body
+  end
+  return string.sub(body, start, start + size - 1), tonumber(generation),
+    string.sub(body, start + size)
+end
+
+local function keyed_body(key, generation, payload)
+  return string.format('~%d~%d~', #key, generation) .. key .. payload
+end
+
+-- The key a stored payload (as HGET reads it, false when missing) carries, or nil.
+local function key_in(stored)
+  if not stored then
+    return nil
+  end
+  local _, _, body = unwrap(stored)
+  return (split_key(body))
+end
+
+-- Whether the queue ever had a keyed message (the key index's marker field keeps it): the
+-- one read a queue that never used keys pays on the paths that keep the index.
+local function keys_used()
+  return redis.call('EXISTS', key_index) == 1
+end
+
+-- Whether a message waits (stored, neither in flight nor dead) as this call leaves it:
+-- `moved` gives, for the ids the call moved but has not written yet, true if they wait.
+local function waits(id, moved)
+  local known = moved[id]
+  if known ~= nil then
+    return known
+  end
+  return call('HEXISTS', payloads, id) == 1 and not call('ZSCORE', unack, id)
+    and not call('ZSCORE', garbage, id)
+end
+
+-- Returning to waiting (a retry, a release, a delivery that timed out, a requeue): a keyed
+-- message takes its key back unless another message waits as the key's message; then it
+-- is superseded, since that newer message carries the key's work. `ids` return in one
+-- step, `stored` their payloads in order; `moved` marks the other ids the step moves
+-- (see waits). The key's own message among them is settled first, so that an older one
+-- returning beside it never wins over it. Marks each id in `moved` and returns the set of
+-- those superseded (the caller removes them, or leaves a dead letter dead).
+local function settle_keys(ids, stored, moved)
+  local others, superseded = {}, {}
+  for i, id in ipairs(ids) do
+    local key = key_in(stored[i])
+    if key then
+      if call('HGET', key_index, key) == id then
+        moved[id] = true
+      else
+        table.insert(others, {id, key})
+      end
+    end
+  end
+  for _, entry in ipairs(others) do
+    local id, key = entry[1], entry[2]
+    local holder = call('HGET', key_index, key)
+    if holder and waits(holder, moved) then
+      superseded[id], moved[id] = true, false
+    else
+      call('HSET', key_index, key, id)
+      moved[id] = true
+    end
+  end
+  return superseded
+end
+
+-- Superseded messages leave the queue (payload and meta record), counted as such.
+local function remove_superseded(ids)
+  call_chunked('HDEL', payloads, ids)
+  call_chunked('HDEL', metas, ids)
+  count_total('superseded', #ids)
+end
+
+-- Messages leaving the queue for good (acked, cancelled, deleted, purged): the key index
+-- forgets each that still is its key's message. `stored`: their payloads, read before they
+-- are deleted.
+local function forget_keys(ids, stored)
+  for i, id in ipairs(ids) do
+    local key = key_in(stored[i])
+    if key and call('HGET', key_index, key) == id then
+      call('HDEL', key_index, key)
+    end
+  end
+end
+
+-- A body cut to at most `limit` bytes of its payload (see utf8_prefix), its key prefix
+-- kept whole so that the reader still finds the key; and the payload's whole size.
+local function preview(body, limit)
+  local key, _, payload = split_key(body)
+  if not key then
+    return limit and utf8_prefix(body, limit) or body, string.len(body)
+  end
+  local prefix = string.sub(body, 1, #body - #payload)
+  return prefix .. (limit and utf8_prefix(payload, limit) or payload), string.len(payload)
+end
+
+-- Where one message is and what it holds, for peek and lookup (read-only): {state, score,
+-- payload, size, meta, unannounced, warnings} as peek.lua's header describes them; the
+-- keys in `foreign` (see foreign_keys) read as empty.
+local function describe(id, preview_bytes, foreign)
+  local state, score = '', -1
+  for _, entry in ipairs({{'pending', pending}, {'unack', unack}, {'garbage', garbage}}) do
+    if state == '' and not foreign[entry[2]] then
+      local found = redis.call('ZSCORE', entry[2], id)
+      if found then
+        state, score = entry[1], tonumber(found)
+      end
+    end
+  end
+  for _, entry in ipairs({{'ready', ready}, {'retry', retry}}) do
+    if state == '' and not foreign[entry[2]] and redis.call('LPOS', entry[2], id) then
+      state = entry[1]
+    end
+  end
+  local stored, payload, size, meta, unannounced = false, false, 0, false, 0
+  if not foreign[payloads] then
+    stored = redis.call('HGET', payloads, id)
+  end
+  if stored then
+    local _, _, body = unwrap(stored)
+    payload, size = preview(body, preview_bytes)
+  end
+  if not foreign[metas] then
+    meta = redis.call('HGET', metas, id)
+  end
+  if not meta and (state == 'pending' or state == 'ready') then
+    meta = first_meta(stored) or false
+  end
+  if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
+    unannounced = 1
+  end
+  return {state, score, payload, size, meta, unannounced, warnings}
 end

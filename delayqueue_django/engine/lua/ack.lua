@@ -1,7 +1,8 @@
 --[[
   ack: a batch of deliveries succeeded; forget those messages.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput;
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
+        and the key index (an acked keyed message that still is its key's leaves it);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)
@@ -38,6 +39,9 @@ for i, id in ipairs(ids) do
     done[id] = true
     table.insert(acked, id)
   end
+end
+if #acked > 0 and keys_used() then
+  forget_keys(acked, gather('HMGET', payloads, acked))
 end
 call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)

@@ -7,7 +7,8 @@
   with `offset` (how many earlier calls kept), so that any number of unannounced dead
   letters never hides the announced ones behind them.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes garbage, payload, meta, exhausted.
+  KEYS: the queue's key layout (see _prelude.lua); writes garbage, payload, meta, exhausted,
+        and the key index (a dropped keyed message that still is its key's leaves it).
   ARGV[1]  older_than_ms: drop those buried at least this long ago, or -1 for all
   ARGV[2]  limit, the most ids examined in this call
   ARGV[3]  "1" to keep messages whose exhaustion is still unannounced, "0" to drop them too
@@ -31,8 +32,12 @@ elseif older_than_ms >= 0 then
 end
 local ids = call('ZRANGE', garbage, '-inf', upto, 'BYSCORE', 'LIMIT', offset, limit)
 local dropped = 0
+local keyed = #ids > 0 and keys_used()
 for _, id in ipairs(ids) do
   if not (keep_unannounced == '1' and call('ZSCORE', exhausted, id)) then
+    if keyed then
+      forget_keys({id}, {call('HGET', payloads, id)})
+    end
     call('ZREM', garbage, id)
     call('ZREM', exhausted, id)
     call('HDEL', payloads, id)

@@ -2,7 +2,9 @@
   fetch: hand out up to `count` due messages to one consumer, moving them to unack in
   the same step, after the bounded housekeeping that makes messages due:
     1. deliveries whose deadline passed go to retry (or to garbage when their
-       retries are used up), and count as failed in throughput;
+       retries are used up), and count as failed in throughput; a keyed one whose
+       key's message is another one, waiting, is superseded: removed (see settle_keys
+       in the prelude);
     2. due pending messages are staged: to ready (first delivery) or retry;
     3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
@@ -74,6 +76,25 @@ local function lease_out(id, payload, lease, attempt, budget, due)
   return record
 end
 
+-- Timed-out keyed messages go back to waiting only if no other waiting message is their
+-- key's (see settle_keys in the prelude); the others are superseded: removed. Returns the
+-- retries left to stage. (The ids left the unack zset above: `moved` says where they go.)
+local function settle_timed_out(staged, buried, damaged)
+  local moved = {}
+  for _, ids in ipairs({buried, damaged}) do
+    for _, id in ipairs(ids) do
+      moved[id] = false
+    end
+  end
+  local superseded = settle_keys(staged, gather('HMGET', payloads, staged), moved)
+  local kept, gone = {}, {}
+  for _, id in ipairs(staged) do
+    table.insert(superseded[id] and gone or kept, id)
+  end
+  remove_superseded(gone)
+  return kept
+end
+
 local function take_due()
   -- Each step below reads its whole batch with one command per key (HMGET, ...) and writes
   -- it the same way, instead of a few commands per message (see "Batches" in the prelude).
@@ -115,6 +136,9 @@ local function take_due()
     end
     call_chunked('HSET', metas, expired_records)
     bury(to_bury, now)
+    if #staged_retry > 0 and keys_used() then
+      staged_retry = settle_timed_out(staged_retry, to_bury, aside)
+    end
     count_total('retried', #staged_retry)
     free = free - #staged_retry
   end

@@ -11,7 +11,8 @@
   Returns {entries, warnings}; entries is a flat list of
     id, score (due time, deadline or burial time in ms; -1 for the lists),
     payload (possibly cut; false if missing), payload size in bytes, meta (false if missing;
-    made up for a message never handed out, as peek does)
+    made up for a message never handed out, as peek does). A keyed message's payload keeps
+    its key prefix whole before the cut payload, and its size leaves the prefix out.
 ]]
 
 local state, offset, limit = args[1], tonumber(args[2]), tonumber(args[3])
@@ -39,8 +40,7 @@ if key and not foreign[key] and limit > 0 then
       stored = redis.call('HGET', payloads, id)
       if stored then
         local _, _, body = unwrap(stored)
-        size = string.len(body)
-        payload = utf8_prefix(body, preview_bytes)
+        payload, size = preview(body, preview_bytes)
       end
     end
     local meta = false

@@ -3,7 +3,8 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted, throughput (each refusal counts as failed);
+        meta, exhausted, throughput (each refusal counts as failed), payload and the key
+        index (keyed messages, see "Keys" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  wake-up channel
@@ -16,7 +17,9 @@
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {outcomes, warnings}; outcomes is a flat list of id, code, time:
-    code 1 retry scheduled, time = its due time; code 2 exhausted, time = now.
+    code 1 retry scheduled, time = its due time; code 2 exhausted, time = now;
+    code 3 superseded, time = now: a keyed message whose key's message is another one,
+    waiting, is removed instead of retried (see settle_keys in the prelude).
   Ids whose lease did not match are left out.
   Publishes the earliest retry time when it is earlier than every pending message's.
 ]]
@@ -39,6 +42,9 @@ end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
+-- The retries, their records and due times, and where their code is in outcomes: a keyed
+-- one may yet be superseded (see below).
+local retrying, retry_records, retry_dues, retry_codes = {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local token, delay_ms = tonumber(args[3 + i * 3]), tonumber(args[4 + i * 3])
   local lease, attempt, budget, due = parse_meta(raw[i])
@@ -56,23 +62,47 @@ for i, id in ipairs(ids) do
       table.insert(outcomes, now)
     else
       due = due_after(now, delay_ms, 0)
-      table.insert(records, id)
-      table.insert(records, format_meta(lease + 1, attempt, budget, due))
-      table.insert(scored, int(due))
-      table.insert(scored, id)
-      if earliest == nil or due < earliest then
-        earliest = due
-      end
+      table.insert(retrying, id)
+      retry_records[#retrying] = format_meta(lease + 1, attempt, budget, due)
+      retry_dues[#retrying] = due
       table.insert(outcomes, id)
       table.insert(outcomes, 1)
       table.insert(outcomes, due)
+      retry_codes[#retrying] = #outcomes - 1
     end
   end
 end
+
+-- A keyed message goes back to waiting only if no other waiting message is its key's.
+local superseded, gone = {}, {}
+if #retrying > 0 and keys_used() then
+  local moved = {}
+  for _, id in ipairs(to_bury) do
+    moved[id] = false
+  end
+  superseded = settle_keys(retrying, gather('HMGET', payloads, retrying), moved)
+end
+for i, id in ipairs(retrying) do
+  if superseded[id] then
+    outcomes[retry_codes[i]], outcomes[retry_codes[i] + 1] = 3, now
+    table.insert(gone, id)
+  else
+    local due = retry_dues[i]
+    table.insert(records, id)
+    table.insert(records, retry_records[i])
+    table.insert(scored, int(due))
+    table.insert(scored, id)
+    if earliest == nil or due < earliest then
+      earliest = due
+    end
+  end
+end
+
 call_chunked('ZREM', unack, refused)
 call_chunked('HSET', metas, records)
 bury(to_bury, now)
 call_chunked('ZADD', pending, scored)
+remove_superseded(gone)
 count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)

@@ -15,41 +15,8 @@
                  (a message never handed out, pending or ready, has its first made
                  up from its payload: see first_meta)
     unannounced  1 if its exhaustion is still to be announced
+  A keyed message's payload keeps its key prefix whole before the cut payload (see
+  preview in the prelude), and its size leaves the prefix out. (lookup.lua shares this.)
 ]]
 
-local id = args[1]
-local preview_bytes = tonumber(args[2])
-local foreign = foreign_keys()
-local state, score = '', -1
-for _, entry in ipairs({{'pending', pending}, {'unack', unack}, {'garbage', garbage}}) do
-  if state == '' and not foreign[entry[2]] then
-    local found = redis.call('ZSCORE', entry[2], id)
-    if found then
-      state, score = entry[1], tonumber(found)
-    end
-  end
-end
-for _, entry in ipairs({{'ready', ready}, {'retry', retry}}) do
-  if state == '' and not foreign[entry[2]] and redis.call('LPOS', entry[2], id) then
-    state = entry[1]
-  end
-end
-local stored, payload, size, meta, unannounced = false, false, 0, false, 0
-if not foreign[payloads] then
-  stored = redis.call('HGET', payloads, id)
-end
-if stored then
-  local _, _, body = unwrap(stored)
-  size = string.len(body)
-  payload = preview_bytes and utf8_prefix(body, preview_bytes) or body
-end
-if not foreign[metas] then
-  meta = redis.call('HGET', metas, id)
-end
-if not meta and (state == 'pending' or state == 'ready') then
-  meta = first_meta(stored) or false
-end
-if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
-  unannounced = 1
-end
-return {state, score, payload, size, meta, unannounced, warnings}
+return describe(args[1], tonumber(args[2]), foreign_keys())

@@ -5,17 +5,28 @@
     mode "delete": from any state, garbage and unack included (an operator's action;
                    the in-flight delivery's ack then simply finds nothing).
 
-  KEYS: the queue's key layout (see _prelude.lua).
-  ARGV[1]  id
+  KEYS: the queue's key layout (see _prelude.lua); and the key index, which forgets a
+        removed keyed message that still is its key's (see "Keys" in the prelude).
+  ARGV[1]  id, or the key with ARGV[4] "key"
   ARGV[2]  mode, "cancel" or "delete"
-  ARGV[3]  only from this state (optional): the one an operator saw it in, so that a
-           message that moved on meanwhile (requeued, handed out) is left alone
+  ARGV[3]  only from this state (optional, may be ""): the one an operator saw it in, so
+           that a message that moved on meanwhile (requeued, handed out) is left alone
+  ARGV[4]  optional "key": ARGV[1] is a key, and the message removed is the key's message
+           (the one the key index names)
 
-  Returns {state, warnings}: the state it was removed from, or "" if nothing was removed.
+  Returns {state, id, warnings}: the state it was removed from and its id, or "" and ""
+  if nothing was removed.
   LREM on ready and retry is bounded: fetch keeps those lists short (stage_limit).
 ]]
 
 local id, mode, only = args[1], args[2], args[3] or ''
+local keyed = keys_used()
+if args[4] == 'key' then
+  id = keyed and call('HGET', key_index, args[1])
+  if not id then
+    return {'', '', warnings}
+  end
+end
 
 local function from(state)
   return only == '' or only == state
@@ -35,9 +46,13 @@ elseif mode == 'delete' then
     removed = 'unack'
   end
 end
-if removed ~= '' then
-  call('HDEL', payloads, id)
-  call('HDEL', metas, id)
-  call('ZREM', exhausted, id)
+if removed == '' then
+  return {'', '', warnings}
 end
-return {removed, warnings}
+if keyed then
+  forget_keys({id}, {call('HGET', payloads, id)})
+end
+call('HDEL', payloads, id)
+call('HDEL', metas, id)
+call('ZREM', exhausted, id)
+return {removed, id, warnings}

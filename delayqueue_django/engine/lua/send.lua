@@ -64,12 +64,6 @@ for i = 0, n - 1 do
 end
 local replay_scores = gather('ZMSCORE', pending, replays)
 
--- The delay comes as whole µs, cut apart as text into ms and the µs left over, so that it
--- stays exact at any size (a double holds every whole µs only up to 2^53, 285 years).
-local function delay_of(text)
-  return tonumber(string.sub(text, 1, -4)) or 0, tonumber(string.sub(text, -3))
-end
-
 -- Then every new message is written with one ZADD and one HSET. An id given twice in
 -- the batch (Queue never does: it makes the ids) is written twice and the later entry
 -- wins, as with one call per message; the reply still has a due time for each entry, and

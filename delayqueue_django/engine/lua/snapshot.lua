@@ -6,7 +6,7 @@
   ARGV: none.
 
   Returns {pending, ready, unack, retry, garbage, payload_ids, metas, exhausted,
-  quarantined, foreign, warnings}:
+  quarantined, foreign, key_index, message_keys, warnings}:
     pending … garbage  the ids in each state (lists in list order, zsets by score)
     payload_ids        the fields of the payload hash (the payloads themselves stay here)
     metas              the meta hash, flat: id, meta, id, meta, …; and the first record
@@ -15,6 +15,10 @@
     quarantined        the names of the keys renamed aside for holding the wrong type
                        (see KEYS[9]; an older version's single one is the key itself)
     foreign            the keys holding a type they should not (read as empty)
+    key_index          the key index, flat: key, id, ... (its marker field left out; see
+                       "Keys" in the prelude); empty when the queue never used keys
+    message_keys       flat: id, key, ... for every stored keyed message (read only when
+                       the queue used keys)
 
   Unlike every other script this one is not bounded: it reads the whole queue, O(n) for n
   messages, so Redis is busy for the read (see invariants.py for the cost). It only reads:
@@ -69,16 +73,39 @@ if not foreign[metas] and not foreign[payloads] then
   end
 end
 
+-- The keys: the index, and every stored message's key, read from its payload one at a
+-- time (only in a queue that used keys), so that Lua never holds them all.
+local payload_ids = read(payloads, 'HKEYS', payloads)
+local index, message_keys = {}, {}
+if keys_used() and redis.call('TYPE', key_index)['ok'] == 'hash' and not foreign[payloads] then
+  local flat = redis.call('HGETALL', key_index)
+  for i = 1, #flat, 2 do
+    if flat[i] ~= '' then
+      table.insert(index, flat[i])
+      table.insert(index, flat[i + 1])
+    end
+  end
+  for _, id in ipairs(payload_ids) do
+    local key = key_in(redis.call('HGET', payloads, id))
+    if key then
+      table.insert(message_keys, id)
+      table.insert(message_keys, key)
+    end
+  end
+end
+
 return {
   waiting[1],
   waiting[2],
   read(unack, 'ZRANGE', unack, 0, -1),
   read(retry, 'LRANGE', retry, 0, -1),
   read(garbage, 'ZRANGE', garbage, 0, -1),
-  read(payloads, 'HKEYS', payloads),
+  payload_ids,
   all_metas,
   read(exhausted, 'ZRANGE', exhausted, 0, -1),
   quarantined,
   foreign_list,
+  index,
+  message_keys,
   warnings,
 }
