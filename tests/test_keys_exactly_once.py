@@ -122,6 +122,7 @@ def test_an_unkeyed_message_is_recorded_as_generation_0(queue: Queue, database: 
     assert records(database) == [(message_id, 0)]
 
 
+@pytest.mark.django_db  # (makemigrations reads the applied migrations)
 def test_the_migrations_match_the_models() -> None:
     """The generation column and its constraint come with a migration (0004)."""
     call_command("makemigrations", "delayqueue_django", "--check", "--dry-run", verbosity=0)

@@ -7,10 +7,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from delayqueue_django.core import connections, tracing
+from delayqueue_django.core.encoding import due_spec
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.queue.base import _areaching_redis, _check_address
 from delayqueue_django.core.queue.operating import QueueOperating
-from delayqueue_django.core.queue.producing import QueueProducing
+from delayqueue_django.core.queue.producing import QueueProducing, _named_ids
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.sharded_store import ShardedStore
@@ -115,24 +116,33 @@ class QueueAsync(QueueProducing, QueueOperating):
         return await self._awrite(prepared)
 
     async def _awrite(self, prepared: list[NewMessage]) -> list[str]:
+        """``_write`` on redis.asyncio (the keyed messages first, likewise)."""
         store = self.async_store()
-        if store is None or any(message.key is not None for message in prepared):
-            # (Keyed sends go through the sync store, in a worker thread.)
+        if store is None:
             return await sync_to_async(self._write, thread_sensitive=False)(prepared)
-        await store.send(prepared)
-        return [message.id for message in prepared]
+        keyed = [message for message in prepared if message.key is not None]
+        if not keyed:
+            await store.send(prepared)
+            return [message.id for message in prepared]
+        sent = await store.send_keyed(keyed)
+        plain = [message for message in prepared if message.key is None]
+        if plain:
+            await store.send(plain)
+        return _named_ids(prepared, sent)
 
     @_areaching_redis
     async def acancel(self, message_id: str | None = None, *, key: str | None = None) -> bool:
         """``cancel`` for async code."""
         address, by_key = _check_address("cancel", message_id, key)
         store = self.async_store()
-        if store is None or by_key or SHARD_MARK in address:
-            # (An id of another shard: the sync store finds it; as it does a key's message.)
-            cancel = sync_to_async(self.cancel, thread_sensitive=False)
-            return await cancel(key=address) if by_key else await cancel(address)
+        if store is None or (not by_key and SHARD_MARK in address):
+            # (An id of another shard: the sync store finds it.)
+            return await sync_to_async(self.cancel, thread_sensitive=False)(message_id, key=key)
+        if by_key:
+            return await store.cancel_key(address) is not None
         return await store.remove(address) is not None
 
+    @_areaching_redis
     async def areschedule(
         self,
         message_id: str | None = None,
@@ -141,9 +151,20 @@ class QueueAsync(QueueProducing, QueueOperating):
         delay: float | timedelta | None = None,
         at: datetime | None = None,
     ) -> bool:
-        """``reschedule`` for async code (the sync store's, in a worker thread)."""
-        reschedule = sync_to_async(self.reschedule, thread_sensitive=False)
-        return await reschedule(message_id, key=key, delay=delay, at=at)
+        """``reschedule`` for async code."""
+        address, by_key = _check_address("reschedule", message_id, key)
+        store = self.async_store()
+        if store is None or (not by_key and SHARD_MARK in address):
+            reschedule = sync_to_async(self.reschedule, thread_sensitive=False)
+            return await reschedule(message_id, key=key, delay=delay, at=at)
+        at_ms, delay_us = due_spec(delay, at)
+        due = await store.reschedule(
+            message_id=None if by_key else address,
+            key=address if by_key else None,
+            at_ms=at_ms,
+            delay_us=delay_us,
+        )
+        return due is not None
 
     async def alookup(self, key: str) -> StoredMessage | None:
         """``lookup`` for async code (the sync store's, in a worker thread)."""

@@ -13,7 +13,7 @@ from delayqueue_django.core.encoding import due_spec, encode_payload, new_messag
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
-from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine import KeyedSent, NewMessage
 from delayqueue_django.engine.shards import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions
 
@@ -165,11 +165,11 @@ class QueueProducing(QueueBase):
             self.store.send(prepared)
             return [message.id for message in prepared]
         # The keyed ones first: an if_exists="error" refusal then leaves nothing written.
-        named = iter(self.store.send_keyed(keyed))
+        sent = self.store.send_keyed(keyed)
         plain = [message for message in prepared if message.key is None]
         if plain:
             self.store.send(plain)
-        return [message.id if message.key is None else next(named).id for message in prepared]
+        return _named_ids(prepared, sent)
 
     def _on_commit(self, on_commit: bool | None) -> bool:
         return self.config.send_on_commit if on_commit is None else on_commit
@@ -276,3 +276,10 @@ class QueueProducing(QueueBase):
             delay_us=delay_us,
         )
         return due is not None
+
+
+def _named_ids(prepared: list[NewMessage], sent: list[KeyedSent]) -> list[str]:
+    """Each message's id as its send returns it: a keyed one's is the id its key named
+    (``sent``, the keyed messages' replies in order), another's its own."""
+    named = iter(sent)
+    return [message.id if message.key is None else next(named).id for message in prepared]
