@@ -3,10 +3,12 @@
 is stored)."""
 
 import math
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from delayqueue_django.core.encoding import LATEST_DELAY_SECONDS
+from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.keyed import KEY_MAX_BYTES
 from delayqueue_django.exceptions import ConflictingOptions, InvalidKey
 
@@ -76,3 +78,32 @@ def unique_ms(unique_for: Any) -> int:
     # To the nearest µs first (a float's own error is far smaller: 0.007 s must not become
     # 8 ms), then up to the ms.
     return -(-round(seconds * 1_000_000) // 1000)
+
+
+# Why an if_exists="error" cannot be deferred, by the way the send is deferred.
+_DECIDED_LATER = {
+    "outbox": (
+        "outbox=True: a relay decides the key once the transaction committed, and has no "
+        "caller to raise DuplicateKey to. Use if_exists='keep' or 'replace', or send "
+        "without the outbox"
+    ),
+    "on_commit": (
+        "on_commit=True inside a transaction: the key is decided when the transaction "
+        "commits, and DuplicateKey would be raised from the commit, after your data "
+        "committed. Use if_exists='keep' or 'replace', or on_commit=False"
+    ),
+}
+
+
+def refuse_deferred_error(messages: Sequence[NewMessage], deferred: str | None) -> None:
+    """ConflictingOptions, with nothing written, when a message whose key would raise
+    DuplicateKey (``if_exists="error"``) is sent ``deferred`` ("outbox" or "on_commit"):
+    its key is decided where no caller can learn of the refusal."""
+    if deferred is None:
+        return
+    for message in messages:
+        if message.key is not None and message.if_exists == "error":
+            raise ConflictingOptions(
+                f"if_exists='error' (key {message.key!r}) cannot be sent with "
+                f"{_DECIDED_LATER[deferred]}."
+            )

@@ -10,6 +10,8 @@ strictly increasing per message) tells one content of a message id from a later 
 EXACTLY_ONCE keeps its records per id and generation.
 """
 
+from delayqueue_django.engine.records import NewMessage
+
 KEY_MARK = "~"
 # The longest key, in bytes of UTF-8: keys are stored with every message and in the key index.
 KEY_MAX_BYTES = 256
@@ -42,3 +44,13 @@ def split_keyed(body: str) -> tuple[str | None, int, str]:
         return None, 0, body
     key = encoded[:size].decode("utf-8", "surrogateescape")
     return key, int(generation), encoded[size:].decode("utf-8", "surrogateescape")
+
+
+def check_relayable(message: NewMessage) -> None:
+    """A relayed message (relay.lua) decides its key with keep or replace only: a relay has
+    no caller to raise DuplicateKey to, and a send through the outbox refuses "error"."""
+    if message.key is not None and message.if_exists == "error":
+        raise ValueError(
+            f"a relayed message cannot have if_exists='error' (id {message.id!r}): "
+            "no caller would learn of the refusal"
+        )

@@ -68,8 +68,11 @@ class Store(Protocol):
         """Write messages relayed from a database outbox (each with its ``at_ms``), each at
         most once: an id relayed before, and not forgotten since, or already known to the
         queue, is not written again (its entry in the reply is None, the others their due
-        times). ``forget``: ids relayed before whose outbox rows are now deleted for good;
-        an id never forgotten is forgotten ``keep_ms`` after its relay."""
+        times). A keyed message (``if_exists`` keep or replace, never error) is decided as
+        ``send_keyed`` decides it, in order: kept or held, it writes nothing (None); a
+        replace answers the replaced message's new due time. ``forget``: ids relayed before
+        whose outbox rows are now deleted for good; an id never forgotten is forgotten
+        ``keep_ms`` after its relay."""
 
     def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
         """Schedule messages that each carry a key, applying each one's ``if_exists`` and

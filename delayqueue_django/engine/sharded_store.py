@@ -39,7 +39,10 @@ shards. Two senders racing on a key that none of the older layouts' shards holds
 racing with the last worker of the key's message there) can each create a message, on
 different shards; and a ``unique_for`` hold is kept by the shard its send went to, so once
 the message it held for has left an older layout's shard the hold no longer stops sends to
-the new one. Once the older layouts are retired, a key is one shard's again.
+the new one. A keyed message relayed from a database outbox goes to the shard its id names
+(its key's shard of the layout that placed it, where the relay's guard against writing it
+twice is kept) and is decided there alone. Once the older layouts are retired, a key is one
+shard's again.
 
 The store is composed of its parts: the shards and their layouts (engine.shard_layouts),
 fetching by plan (engine.shard_fetch, with engine.shard_wakeups) and the readers that add

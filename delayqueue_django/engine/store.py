@@ -20,7 +20,7 @@ from delayqueue_django.engine.errors import (
     RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
-from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.keyed import check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
     cancel_key_args,
     cancelled_id,
@@ -29,6 +29,7 @@ from delayqueue_django.engine.keyed_calls import (
     reschedule_args,
     rescheduled_due,
     send_keyed_calls,
+    wire,
 )
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
@@ -181,7 +182,12 @@ def relay_calls(
         for message in chunk:
             if message.at_ms is None:
                 raise ValueError(f"a relayed message needs its due time (id {message.id!r})")
+            check_relayable(message)
             args += [message.id, message.at_ms, message.budget, message.payload]
+            if message.key is None:
+                args += ["", "", 0]
+            else:
+                args += [wire(message.key), message.if_exists, message.unique_ms]
         args += forgotten
         calls.append(args)
     return calls
@@ -305,8 +311,10 @@ class RedisStore:
         self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
     ) -> list[int | None]:
         """Write messages relayed from a database outbox, each once however often it comes
-        (relay.lua); returns each one's due time, or None for one relayed before. ``forget``:
-        ids whose outbox rows are deleted for good. Every message needs its ``at_ms``."""
+        (relay.lua; a keyed one decided by its key as send_keyed decides it); returns each
+        one's due time, or None for one not written (relayed before, or kept or held by its
+        key). ``forget``: ids whose outbox rows are deleted for good. Every message needs its
+        ``at_ms``."""
         calls = relay_calls(self._channel, messages, forget, keep_ms, self.limits.send_batch_size)
         record = [self.keys.key("relayed")]
         try:

@@ -35,6 +35,13 @@ class OutboxMessage(models.Model):
     # writing process's clock; a time already past when it is relayed means due at once.
     due_ms = models.BigIntegerField()
     written_ms = models.BigIntegerField()  # the writing process's clock, for the oldest's age
+    # A keyed send's key (at most 256 bytes of UTF-8, so at most 256 characters), what it
+    # does when the key's message waits ("keep" or "replace": the relay decides, and has no
+    # caller to raise an "error" to) and its unique_for in ms (0: none). Defaults in the
+    # database too, so that rows written by a process that predates keys still insert.
+    message_key = ExactCharField(max_length=256, null=True, blank=True)
+    if_exists = models.CharField(max_length=7, default="keep", db_default="keep")
+    unique_ms = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "delayqueue_outbox"

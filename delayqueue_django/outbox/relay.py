@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -103,6 +103,26 @@ class OutboxRow:
     retry_count: int
     due_ms: int
     written_ms: int
+    message_key: str | None
+    if_exists: str
+    unique_ms: int
+
+    def message(self) -> NewMessage:
+        """The message the row keeps, as its send prepared it."""
+        return NewMessage(
+            self.message_id,
+            self.payload,
+            self.retry_count,
+            at_ms=self.due_ms,
+            key=self.message_key,
+            if_exists=self.if_exists,
+            unique_ms=self.unique_ms,
+        )
+
+
+# The outbox table's columns a relay reads, in OutboxRow's order.
+ROW_FIELDS = tuple(field.name for field in fields(OutboxRow))
+ROW_COLUMNS = ("id", *ROW_FIELDS[1:])
 
 
 @dataclass(slots=True)
@@ -195,8 +215,7 @@ class OutboxRelay:
         connection = connections[alias]
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
-        fields = ("id", "queue", "message_id", "payload", "retry_count", "due_ms", "written_ms")
-        columns = ", ".join(quote(name) for name in fields)
+        columns = ", ".join(quote(name) for name in ROW_COLUMNS)
         # In one order for every relay, whatever order its queues were given in: relays that
         # wait for each other's row locks (MySQL/MariaDB without SKIP LOCKED) then take
         # them in the same order, and cannot deadlock.
@@ -308,10 +327,7 @@ class OutboxRelay:
             if self._lanes.is_held(lane):
                 held += group
                 continue
-            batches[lane] = [
-                NewMessage(row.message_id, row.payload, row.retry_count, at_ms=row.due_ms)
-                for row in group
-            ]
+            batches[lane] = [row.message() for row in group]
         for lane, outcome in self._call_lanes(batches).items():
             if isinstance(outcome, Exception):
                 # Whatever Redis took of this lane's call is noted in its relayed set: the
@@ -331,15 +347,7 @@ class OutboxRelay:
 
         OutboxMessage.objects.using(alias).bulk_create(
             [
-                OutboxMessage(
-                    id=row.pk,
-                    queue=row.queue,
-                    message_id=row.message_id,
-                    payload=row.payload,
-                    retry_count=row.retry_count,
-                    due_ms=row.due_ms,
-                    written_ms=row.written_ms,
-                )
+                OutboxMessage(id=row.pk, **{name: getattr(row, name) for name in ROW_FIELDS[1:]})
                 for row in rows
             ]
         )

@@ -4,7 +4,9 @@ that transaction commits; a relay (``delayqueue_django.relay``) moves committed 
 Redis and deletes them.
 
 A row keeps the message as ``send`` prepared it: its id (returned at once, as by any send),
-the JSON payload, the retry budget and the due time. The due time is fixed when the row is
+the JSON payload, the retry budget and the due time, and a keyed send's key, ``if_exists``
+and hold (``unique_for``), which the relay applies when it writes the row to Redis, in
+commit order. The due time is fixed when the row is
 written, on the clock of the process that writes it (``time.time()``, which
 ``timezone.now()`` reads too): the delay counts from the ``send`` call, and a relay that
 comes late, because Redis or every relay was away, never makes a message due later than
@@ -95,6 +97,9 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
                         retry_count=message.budget,
                         due_ms=due_ms(message, written_us),
                         written_ms=written,
+                        message_key=message.key,
+                        if_exists=message.if_exists,
+                        unique_ms=message.unique_ms,
                     )
                     for message in chunk
                 ]
@@ -114,6 +119,8 @@ def chunks_of(messages: Sequence[NewMessage], limit: int) -> Iterator[Sequence[N
     start, size = 0, 0
     for end, message in enumerate(messages):
         row = ROW_BYTES + len(message.id) + len(message.payload.encode("utf-8"))
+        if message.key is not None:
+            row += len(message.key.encode("utf-8"))
         if size + row > limit and end > start:
             yield messages[start:end]
             start, size = end, 0
@@ -124,7 +131,10 @@ def chunks_of(messages: Sequence[NewMessage], limit: int) -> Iterator[Sequence[N
 
 def _most_bytes(messages: Sequence[NewMessage]) -> int:
     """What the messages' rows take at the most: UTF-8 takes up to 4 bytes a character."""
-    return sum(ROW_BYTES + len(message.id) + 4 * len(message.payload) for message in messages)
+    return sum(
+        ROW_BYTES + len(message.id) + 4 * (len(message.payload) + len(message.key or ""))
+        for message in messages
+    )
 
 
 def waiting(queue_name: str) -> dict[str, int]:

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
-from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
+from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
 from delayqueue_django.engine import KeyedSent, NewMessage
@@ -57,11 +57,13 @@ class QueueProducing(QueueBase):
         current transaction on database ``using`` commits, and never if it rolls back; the id
         is returned at once all the same. With a key, what the key holds is decided at the
         commit: the id returned is then the new message's, which names nothing if the key
-        kept or held its own message (and an ``"error"`` refusal raises from the commit).
-        ``outbox`` (default: the queue's OUTBOX) writes it instead as a row of that
-        database's outbox table, in the transaction, for a relay to move to Redis once it
-        committed (see delayqueue_django.outbox.table); the id returned is likewise the new
-        message's.
+        kept or held its own message. ``outbox`` (default: the queue's OUTBOX) writes it
+        instead as a row of that database's outbox table, in the transaction, for a relay
+        to move to Redis once it committed (see delayqueue_django.outbox.table), which
+        decides the key then, in commit order; the id returned is likewise the new
+        message's. Neither can raise DuplicateKey to the caller: ``if_exists="error"`` with
+        the outbox, or with ``on_commit`` inside a transaction, raises ConflictingOptions,
+        with nothing written.
         """
         return self._send_all(
             [payload],
@@ -134,6 +136,7 @@ class QueueProducing(QueueBase):
         )
         if not prepared:
             return []
+        refuse_deferred_error(prepared, self._deferred(through_outbox, on_commit, using))
         if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
                 return self._dispatch(stamped, through_outbox, on_commit, using)
@@ -170,6 +173,18 @@ class QueueProducing(QueueBase):
         if plain:
             self.store.send(plain)
         return _named_ids(prepared, sent)
+
+    def _deferred(
+        self, through_outbox: bool, on_commit: bool | None, using: str | None
+    ) -> str | None:
+        """How the messages' keys are decided after the call returns: "outbox", "on_commit"
+        (inside a transaction: outside one, Django runs an on_commit callback at once), or
+        None when they are decided now."""
+        if through_outbox:
+            return "outbox"
+        if self._on_commit(on_commit) and transaction.get_connection(using).in_atomic_block:
+            return "on_commit"
+        return None
 
     def _on_commit(self, on_commit: bool | None) -> bool:
         return self.config.send_on_commit if on_commit is None else on_commit

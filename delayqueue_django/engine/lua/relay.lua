@@ -17,21 +17,34 @@
   ARGV[2]  keep_ms
   ARGV[3]  n, the number of messages
   ARGV[4]  f, the number of ids to forget
-  then four values per message:
+  then seven values per message:
     id         message id
     due_ms     absolute due time in ms since the epoch; a time already past is due now
     budget     retries allowed after the first delivery
     payload    JSON text
+    key        the message's key (see send_keyed.lua), or "" for a message without one
+    if_exists  a keyed message's: keep or replace (error is refused at the send: a relay
+               has no caller to raise it to)
+    unique_ms  a keyed message's hold, as send_keyed's (0: none)
   then the f ids to forget (their outbox rows are deleted for good).
 
+  A keyed message not relayed before is decided as send_keyed decides it (the prelude's
+  send_keys), the keyed messages of a call in their order, which is the outbox's commit
+  order: it may create a message, replace the key's waiting message, or write nothing (the
+  key's waiting message kept, or a hold). Its id is noted all the same, so a row brought
+  again never decides twice.
+
   Returns {due_ms or -1 per message..., warnings}: -1 for a message not written, because its
-  id was relayed before or is already known to the queue (it has a payload or meta record).
+  id was relayed before or is already known to the queue (it has a payload or meta record),
+  or, keyed, it was kept or held; a keyed message that replaced the key's waiting message
+  answers that message's new due time.
   Publishes the earliest due time when it is earlier than every pending message's.
 ]]
 
 local relayed = keys[11]
 local channel, keep_ms = args[1], tonumber(args[2])
 local n, f = tonumber(args[3]), tonumber(args[4])
+local WIDTH = 7
 -- Ids noted this long ago are dropped, at most this many per call: each call stays short.
 local PRUNE_LIMIT = 100
 
@@ -44,7 +57,7 @@ end
 
 local forget = {}
 for i = 1, f do
-  forget[i] = args[4 + 4 * n + i]
+  forget[i] = args[4 + WIDTH * n + i]
 end
 call_chunked('ZREM', relayed, forget)
 call_chunked('ZREM', relayed, redis.call('ZRANGE', relayed, '-inf', int(now - keep_ms),
@@ -52,7 +65,7 @@ call_chunked('ZREM', relayed, redis.call('ZRANGE', relayed, '-inf', int(now - ke
 
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = args[5 + i * 4]
+  ids[i + 1] = args[5 + i * WIDTH]
 end
 local noted = gather('ZMSCORE', relayed, ids)
 local metas_found, payloads_found = gather('HMGET', metas, ids), gather('HMGET', payloads, ids)
@@ -61,15 +74,24 @@ local previous_head = head_score(pending)
 local earliest = nil
 local dues, scored, stored_payloads, notes = {}, {}, {}, {}
 local written, taken = 0, {}
+-- The keyed messages to decide (send_keys's items), and each one's place in the reply.
+local keyed, keyed_at = {}, {}
 for i = 0, n - 1 do
   local id = ids[i + 1]
   -- Noted (again) whatever follows: keep_ms counts from the last time a row brought it.
   notes[2 * i + 1], notes[2 * i + 2] = int(now), id
+  local base = 5 + i * WIDTH
+  local key = args[base + 4]
   if noted[i + 1] or metas_found[i + 1] or payloads_found[i + 1] or taken[id] then
     dues[i + 1] = -1
+  elseif key ~= '' then
+    taken[id] = true
+    table.insert(keyed, {id = id, key = key, mode = args[base + 5],
+      due = math.max(tonumber(args[base + 1]), now), budget = tonumber(args[base + 2]),
+      payload = args[base + 3], unique_ms = tonumber(args[base + 6])})
+    table.insert(keyed_at, i + 1)
   else
     taken[id] = true
-    local base = 5 + i * 4
     local due = math.max(tonumber(args[base + 1]), now)
     local pair = 2 * written
     scored[pair + 1], scored[pair + 2] = int(due), id
@@ -80,6 +102,20 @@ for i = 0, n - 1 do
       earliest = due
     end
     dues[i + 1] = due
+  end
+end
+if #keyed > 0 then
+  local outcomes, keyed_earliest, refusal = send_keys(keyed, now)
+  if refusal then
+    return redis.error_reply(refusal)
+  end
+  for j, position in ipairs(keyed_at) do
+    local code, due = outcomes[3 * j - 1], outcomes[3 * j]
+    -- Created, or the key's waiting message replaced: written. Kept or held: not.
+    dues[position] = (code == 1 or code == 3) and due or -1
+  end
+  if keyed_earliest ~= nil and (earliest == nil or keyed_earliest < earliest) then
+    earliest = keyed_earliest
   end
 end
 call_chunked('ZADD', pending, scored)

@@ -34,32 +34,41 @@ class MemoryKeyed(MemoryStoreBase):
     def _send_keyed_batch(self, batch: Sequence[NewMessage]) -> list[KeyedSent]:
         with self.server.lock:
             state, (now, now_us) = self._state(), self._now_with_us()
-            key_index.reclaim_holds(state, now)
-            # Every decision is taken before anything is written, so that a refusal
-            # (if_exists="error") leaves no trace of its batch.
-            decisions = self._decide(state, batch, now)
             previous_head = state.pending.head()
-            earliest: int | None = None
-            sent = []
-            for message, decision in zip(batch, decisions, strict=True):
-                due: int | None
-                if decision.outcome in ("created", "replaced"):
-                    due = self._due(message, now, now_us)
-                    if decision.outcome == "created":
-                        self._create(state, message, due, now)
-                    else:
-                        self._replace(state, decision.message_id, message, due, now)
-                    earliest = due if earliest is None else min(earliest, due)
-                    if self.server.sent is not None:
-                        record = replace(message, id=decision.message_id)
-                        self.server.sent.append(SentRecord(self._keys.queue, record, due, now))
-                else:
-                    due = self._waiting_due(state, decision.message_id)
-                outcome = "created" if decision.outcome == "replay" else decision.outcome
-                sent.append(KeyedSent(decision.message_id, outcome, due))
+            sent, earliest = self._write_keyed(state, batch, now, now_us)
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             return sent
+
+    def _write_keyed(
+        self, state: QueueState, batch: Sequence[NewMessage], now: int, now_us: int
+    ) -> tuple[list[KeyedSent], int | None]:
+        """Decide and write a batch of keyed messages (the lock held; send_keys in the
+        prelude of the scripts); returns each one's KeyedSent and the earliest due time
+        written (None when none)."""
+        key_index.reclaim_holds(state, now)
+        # Every decision is taken before anything is written, so that a refusal
+        # (if_exists="error") leaves no trace of its batch.
+        decisions = self._decide(state, batch, now)
+        earliest: int | None = None
+        sent = []
+        for message, decision in zip(batch, decisions, strict=True):
+            due: int | None
+            if decision.outcome in ("created", "replaced"):
+                due = self._due(message, now, now_us)
+                if decision.outcome == "created":
+                    self._create(state, message, due, now)
+                else:
+                    self._replace(state, decision.message_id, message, due, now)
+                earliest = due if earliest is None else min(earliest, due)
+                if self.server.sent is not None:
+                    record = replace(message, id=decision.message_id)
+                    self.server.sent.append(SentRecord(self._keys.queue, record, due, now))
+            else:
+                due = self._waiting_due(state, decision.message_id)
+            outcome = "created" if decision.outcome == "replay" else decision.outcome
+            sent.append(KeyedSent(decision.message_id, outcome, due))
+        return sent, earliest
 
     def _decide(self, state: QueueState, batch: Sequence[NewMessage], now: int) -> list[_Decision]:
         """Each message's decision, in order, each seeing the earlier ones' effect (their

@@ -1,9 +1,11 @@
 """The outbox relay's writes to a memory queue, as relay.lua does them: each message
-written once, however often it is relayed."""
+written once, however often it is relayed; a keyed one decided by its key as send_keyed
+decides it."""
 
 from collections.abc import Sequence
 
-from delayqueue_django.engine.memory.base import MemoryStoreBase
+from delayqueue_django.engine.keyed import check_relayable
+from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.server import Meta, SentRecord
 from delayqueue_django.engine.records import NewMessage
 
@@ -11,7 +13,7 @@ from delayqueue_django.engine.records import NewMessage
 RELAY_PRUNE_LIMIT = 100
 
 
-class MemoryRelay(MemoryStoreBase):
+class MemoryRelay(MemoryKeyed):
     """Relayed sends, each noted so that a repeat writes nothing."""
 
     def relay(
@@ -28,24 +30,38 @@ class MemoryRelay(MemoryStoreBase):
     def _relay_batch(
         self, batch: Sequence[NewMessage], forget: Sequence[str], keep_ms: int
     ) -> list[int | None]:
+        for message in batch:
+            if message.at_ms is None:
+                raise ValueError(f"a relayed message needs its due time (id {message.id!r})")
+            check_relayable(message)
         with self.server.lock:
-            state, now = self._state(), self._now()
+            state, (now, now_us) = self._state(), self._now_with_us()
             for message_id in forget:
                 state.relayed.remove(message_id)
             for message_id, _ in state.relayed.upto(now - keep_ms, RELAY_PRUNE_LIMIT):
                 state.relayed.remove(message_id)
             previous_head = state.pending.head()
             dues: list[int | None] = []
+            taken: set[str] = set()
+            # The keyed messages to decide, in order, and each one's place in the reply.
+            keyed: list[NewMessage] = []
+            keyed_at: list[int] = []
             for message in batch:
                 message_id = message.id
                 noted = message_id in state.relayed
                 # As relay.lua: keep_ms counts from the last time a row brought the id.
                 state.relayed.add(message_id, now)
-                if noted or message_id in state.metas or message_id in state.payloads:
+                known = message_id in state.metas or message_id in state.payloads
+                if noted or known or message_id in taken:
                     dues.append(None)
                     continue
-                if message.at_ms is None:
-                    raise ValueError(f"a relayed message needs its due time (id {message_id!r})")
+                taken.add(message_id)
+                if message.key is not None:
+                    keyed_at.append(len(dues))
+                    keyed.append(message)
+                    dues.append(None)
+                    continue
+                assert message.at_ms is not None  # checked above
                 due = max(message.at_ms, now)
                 state.pending.add(message_id, due)
                 state.payloads[message_id] = message.payload
@@ -53,6 +69,12 @@ class MemoryRelay(MemoryStoreBase):
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
+            if keyed:
+                sent, _ = self._write_keyed(state, keyed, now, now_us)
+                for position, outcome in zip(keyed_at, sent, strict=True):
+                    # Created, or the key's waiting message replaced: written. Kept or held: not.
+                    if outcome.outcome in ("created", "replaced"):
+                        dues[position] = outcome.due_ms
             written = [due for due in dues if due is not None]
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))

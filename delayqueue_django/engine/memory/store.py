@@ -23,8 +23,9 @@ from delayqueue_django.engine.memory.schedules import MemorySchedules
 
 class MemoryStore(
     MemoryDelivery,
-    MemoryKeyed,
+    # The relay before the keyed messages it builds on (it decides keyed rows as they do).
     MemoryRelay,
+    MemoryKeyed,
     MemoryOperators,
     MemorySchedules,
     MemoryBookkeeping,
