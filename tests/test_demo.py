@@ -204,7 +204,7 @@ def test_a_second_run_cancels_the_orders_whose_timers_the_first_deleted(
              "    hour = timedelta(hours=1)\n"
              "    order = Order.objects.create(item='kettle', pay_by=timezone.now() + hour)\n"
              "    schedule_timers(order, hour)\n"
-             "print(order.expiry_message_id)\n"],
+             "print(order.expiry_key)\n"],
             env={**env, "DJANGO_SETTINGS_MODULE": "demo_site.settings"},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -214,13 +214,13 @@ def test_a_second_run_cancels_the_orders_whose_timers_the_first_deleted(
             "orders": {"URL": redis_server.url, "KEY_PREFIX": "delayqueue-demo"}
         }
         # Relayed by the demo's worker: in Redis, where the first run's exit deletes it.
-        wait_for(lambda: get_queue("orders").peek(expiry) is not None, timeout=30)
+        wait_for(lambda: get_queue("orders").lookup(expiry) is not None, timeout=30)
         home = fetch(port, "/?live=1")
         assert home is not None
         assert "awaiting payment" in home
     finally:
         stop_demo(first)
-    assert get_queue("orders").peek(expiry) is None
+    assert get_queue("orders").lookup(expiry) is None
 
     second = start_demo(env, tmp_path / "second.log")
     try:

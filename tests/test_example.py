@@ -55,7 +55,6 @@ def test_an_unpaid_order_is_cancelled_a_paid_one_is_kept(settings: Any) -> None:
     client = Client()
     unpaid = create_order(client, "kettle")
     paid = create_order(client, "teapot")
-    assert unpaid.expiry_message_id
     # Committed with the orders, in the outbox: no relay has run yet.
     assert get_queue("orders").outbox_stats()["outbox"] == 4  # an expiry and a reminder each
     run_worker()  # relays them, and runs the reminders (due at once here)
@@ -63,7 +62,8 @@ def test_an_unpaid_order_is_cancelled_a_paid_one_is_kept(settings: Any) -> None:
 
     response = client.post(f"/shop/orders/{paid.pk}/pay/", follow=True)
     assert "paid in time" in response.content.decode()
-    assert get_queue("orders").peek(paid.expiry_message_id) is None  # its expiry was cancelled
+    assert get_queue("orders").lookup(paid.expiry_key) is None  # its expiry was cancelled
+    assert get_queue("orders").lookup(unpaid.expiry_key) is not None
 
     time.sleep(settings.SHOP_PAY_WINDOW + 0.2)
     run_worker()
@@ -152,8 +152,10 @@ def test_an_expiry_delivered_again_after_its_commit_changes_nothing_twice() -> N
     order = create_order(Client(), "clock")
     run_worker()  # relays the timers; the reminder runs
     orders = get_queue("orders")
-    orders.deliver_now([order.expiry_message_id])
-    [expiry] = [m for m in orders.fetch(10).messages if m.id == order.expiry_message_id]
+    waiting = orders.lookup(order.expiry_key)
+    assert waiting is not None
+    orders.deliver_now([waiting.id])
+    [expiry] = [m for m in orders.fetch(10).messages if m.key == order.expiry_key]
     assert call_handler(on_order_message, expiry).verdict is Verdict.ACK  # committed, no ack
     assert call_handler(on_order_message, expiry).verdict is Verdict.ACK  # the redelivery
     order.refresh_from_db()
@@ -174,7 +176,7 @@ def test_the_shop_with_the_test_helpers(delayqueues: MemoryQueues, settings: Any
     paid = create_order(client, "teapot")
 
     expiries = [m for m in delayqueues.sent("orders") if m.payload["kind"] == "expire"]
-    assert [m.id for m in expiries] == [unpaid.expiry_message_id, paid.expiry_message_id]
+    assert [m.key for m in expiries] == [unpaid.expiry_key, paid.expiry_key]
     assert {m.delay for m in expiries} == {timedelta(seconds=settings.SHOP_PAY_WINDOW)}
     assert [m.payload for m in delayqueues.sent("warehouse")] == [
         {"order": unpaid.pk},

@@ -5,7 +5,7 @@ from shop.models import Event, Order
 
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["id", "item", "status", "created", "pay_by", "expiry_message_id"]
+    list_display = ["id", "item", "status", "created", "pay_by"]
     list_filter = ["status"]
 
 

@@ -13,14 +13,22 @@ class Order(models.Model):
     )
     created = models.DateTimeField(auto_now_add=True)
     pay_by = models.DateTimeField()
-    # Kept so that paying can cancel the pending expiry message.
-    expiry_message_id = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["-created"]
 
     def __str__(self) -> str:
         return f"order #{self.pk} ({self.item}, {self.get_status_display()})"
+
+    # The keys of the order's timers: paying cancels the expiry by its key, so no message id
+    # needs a column of its own.
+    @property
+    def expiry_key(self) -> str:
+        return f"order-{self.pk}-expiry"
+
+    @property
+    def reminder_key(self) -> str:
+        return f"order-{self.pk}-reminder"
 
 
 class Event(models.Model):

@@ -8,20 +8,19 @@ from shop.models import Event, Order
 
 
 def cancel_orders_without_timers() -> int:
-    """Cancel every order awaiting payment whose expiry message neither the orders queue
-    nor the outbox holds (a message in flight counts as held); return how many."""
+    """Cancel every order awaiting payment whose expiry (found by its key) neither the
+    orders queue nor the outbox holds (a message in flight counts as held); return how
+    many."""
     queue = get_queue("orders")
     in_outbox = set(
-        OutboxMessage.objects.filter(queue="orders").values_list("message_id", flat=True)
+        OutboxMessage.objects.filter(queue="orders", message_key__isnull=False).values_list(
+            "message_key", flat=True
+        )
     )
     orphans = [
         order
         for order in Order.objects.filter(status=Order.Status.AWAITING_PAYMENT)
-        if not order.expiry_message_id
-        or (
-            order.expiry_message_id not in in_outbox
-            and queue.peek(order.expiry_message_id, preview_bytes=0) is None
-        )
+        if order.expiry_key not in in_outbox and queue.lookup(order.expiry_key) is None
     ]
     for order in orphans:
         cancelled = Order.objects.filter(pk=order.pk, status=Order.Status.AWAITING_PAYMENT).update(
@@ -31,7 +30,6 @@ def cancel_orders_without_timers() -> int:
             Event.objects.create(
                 queue="orders",
                 kind="cancelled",
-                message_id=order.expiry_message_id,
                 text=f"order #{order.pk}: cancelled at start, its expiry timer was gone "
                 "(an earlier run's keys were deleted from Redis)",
             )

@@ -45,11 +45,14 @@ def create_order(request: HttpRequest) -> HttpResponse:
 
 def schedule_timers(order: Order, window: timedelta) -> None:
     """The order's timers, sent through the outbox within the caller's transaction."""
-    expiry = delayqueue.send({"order": order.pk, "kind": "expire"}, delay=window, queue="orders")
-    order.expiry_message_id = expiry
-    order.save(update_fields=["expiry_message_id"])
+    expiry = delayqueue.send(
+        {"order": order.pk, "kind": "expire"}, key=order.expiry_key, delay=window, queue="orders"
+    )
     delayqueue.send(
-        {"order": order.pk, "kind": "remind"}, delay=settings.SHOP_REMINDER_AFTER, queue="orders"
+        {"order": order.pk, "kind": "remind"},
+        key=order.reminder_key,
+        delay=settings.SHOP_REMINDER_AFTER,
+        queue="orders",
     )
     delayqueue.send({"order": order.pk}, delay=1, queue="warehouse")
     reminder = settings.SHOP_REMINDER_AFTER
@@ -74,19 +77,14 @@ def pay_order(request: HttpRequest, order_id: int) -> HttpResponse:
             request, f"Order #{order.pk} can no longer be paid: it is {order.get_status_display()}."
         )
         return redirect("home")
-    cancelled = delayqueue.cancel(order.expiry_message_id, queue="orders")
+    cancelled = delayqueue.cancel(key=order.expiry_key, queue="orders")
     text = (
         "expiry message cancelled"
         if cancelled
         else "expiry message not waiting in the queue (running, or still in the outbox); "
         "the expiry will see the payment"
     )
-    Event.objects.create(
-        queue="orders",
-        kind="cancel",
-        message_id=order.expiry_message_id,
-        text=f"order #{order.pk} paid: {text}",
-    )
+    Event.objects.create(queue="orders", kind="cancel", text=f"order #{order.pk} paid: {text}")
     messages.success(request, f"Order #{order.pk} paid in time.")
     return redirect("home")
 
