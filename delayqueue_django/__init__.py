@@ -4,6 +4,9 @@ import delayqueue_django as delayqueue
 
 message_id = delayqueue.send({"order": 42}, delay=timedelta(minutes=30))
 delayqueue.cancel(message_id)
+
+delayqueue.send({"order": 42}, key="expire-order-42", delay=timedelta(minutes=30))
+delayqueue.cancel(key="expire-order-42")
 """
 
 from datetime import datetime, timedelta
@@ -28,10 +31,12 @@ __all__ = [
     "ScheduleInfo",
     "Schedules",
     "acancel",
+    "areschedule",
     "asend",
     "cancel",
     "get_queue",
     "handler",
+    "reschedule",
     "send",
 ]
 
@@ -39,6 +44,9 @@ __all__ = [
 def send(
     payload: Any,
     *,
+    key: str | None = None,
+    if_exists: str = "keep",
+    unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
     queue: str = "default",
@@ -50,13 +58,21 @@ def send(
     """Schedule ``payload`` for delivery after ``delay`` seconds (or at ``at``); returns its id.
 
     With neither, the message is due now. ``retry_count`` overrides the queue's RETRY_COUNT.
-    ``on_commit`` (default: the queue's SEND_ON_COMMIT) sends it only when the current
-    transaction on database ``using`` commits; the id is returned at once all the same.
+    ``key`` (at most 256 bytes in UTF-8) names the message, at most one waiting per key and
+    queue: ``if_exists`` ("keep", "replace" or "error") says what a send does when the key's
+    message waits, and ``unique_for`` holds the key for that long after the send that
+    creates its message; the id returned is then the one the key names (see
+    ``Queue.send``). ``on_commit`` (default: the queue's SEND_ON_COMMIT) sends it only when
+    the current transaction on database ``using`` commits; the id is returned at once all
+    the same (with a key: the new message's, the key's outcome decided at the commit).
     ``outbox`` (default: the queue's OUTBOX) writes it in that transaction, as a row of the
     database's outbox, which a relay moves to Redis once it committed.
     """
     return get_queue(queue).send(
         payload,
+        key=key,
+        if_exists=if_exists,
+        unique_for=unique_for,
         delay=delay,
         at=at,
         retry_count=retry_count,
@@ -66,22 +82,42 @@ def send(
     )
 
 
-def cancel(message_id: str, *, queue: str = "default") -> bool:
+def cancel(
+    message_id: str | None = None, *, key: str | None = None, queue: str = "default"
+) -> bool:
     """True if the message was waiting and will now never be delivered; else False.
 
-    It looks on ``queue`` only: an id does not name its queue, so a message sent to
-    another queue needs that queue's name here (with DEBUG on, a miss that another queue
+    Give its id, or ``key=`` for the key's waiting message (not both). It looks on
+    ``queue`` only: neither an id nor a key names its queue, so a message sent to another
+    queue needs that queue's name here (with DEBUG on, an id's miss that another queue
     holds is logged as a warning naming it).
     """
-    cancelled = get_queue(queue).cancel(message_id)
-    if not cancelled:
+    cancelled = get_queue(queue).cancel(message_id, key=key)
+    if not cancelled and message_id is not None:
         hint_if_elsewhere(message_id, queue=queue)
     return cancelled
+
+
+def reschedule(
+    message_id: str | None = None,
+    *,
+    key: str | None = None,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    queue: str = "default",
+) -> bool:
+    """Give a waiting message (by id, or the key's) a new due time, ``delay`` from now (on
+    Redis's clock) or ``at`` (neither: due now). True if it was changed; False if no
+    message waits under that id or key on ``queue`` (in flight, dead, handled, unknown)."""
+    return get_queue(queue).reschedule(message_id, key=key, delay=delay, at=at)
 
 
 async def asend(
     payload: Any,
     *,
+    key: str | None = None,
+    if_exists: str = "keep",
+    unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
     queue: str = "default",
@@ -93,6 +129,9 @@ async def asend(
     """``send`` for async views: non-blocking on redis.asyncio where the queue has a URL."""
     return await get_queue(queue).asend(
         payload,
+        key=key,
+        if_exists=if_exists,
+        unique_for=unique_for,
         delay=delay,
         at=at,
         retry_count=retry_count,
@@ -102,9 +141,23 @@ async def asend(
     )
 
 
-async def acancel(message_id: str, *, queue: str = "default") -> bool:
+async def acancel(
+    message_id: str | None = None, *, key: str | None = None, queue: str = "default"
+) -> bool:
     """``cancel`` for async views."""
-    cancelled = await get_queue(queue).acancel(message_id)
-    if not cancelled:
+    cancelled = await get_queue(queue).acancel(message_id, key=key)
+    if not cancelled and message_id is not None:
         await sync_to_async(hint_if_elsewhere, thread_sensitive=False)(message_id, queue=queue)
     return cancelled
+
+
+async def areschedule(
+    message_id: str | None = None,
+    *,
+    key: str | None = None,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    queue: str = "default",
+) -> bool:
+    """``reschedule`` for async views."""
+    return await get_queue(queue).areschedule(message_id, key=key, delay=delay, at=at)

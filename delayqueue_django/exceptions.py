@@ -25,6 +25,7 @@ __all__ = [
     "DuplicateKey",
     "DuplicateMessageId",
     "InvalidDelay",
+    "InvalidKey",
     "InvalidRetryCount",
     "InvalidSchedule",
     "PayloadEncodingError",
@@ -61,6 +62,11 @@ class PayloadTooLarge(DelayQueueError, ValueError):
 
 class InvalidDelay(DelayQueueError, ValueError):
     """The delay or due time given to send is not usable."""
+
+
+class InvalidKey(DelayQueueError, ValueError):
+    """A send's key is not usable (not a str, empty, longer than 256 bytes in UTF-8, or
+    holding a lone surrogate), or its ``if_exists`` or ``unique_for`` is not."""
 
 
 class InvalidRetryCount(DelayQueueError, ValueError):

@@ -2,13 +2,15 @@
 name) and ``message``; a receiver that raises is logged and never breaks the worker.
 
 - ``message_acked``: after the ack is committed in Redis. ``message`` is the
-  ``delayqueue_django.Message`` that was handled.
+  ``delayqueue_django.Message`` that was handled (its ``key`` too).
 - ``message_nacked``: after a refusal is committed; also ``error`` (the exception the handler
-  raised, or None when it returned False) and ``retry_at_ms`` (when the retry is due, on the
-  Redis clock, or None when the message was buried).
+  raised, or None when it returned False), ``retry_at_ms`` (when the retry is due, on the
+  Redis clock, or None when the message was buried or superseded) and ``superseded`` (True
+  when a keyed message was not retried because a newer message with its key waits: it is
+  gone, and that newer one carries the key's work).
 - ``message_exhausted``: at least once for every message whose retries are used up, even if
   a worker died in between (another worker announces it). ``message`` has ``id``, ``queue``,
-  ``payload`` and ``attempt``.
+  ``payload``, ``attempt`` and ``key``.
 """
 
 from django.dispatch import Signal

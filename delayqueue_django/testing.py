@@ -51,6 +51,11 @@ class SentMessage:
     delay: timedelta
     """How long after it was sent it is due."""
     retry_count: int
+    key: str | None = None
+    """The key it was sent with, or None."""
+    if_exists: str | None = None
+    """What its send asked for if the key's message waited ("keep", "replace" or
+    "error"); None when sent without a key."""
 
 
 class MemoryQueues:
@@ -76,7 +81,9 @@ class MemoryQueues:
     def sent(self, queue: str | None = None) -> list[SentMessage]:
         """Every message sent (to ``queue``, or to any) since the block began, in order,
         including those since cancelled or handled. Messages sent through the outbox count
-        once their transaction committed: the rows of OUTBOX queues are relayed first."""
+        once their transaction committed: the rows of OUTBOX queues are relayed first.
+        A keyed send is listed when it created a message, or replaced one (under the id
+        it kept); a send the key kept or held back sent nothing and is not."""
         _relay_outbox()
         with self._server.lock:
             records = list(self._server.sent or ())
@@ -88,6 +95,8 @@ class MemoryQueues:
                 due_at=_as_datetime(record.due_ms),
                 delay=timedelta(milliseconds=max(record.due_ms - record.sent_ms, 0)),
                 retry_count=record.message.budget,
+                key=record.message.key,
+                if_exists=None if record.message.key is None else record.message.if_exists,
             )
             for record in records
             if queue is None or record.queue == queue

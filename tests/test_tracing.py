@@ -160,6 +160,16 @@ def test_a_batch_is_one_span_and_its_messages_carry_it(
     }
 
 
+def test_a_traced_keyed_send_keeps_its_key(queue: Queue, spans: InMemorySpanExporter) -> None:
+    message_id = queue.send({"order": 7}, key="order-7")
+    assert queue.send({"order": 8}, key="order-7") == message_id  # the key kept it
+    sent = [span for span in spans.get_finished_spans() if span.kind is SpanKind.PRODUCER]
+    assert sent[0].context is not None
+    message = _fetch_one(queue)
+    assert (message.id, message.key, message.payload) == (message_id, "order-7", {"order": 7})
+    assert message.traceparent == _traceparent(sent[0])
+
+
 def test_asend_is_traced(queue: Queue, spans: InMemorySpanExporter) -> None:
     message_id = asyncio.run(queue.asend("hello"))
 

@@ -28,6 +28,11 @@ class Message:
     traceparent: str = ""
     """The W3C trace context of the span that sent it, when that send was traced (see
     docs/guides/tracing.md); empty otherwise."""
+    key: str | None = None
+    """The key it was sent with (``send(key=...)``), or None."""
+    generation: int = 0
+    """Which content of a keyed message this is: the queue's clock (ms) when it was sent or
+    last replaced, so a replaced message tells its new content from the old; 0 unkeyed."""
 
     @property
     def retries_left(self) -> int:

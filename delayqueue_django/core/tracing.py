@@ -87,7 +87,20 @@ if ENABLED:
         if not traceparent:
             return prepared
         mark = f"{TRACE_MARK}{traceparent}{TRACE_MARK}"
-        return [NewMessage(m.id, mark + m.payload, m.budget, m.at_ms, m.delay_us) for m in prepared]
+        # (Every field carried over: a keyed message's key, if_exists and hold too.)
+        return [
+            NewMessage(
+                m.id,
+                mark + m.payload,
+                m.budget,
+                m.at_ms,
+                m.delay_us,
+                m.key,
+                m.if_exists,
+                m.unique_ms,
+            )
+            for m in prepared
+        ]
 
     @contextmanager
     def consumer_span(message: Message) -> Iterator[Any]:

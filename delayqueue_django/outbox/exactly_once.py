@@ -2,7 +2,8 @@
 
 The handler runs inside ``transaction.atomic()`` on the queue's database, whose first
 statement records the message as processed (a row of ``delayqueue_processed``, unique per
-queue and message id). Its effects and that record commit together or not at all:
+queue, message id and generation: a keyed message replaced after it was handled runs again,
+see engine/keyed.py). Its effects and that record commit together or not at all:
 
 - the handler returns: both commit, then the worker acks (at least once, as always);
 - it fails (returns False, raises, rejects): both roll back, and the message is retried or
@@ -193,6 +194,7 @@ def _call_once(handler: Handler, message: Message, using: str) -> Any:
                     ProcessedMessage.objects.using(using).create(
                         queue=message.queue,
                         message_id=message.id,
+                        generation=message.generation,
                         processed_ms=time.time_ns() // 1_000_000,
                     )
             except IntegrityError:

@@ -50,11 +50,16 @@ class OutboxMessage(models.Model):
 
 class ProcessedMessage(models.Model):
     """A message whose handler's transaction committed, on an EXACTLY_ONCE queue: a
-    redelivery finds it here and is acked without running the handler again."""
+    redelivery finds it here and is acked without running the handler again.
+
+    One per message id and generation: a keyed message replaced after it was handled (a new
+    payload under the same id) has a new generation, and runs. Unkeyed messages' generation
+    is 0, as is that of every record written before keys."""
 
     id = models.BigAutoField(primary_key=True)
     queue = ExactCharField(max_length=100)
     message_id = ExactCharField(max_length=255)
+    generation = models.BigIntegerField(default=0)
     processed_ms = models.BigIntegerField()
 
     class Meta:
@@ -63,7 +68,8 @@ class ProcessedMessage(models.Model):
         verbose_name = "processed message"
         constraints: ClassVar = [
             models.UniqueConstraint(
-                fields=["queue", "message_id"], name="delayqueue_processed_once"
+                fields=["queue", "message_id", "generation"],
+                name="delayqueue_processed_generation",
             )
         ]
         # For pruning: the old records of a queue, read as a range.

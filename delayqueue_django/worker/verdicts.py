@@ -127,12 +127,22 @@ def commit(
         if result is None:
             _log_lost_lease(message, "nack")
             continue
+        if result.superseded:
+            # Not a retry: the message is gone, a newer one with its key waits.
+            logger.info(
+                "message id=%s queue=%s attempt=%s not retried: a newer message with its key "
+                "waits, so it was removed",
+                loggable(message.id),
+                name,
+                message.attempt,
+            )
         send_robust(
             signals.message_nacked,
             name,
             message=message,
             error=outcome.error,
-            retry_at_ms=None if result.exhausted else result.at_ms,
+            retry_at_ms=None if result.exhausted or result.superseded else result.at_ms,
+            superseded=result.superseded,
         )
     return any(result.exhausted for result in results.values())
 

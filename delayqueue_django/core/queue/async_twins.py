@@ -7,17 +7,19 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from delayqueue_django.core import connections, tracing
-from delayqueue_django.core.queue.base import _areaching_redis, _check_id
+from delayqueue_django.core.encoding import due_spec
+from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
+from delayqueue_django.core.queue.base import _areaching_redis, _check_address
 from delayqueue_django.core.queue.operating import QueueOperating
-from delayqueue_django.core.queue.producing import QueueProducing
-from delayqueue_django.engine import NewMessage
+from delayqueue_django.core.queue.producing import QueueProducing, _named_ids
+from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.sharded_store import ShardedStore
 from delayqueue_django.engine.shards import SHARD_MARK
 
 
 class QueueAsync(QueueProducing, QueueOperating):
-    """asend, asend_many, acancel and astats."""
+    """asend, asend_many, acancel, areschedule, alookup and astats."""
 
     # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
     # client (nor has a memory queue), so its calls run the sync client in a worker thread.
@@ -26,6 +28,9 @@ class QueueAsync(QueueProducing, QueueOperating):
         self,
         payload: Any,
         *,
+        key: str | None = None,
+        if_exists: str = KEEP,
+        unique_for: float | timedelta | None = None,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
         retry_count: int | None = None,
@@ -43,6 +48,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             on_commit=on_commit,
             using=using,
             outbox=outbox,
+            keyed=key_fields(key, if_exists, unique_for),
         )
         return ids[0]
 
@@ -81,6 +87,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         on_commit: bool | None,
         using: str | None,
         outbox: bool | None,
+        keyed: tuple[str | None, str, int] = UNKEYED,
     ) -> list[str]:
         through_outbox = self._outbox(outbox, on_commit)
         if through_outbox or self._on_commit(on_commit):
@@ -96,33 +103,72 @@ class QueueAsync(QueueProducing, QueueOperating):
                 on_commit=not through_outbox,
                 using=using,
                 outbox=through_outbox,
+                keyed=keyed,
             )
-        prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
+        prepared = self._prepare_all(
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+        )
         if not prepared:
             return []
         if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
-                await self._awrite(stamped)
-        else:
-            await self._awrite(prepared)
-        return [message.id for message in prepared]
+                return await self._awrite(stamped)
+        return await self._awrite(prepared)
 
-    async def _awrite(self, prepared: list[NewMessage]) -> None:
+    async def _awrite(self, prepared: list[NewMessage]) -> list[str]:
+        """``_write`` on redis.asyncio (the keyed messages first, likewise)."""
         store = self.async_store()
         if store is None:
-            await sync_to_async(self._write, thread_sensitive=False)(prepared)
-        else:
+            return await sync_to_async(self._write, thread_sensitive=False)(prepared)
+        keyed = [message for message in prepared if message.key is not None]
+        if not keyed:
             await store.send(prepared)
+            return [message.id for message in prepared]
+        sent = await store.send_keyed(keyed)
+        plain = [message for message in prepared if message.key is None]
+        if plain:
+            await store.send(plain)
+        return _named_ids(prepared, sent)
 
     @_areaching_redis
-    async def acancel(self, message_id: str) -> bool:
+    async def acancel(self, message_id: str | None = None, *, key: str | None = None) -> bool:
         """``cancel`` for async code."""
-        _check_id(message_id)
+        address, by_key = _check_address("cancel", message_id, key)
         store = self.async_store()
-        if store is None or SHARD_MARK in message_id:
+        if store is None or (not by_key and SHARD_MARK in address):
             # (An id of another shard: the sync store finds it.)
-            return await sync_to_async(self.cancel, thread_sensitive=False)(message_id)
-        return await store.remove(message_id) is not None
+            return await sync_to_async(self.cancel, thread_sensitive=False)(message_id, key=key)
+        if by_key:
+            return await store.cancel_key(address) is not None
+        return await store.remove(address) is not None
+
+    @_areaching_redis
+    async def areschedule(
+        self,
+        message_id: str | None = None,
+        *,
+        key: str | None = None,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> bool:
+        """``reschedule`` for async code."""
+        address, by_key = _check_address("reschedule", message_id, key)
+        store = self.async_store()
+        if store is None or (not by_key and SHARD_MARK in address):
+            reschedule = sync_to_async(self.reschedule, thread_sensitive=False)
+            return await reschedule(message_id, key=key, delay=delay, at=at)
+        at_ms, delay_us = due_spec(delay, at)
+        due = await store.reschedule(
+            message_id=None if by_key else address,
+            key=address if by_key else None,
+            at_ms=at_ms,
+            delay_us=delay_us,
+        )
+        return due is not None
+
+    async def alookup(self, key: str) -> StoredMessage | None:
+        """``lookup`` for async code (the sync store's, in a worker thread)."""
+        return await sync_to_async(self.lookup, thread_sensitive=False)(key)
 
     @_areaching_redis
     async def astats(self) -> dict[str, int]:

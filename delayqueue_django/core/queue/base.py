@@ -13,10 +13,12 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, features, stores
+from delayqueue_django.core.key_options import check_key
 from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
+from delayqueue_django.exceptions import ConflictingOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,6 +64,18 @@ def _check_id(message_id: Any) -> str:
     if not isinstance(message_id, str) or not message_id:
         raise TypeError(f"message id must be a non-empty str, not {message_id!r}")
     return message_id
+
+
+def _check_address(operation: str, message_id: Any, key: Any) -> tuple[str, bool]:
+    """``(address, by_key)`` of a call that takes a message id or a key (exactly one),
+    checked: the key (check_key) when ``by_key``, else the id."""
+    if key is None:
+        if message_id is None:
+            raise TypeError(f"{operation}() needs a message id or key=")
+        return _check_id(message_id), False
+    if message_id is not None:
+        raise ConflictingOptions(f"{operation}() takes a message id or key=, not both")
+    return check_key(key), True
 
 
 class QueueBase:

@@ -54,6 +54,8 @@ class Exhausted:
     claimed_until_ms: int
     """When the claim lapses (ms, Redis clock); ``confirm_exhausted`` presents it as the
     claim's token, so a confirm only ever removes the claim it made."""
+    key: str | None = None
+    """The key the message was sent with, or None."""
 
 
 def _payload_of(delivery: Delivery) -> Any:
@@ -117,6 +119,8 @@ class QueueConsuming(QueueBase):
                     deadline_ms=delivery.deadline_ms,
                     due_ms=delivery.due_ms,
                     traceparent=traceparent,
+                    key=delivery.key,
+                    generation=delivery.generation,
                 )
             )
         self.store.nack(undecodable)
@@ -196,7 +200,14 @@ class QueueConsuming(QueueBase):
             except ValueError:
                 payload = None
             exhausted.append(
-                Exhausted(claim.id, self.name, payload, claim.attempt, claim.claimed_until_ms)
+                Exhausted(
+                    claim.id,
+                    self.name,
+                    payload,
+                    claim.attempt,
+                    claim.claimed_until_ms,
+                    claim.key,
+                )
             )
         return exhausted
 

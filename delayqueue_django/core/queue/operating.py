@@ -4,6 +4,7 @@ and deleting, requeueing, delivering now and purging messages."""
 from collections.abc import Sequence
 
 from delayqueue_django.core import features
+from delayqueue_django.core.key_options import check_key
 from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
 from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
@@ -89,6 +90,20 @@ class QueueOperating(QueueBase):
         if preview_bytes is not None and preview_bytes < 0:
             raise ValueError(f"preview_bytes must be >= 0 or None (got {preview_bytes})")
         return self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
+
+    @_reaching_redis
+    def lookup(self, key: str) -> StoredMessage | None:
+        """The message ``key`` names, with its id (``.id``), state, due time (``score``),
+        attempt and payload; None when the key names nothing stored.
+
+        That is the key's waiting message if one waits, else the latest message sent with
+        the key while it is still stored (in flight, or dead). A key whose latest message
+        was handled or cancelled names nothing, even while an older message with the key is
+        still dead: lookup follows the latest message only (list the dead letters to find
+        older ones).
+        """
+        key = check_key(key)
+        return self.store.lookup(key)
 
     @_reaching_redis
     def peek_payload(self, message_id: str) -> bytes | None:

@@ -1,5 +1,5 @@
-"""``Queue``'s producer API: send, send_many and cancel, each send written now, at the
-commit, or as an outbox row."""
+"""``Queue``'s producer API: send, send_many, cancel and reschedule, each send written now,
+at the commit, or as an outbox row."""
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -10,15 +10,16 @@ from django.db import transaction
 
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
+from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.outgoing import Outgoing
-from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
-from delayqueue_django.engine import NewMessage
-from delayqueue_django.engine.shards import place
+from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
+from delayqueue_django.engine import KeyedSent, NewMessage
+from delayqueue_django.engine.shards import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions
 
 
 class QueueProducing(QueueBase):
-    """Sending and cancelling."""
+    """Sending, cancelling and rescheduling."""
 
     # Producing
 
@@ -26,6 +27,9 @@ class QueueProducing(QueueBase):
         self,
         payload: Any,
         *,
+        key: str | None = None,
+        if_exists: str = KEEP,
+        unique_for: float | timedelta | None = None,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
         retry_count: int | None = None,
@@ -35,11 +39,29 @@ class QueueProducing(QueueBase):
     ) -> str:
         """Schedule one message; returns its id. One round trip.
 
+        ``key`` (a non-empty str of at most 256 bytes in UTF-8, any characters) addresses
+        the message by a name of the caller's, unique per queue: at most one message per key
+        *waits* (pending, due, or waiting for its retry). When one waits already,
+        ``if_exists`` says what this send does: ``"keep"`` (the default) sends nothing and
+        returns the waiting message's id; ``"replace"`` gives that message this payload, due
+        time and retry budget, keeps its id and returns it; ``"error"`` raises
+        ``DuplicateKey``. A key whose message is in flight or handled is free: the send
+        creates a new message. ``unique_for`` (seconds or a timedelta, rounded up to the ms)
+        also holds the key for that long after the send that creates its message, whatever
+        becomes of the message: a send with the key meanwhile sends nothing and returns the
+        holder's id (``"error"``: raises DuplicateKey). A kept or held send does not extend
+        the hold. Bad key options raise InvalidKey (``if_exists`` or ``unique_for`` without
+        a key: ConflictingOptions), with nothing written.
+
         ``on_commit`` (default: the queue's SEND_ON_COMMIT) writes it to Redis only when the
         current transaction on database ``using`` commits, and never if it rolls back; the id
-        is returned at once all the same. ``outbox`` (default: the queue's OUTBOX) writes it
-        instead as a row of that database's outbox table, in the transaction, for a relay to
-        move to Redis once it committed (see delayqueue_django.outbox.table).
+        is returned at once all the same. With a key, what the key holds is decided at the
+        commit: the id returned is then the new message's, which names nothing if the key
+        kept or held its own message (and an ``"error"`` refusal raises from the commit).
+        ``outbox`` (default: the queue's OUTBOX) writes it instead as a row of that
+        database's outbox table, in the transaction, for a relay to move to Redis once it
+        committed (see delayqueue_django.outbox.table); the id returned is likewise the new
+        message's.
         """
         return self._send_all(
             [payload],
@@ -50,6 +72,7 @@ class QueueProducing(QueueBase):
             on_commit=on_commit,
             using=using,
             outbox=outbox,
+            keyed=key_fields(key, if_exists, unique_for),
         )[0]
 
     def send_many(
@@ -69,6 +92,14 @@ class QueueProducing(QueueBase):
         their own. Every item is validated before anything is written (or deferred); with
         ``outbox``, they are written as outbox rows, in INSERTs of at most 4 MiB each (see
         outbox.INSERT_BYTES) in the current transaction, or one of their own: all or none.
+
+        Keys are given per item, on ``Outgoing`` (one key for many payloads would keep or
+        replace all but one of them): each item's id is then the one its key names, as
+        ``send`` returns it. Keyed items are decided in order, each seeing the earlier ones,
+        and written before the unkeyed ones, in a round trip of their own: an
+        ``if_exists="error"`` refusal (DuplicateKey) writes nothing of the call (on a
+        sharded queue, nothing of the refused item's shard: items bound for other shards
+        before it stay written, see engine.sharded_store).
         """
         return self._send_all(
             messages,
@@ -92,19 +123,21 @@ class QueueProducing(QueueBase):
         on_commit: bool | None,
         using: str | None,
         outbox: bool | None,
+        keyed: tuple[str | None, str, int] = UNKEYED,
     ) -> list[str]:
         """send_many's work; ``batch`` says whether the caller was a batch API (the tracing
-        conventions name a batch's message count, and a single message's id)."""
+        conventions name a batch's message count, and a single message's id). ``keyed``:
+        the key fields of send's one payload (key_fields, checked)."""
         through_outbox = self._outbox(outbox, on_commit)
-        prepared = self._prepare_all(messages, delay=delay, at=at, retry_count=retry_count)
+        prepared = self._prepare_all(
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+        )
         if not prepared:
             return []
         if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
-                self._dispatch(stamped, through_outbox, on_commit, using)
-        else:
-            self._dispatch(prepared, through_outbox, on_commit, using)
-        return [message.id for message in prepared]
+                return self._dispatch(stamped, through_outbox, on_commit, using)
+        return self._dispatch(prepared, through_outbox, on_commit, using)
 
     def _dispatch(
         self,
@@ -112,18 +145,31 @@ class QueueProducing(QueueBase):
         through_outbox: bool,
         on_commit: bool | None,
         using: str | None,
-    ) -> None:
+    ) -> list[str]:
+        """Write (or defer) the messages; their ids, as the keys named them when written
+        now, else the new ones."""
         if through_outbox:
             features.outbox().write(self.name, prepared, using=using)
         elif self._on_commit(on_commit):
             # A delay still counts from when Redis receives the message, at the commit.
             transaction.on_commit(partial(self._write, prepared), using=using)
         else:
-            self._write(prepared)
+            return self._write(prepared)
+        return [message.id for message in prepared]
 
     @_reaching_redis
-    def _write(self, prepared: list[NewMessage]) -> None:
-        self.store.send(prepared)
+    def _write(self, prepared: list[NewMessage]) -> list[str]:
+        """Write the messages now; returns each one's id (a keyed one's: its key's)."""
+        keyed = [message for message in prepared if message.key is not None]
+        if not keyed:
+            self.store.send(prepared)
+            return [message.id for message in prepared]
+        # The keyed ones first: an if_exists="error" refusal then leaves nothing written.
+        sent = self.store.send_keyed(keyed)
+        plain = [message for message in prepared if message.key is None]
+        if plain:
+            self.store.send(plain)
+        return _named_ids(prepared, sent)
 
     def _on_commit(self, on_commit: bool | None) -> bool:
         return self.config.send_on_commit if on_commit is None else on_commit
@@ -148,8 +194,10 @@ class QueueProducing(QueueBase):
         delay: float | timedelta | None,
         at: datetime | None,
         retry_count: int | None,
+        keyed: tuple[str | None, str, int] = UNKEYED,
     ) -> list[NewMessage]:
-        """Validate and encode every message (payloads, or Outgoing with their own timing)."""
+        """Validate and encode every message (payloads, or Outgoing with their own timing
+        and key). ``keyed``: the key fields of the payloads given bare (send's one)."""
         items = list(messages)
         if not items:
             return []
@@ -158,18 +206,29 @@ class QueueProducing(QueueBase):
         prepared = []
         # Each id's shard is chosen from the settings' layout, as the store would: an outbox
         # send touches no Redis, nor builds its client.
-        ids = place(new_message_ids(len(items)), self.config.shards)
+        layout = self.config.shards
+        ids = place(new_message_ids(len(items)), layout)
         for message_id, item in zip(ids, items, strict=True):
             if isinstance(item, Outgoing):
                 at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)
                 payload = item.payload
+                key, if_exists, unique_ms = key_fields(item.key, item.if_exists, item.unique_for)
             else:
                 if shared is None:
                     shared = self._timing(delay, at, retry_count)
                 at_ms, delay_us, budget = shared
                 payload = item
+                key, if_exists, unique_ms = keyed
             text = encode_payload(payload, max_bytes=max_bytes, queue=name)
-            prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
+            if key is None:
+                prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
+            else:
+                # A keyed message lives on its key's shard, where its key is decided: its id
+                # says so from the start, as an on_commit or outbox send returns it at once.
+                message_id = with_shard(message_id, layout, key_shard(key, layout))
+                prepared.append(
+                    NewMessage(message_id, text, budget, at_ms, delay_us, key, if_exists, unique_ms)
+                )
         return prepared
 
     def _timing(
@@ -179,9 +238,48 @@ class QueueProducing(QueueBase):
         return at_ms, delay_us, retry_budget(retry_count, self.config.retry_count)
 
     @_reaching_redis
-    def cancel(self, message_id: str) -> bool:
+    def cancel(self, message_id: str | None = None, *, key: str | None = None) -> bool:
         """True if the message was waiting and now will never be delivered.
 
         False if the queue does not know it, or it is in flight, already handled or dead.
+        Give its id, or ``key=`` for the key's waiting message (not both). A ``unique_for``
+        hold on the key outlasts the cancel: it is about sends, not about the message.
         """
-        return self.store.remove(_check_id(message_id)) is not None
+        address, by_key = _check_address("cancel", message_id, key)
+        if by_key:
+            return self.store.cancel_key(address) is not None
+        return self.store.remove(address) is not None
+
+    @_reaching_redis
+    def reschedule(
+        self,
+        message_id: str | None = None,
+        *,
+        key: str | None = None,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> bool:
+        """Give a waiting message a new due time: True if it was changed, False if no
+        message waits under that id or key (in flight, dead, handled or unknown: nothing
+        changed). Give its id, or ``key=`` for the key's waiting message (not both).
+
+        ``delay`` and ``at`` follow ``send``'s rules (a delay counts from Redis's clock;
+        neither: due now). Its attempt and retry budget stay as they were. Atomic against
+        the workers: a message is never both handed out and rescheduled.
+        """
+        address, by_key = _check_address("reschedule", message_id, key)
+        at_ms, delay_us = due_spec(delay, at)
+        due = self.store.reschedule(
+            message_id=None if by_key else address,
+            key=address if by_key else None,
+            at_ms=at_ms,
+            delay_us=delay_us,
+        )
+        return due is not None
+
+
+def _named_ids(prepared: list[NewMessage], sent: list[KeyedSent]) -> list[str]:
+    """Each message's id as its send returns it: a keyed one's is the id its key named
+    (``sent``, the keyed messages' replies in order), another's its own."""
+    named = iter(sent)
+    return [message.id if message.key is None else next(named).id for message in prepared]
