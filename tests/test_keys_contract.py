@@ -3,8 +3,8 @@ through the Store API (``queue.store``). The semantics are the keys design's: at
 waiting message per key, ``if_exists`` against it, ``unique_for`` holds, lookup, cancel and
 reschedule by key, superseding on the way back to waiting, replays of lost replies.
 
-Run on the memory store and on Redis (single, Cluster, Valkey, scripts); sharded queues
-follow once their store places keyed messages by key."""
+Run on the memory store, on Redis (single, Cluster, Valkey, scripts) and on sharded queues
+(in memory and over the Cluster), whose ids a keyed message gets on its key's shard."""
 
 import uuid
 from collections.abc import Callable
@@ -14,11 +14,12 @@ import pytest
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import BURY, DuplicateKey, KeyedSent, NewMessage, Store
-from delayqueue_django.engine.sharded_store import parts
-from tests.backends import REDIS_BACKENDS
+from tests.backends import REDIS_BACKENDS, SHARDED_BACKENDS
 from tests.helpers import store_time_ms, wait_for
 
-pytestmark = pytest.mark.parametrize("backend_url", [*REDIS_BACKENDS, "memory"], indirect=True)
+pytestmark = pytest.mark.parametrize(
+    "backend_url", [*REDIS_BACKENDS, "memory", *SHARDED_BACKENDS], indirect=True
+)
 
 KEY = "order:42"
 LATER_US = 60_000_000  # a minute: still pending when the test ends
@@ -30,10 +31,17 @@ NOT_WAITING = ["unack", "garbage", "handled"]
 MODES = ["keep", "replace", "error"]
 
 
+# How the test's queue places a new id with a key (a sharded queue: on the key's shard).
+_placed: list[Callable[[str, str], str]] = [lambda message_id, key: message_id]
+
+
+@pytest.fixture(autouse=True)
+def _place_ids_by_key(queue: Queue) -> None:
+    _placed[0] = lambda message_id, key: queue.store.place([message_id], [key])[0]
+
+
 def store_of(queue: Queue) -> Store:
-    """The store of the queue's keys. (``queue.store`` itself once the sharded store passes
-    keyed calls on: every queue's store is a ShardedStore, of one shard here.)"""
-    return parts(queue.store)["0"]
+    return queue.store
 
 
 def keyed(
@@ -47,7 +55,7 @@ def keyed(
     budget: int = 2,
 ) -> NewMessage:
     return NewMessage(
-        uuid.uuid4().hex,
+        _placed[0](uuid.uuid4().hex, key),
         payload,
         budget,
         at_ms=at_ms,

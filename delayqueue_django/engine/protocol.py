@@ -47,8 +47,9 @@ class Store(Protocol):
     """One queue's state. Every method is one atomic step (on a sharded queue, one atomic
     step per shard it touches: see engine.sharded_store)."""
 
-    def place(self, message_ids: list[str]) -> list[str]:
-        """New ids as this store files them: a sharded store appends each one's shard."""
+    def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
+        """New ids as this store files them: a sharded store appends each one's shard (a
+        keyed id's from its key: ``keys``, one per id, None for an id without one)."""
 
     @property
     def keys(self) -> QueueKeys: ...

@@ -285,7 +285,7 @@ class RedisStore:
         log_warnings(self.keys.queue, reply[-1])
         return reply
 
-    def place(self, message_ids: list[str]) -> list[str]:
+    def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
         """New ids as this store files them: as they are (one queue, one set of keys)."""
         return message_ids
 

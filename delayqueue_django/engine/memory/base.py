@@ -41,7 +41,7 @@ class MemoryStoreBase:
     def _wake(self, due_ms: int) -> None:
         self.server.publish(self._channel, due_ms)
 
-    def place(self, message_ids: list[str]) -> list[str]:
+    def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
         """New ids as this store files them: as they are (one queue, one set of keys)."""
         return message_ids
 
