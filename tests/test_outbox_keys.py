@@ -13,7 +13,6 @@ import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.engine.shards import key_shard, with_shard
 from delayqueue_django.exceptions import ConflictingOptions, DuplicateKey
 from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import RELAY_RECORD_MS, OutboxRelay
@@ -36,8 +35,7 @@ def keyed_row(
 ) -> NewMessage:
     """A keyed message as an outbox row brings it to the relay: a new id placed on its
     key's shard (as send places it), an absolute due time."""
-    layout = queue.config.shards
-    message_id = with_shard(uuid.uuid4().hex, layout, key_shard(key, layout))
+    [message_id] = queue.store.place([uuid.uuid4().hex], [key])
     return NewMessage(
         message_id, payload, 2, at_ms=at_ms, key=key, if_exists=if_exists, unique_ms=unique_ms
     )
