@@ -35,7 +35,7 @@ def test_keys_race_at_size(
         events, deliveries, samples = race(queue, fleet, producers=5, seconds=seconds, keys=8)
     finally:
         fleet.close()
-    check(events, deliveries, samples)
+    check(events, deliveries, samples, queue.store.totals().get("superseded", 0))
     drained_and_sound(queue)
     created = sum(event.get("outcome") == "created" for event in events)
     report_figures(

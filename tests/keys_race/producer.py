@@ -1,7 +1,7 @@
 """One producer of the race, run as ``python -m tests.keys_race.producer FOLDER NAME SECONDS
 KEYS`` with the fleet's environment: for SECONDS, in random order, sends with one of KEYS
-shared keys (keep, replace or error; sometimes unique_for), cancels and reschedules by key
-and by id. Every call and its answer goes to its journal in FOLDER.
+shared keys (keep, replace or error; sometimes unique_for; some payloads fail once), cancels
+and reschedules by key and by id. Every call and its answer goes to its journal in FOLDER.
 
 Sends and cancels by key go through the store, whose answers say what they did (created,
 kept, replaced or held; which id a cancel removed), which the public API folds into an id
@@ -23,6 +23,7 @@ from tests.keys_race import journal
 
 HOLD_MS = 150
 MAX_DELAY_US = 200_000
+FAILING = 0.2  # the share of sends whose content fails its first delivery (see handler)
 
 
 def run(queue: Queue, folder: Path, name: str, seconds: float, keys: list[str]) -> None:
@@ -61,7 +62,9 @@ def send(queue: Queue, rng: random.Random, key: str, token: str) -> dict[str, An
     new_id = queue.store.place(new_message_ids(1), [key])[0]
     message = NewMessage(
         id=new_id,
-        payload=encode_payload({"send": token}, max_bytes=10_000, queue=queue.name),
+        payload=encode_payload(
+            {"send": token, "fail": rng.random() < FAILING}, max_bytes=10_000, queue=queue.name
+        ),
         budget=3,
         delay_us=rng.choice((0, rng.randrange(MAX_DELAY_US))),
         key=key,

@@ -83,8 +83,14 @@ def sample(queue: Queue, samples: Samples) -> None:
     samples.problems += [str(problem) for problem in queue.check_invariants().problems]
 
 
-def check(events: list[dict[str, Any]], deliveries: list[dict[str, Any]], samples: Samples) -> None:
-    """What must hold once the race is over and the queue drained."""
+def check(
+    events: list[dict[str, Any]],
+    deliveries: list[dict[str, Any]],
+    samples: Samples,
+    superseded: int,
+) -> None:
+    """What must hold once the race is over and the queue drained (``superseded``: the
+    queue's total of superseded messages)."""
     assert samples.taken > 10
     assert samples.twice == [], f"two messages waited with one key: {samples.twice[:5]}"
     assert samples.problems == [], samples.problems[:10]
@@ -104,13 +110,13 @@ def check(events: list[dict[str, Any]], deliveries: list[dict[str, Any]], sample
             assert created[event["id"]]["key"] == event["key"], event
 
     # Each id handled once: a message handed out is no longer waiting, so nothing can
-    # replace or reschedule it, and a key's next send creates a new id (no kills here, and
-    # the handler always succeeds: no delivery is repeated).
-    handled = Counter(delivery["id"] for delivery in deliveries)
+    # replace or reschedule it, and a key's next send creates a new id; only a failed
+    # delivery brings it back (no kills here, so no delivery is cut and repeated).
+    handled = Counter(delivery["id"] for delivery in deliveries if delivery["done"])
     assert [i for i, n in handled.items() if n > 1] == [], "handled twice"
     for delivery in deliveries:
         made = created.get(delivery["id"])
-        assert made is not None, f"handled a message no send created: {delivery}"
+        assert made is not None, f"handed out a message no send created: {delivery}"
         assert delivery["key"] == made["key"], delivery
         assert delivery["generation"] > 0, delivery
         assert delivery["send"] in writers[delivery["id"]], f"content of no send: {delivery}"
@@ -123,13 +129,19 @@ def check(events: list[dict[str, Any]], deliveries: list[dict[str, Any]], sample
     assert [i for i, n in cancelled.items() if n > 1] == [], "cancelled twice"
     assert set(cancelled) <= set(created), "cancelled an id no send created"
     assert set(cancelled).isdisjoint(handled), "both cancelled and handled"
-    lost = set(created) - set(handled) - set(cancelled)
+    # A message whose delivery failed while a newer one with its key waited was superseded:
+    # removed on its way back, and counted so.
+    failed = {delivery["id"] for delivery in deliveries if not delivery["done"]}
+    gone = failed - set(handled) - set(cancelled)
+    assert len(gone) == superseded, f"{len(gone)} failed and gone, {superseded} superseded"
+    lost = set(created) - set(handled) - set(cancelled) - gone
     assert lost == set(), f"created, then neither handled nor cancelled: {sorted(lost)[:5]}"
 
     # The race went through every path (else it proves less than it says).
     outcomes = Counter(event["outcome"] for event in sends)
     assert all(outcomes[outcome] for outcome in ("created", "kept", "replaced", "error")), outcomes
     assert cancelled
+    assert superseded
     assert any(event.get("done") for event in events if event["op"] == "reschedule_key")
     assert any(event.get("done") for event in events if event["op"] == "reschedule_id")
 
@@ -142,7 +154,9 @@ def summary(events: list[dict[str, Any]], deliveries: list[dict[str, Any]]) -> s
         if event.get("outcome") or event.get("done") or event.get("removed")
     )
     parts = [f"{n} {name}" for name, n in sorted(done.items())]
-    return f"{len(deliveries)} handled; " + ", ".join(parts)
+    handled = sum(delivery["done"] for delivery in deliveries)
+    failed = len(deliveries) - handled
+    return f"{handled} handled, {failed} failed deliveries; " + ", ".join(parts)
 
 
 def drained_and_sound(queue: Queue) -> None:
