@@ -183,6 +183,22 @@ def rate_rows(what: str, count: int, rates: dict[str, list[float]], target: str)
     return rows
 
 
+def redis_time_rows(what: str, redis_us: dict[str, list[float]]) -> list[Row]:
+    """Redis's own time per message in the script calls (INFO commandstats): steadier than
+    the rates on a shared machine, as the client's share of the wall clock drops out."""
+    return [
+        Row(
+            f"{what}: Redis time per message in its script calls (INFO commandstats), "
+            f"{LABELS[mode]}",
+            redis_us[mode],
+            "µs",
+            "",
+            digits=1,
+        )
+        for mode in MODES
+    ]
+
+
 def memory_rows(count: int, memory: KeyMemory) -> list[Row]:
     return [
         Row(
@@ -206,6 +222,13 @@ def reclaim_rows(count: int, window: float, runs: list[Reclaim]) -> list[Row]:
     what = f"{count:,} keys with unique_for={window:g} s (send_many)"
     return [
         Row(f"{what}: sent", [r.send_rate for r in runs], "msg/s", ""),
+        Row(
+            f"{what}: holds still in Redis when the sends returned (the earlier ones expired "
+            "meanwhile)",
+            [r.holds for r in runs],
+            "",
+            "",
+        ),
         Row(
             f"{what}: every hold gone (Redis's own expiry, INFO keyspace), after the last "
             "hold's window ended",

@@ -27,7 +27,19 @@ from django.conf import settings
 from django.test import override_settings
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, keys, kills, lateness, outbox, peers, scale, send, shards
+from benchmarks import (
+    drain,
+    idle,
+    keys,
+    kills,
+    lateness,
+    outbox,
+    peers,
+    probes,
+    scale,
+    send,
+    shards,
+)
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
 from tests.redis_servers import RedisClusterServers, RedisServer
@@ -171,13 +183,17 @@ def bench_keys(args: argparse.Namespace, probe: Any) -> list[Row]:
     progress("keys: keyed sends beside plain ones, bytes per key, holds reclaimed")
     singles: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
     bulks: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
+    bulk_redis_us: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
     for run in range(args.runs):
         # Interleaved by mode within each run: the ratios compare runs made side by side.
         for mode in keys.MODES:
             probe.flushall()
             singles[mode].append(keys.single_rate(args.send_messages, mode))
             probe.flushall()
+            probe.config_resetstat()
             bulks[mode].append(keys.bulk_rate(args.bulk_messages, mode))
+            used = probes.server_usage(probe).script_usec
+            bulk_redis_us[mode].append(used / args.bulk_messages)
         done = ", ".join(
             f"{mode} {singles[mode][-1]:,.0f}/s and {bulks[mode][-1]:,.0f}/s" for mode in keys.MODES
         )
@@ -192,6 +208,7 @@ def bench_keys(args: argparse.Namespace, probe: Any) -> list[Row]:
     return [
         *keys.rate_rows("send(), one call per message", args.send_messages, singles, ""),
         *keys.rate_rows("send_many", args.bulk_messages, bulks, ""),
+        *keys.redis_time_rows("send_many", bulk_redis_us),
         *keys.memory_rows(args.keys_memory_messages, memory),
         *keys.reclaim_rows(args.keys_reclaim, args.keys_window, reclaims),
     ]

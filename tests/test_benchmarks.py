@@ -85,6 +85,9 @@ def test_the_keys_benchmark_sets_keyed_sends_beside_plain_ones_and_sees_holds_re
             assert figure(table, f"{what}, {count} messages: {mode}") > 0
         for mode in ("a new key each (if_exists keep)", "one key, replaced each time"):
             assert figure(table, f"{what}: {mode}") > 0  # the ratio to plain
+    redis_time = "send_many: Redis time per message in its script calls (INFO commandstats)"
+    for mode in ("plain (no key)", "a new key each (if_exists keep)"):
+        assert figure(table, f"{redis_time}, {mode}") > 0
     # A key costs memory in the index and in its message's stored body; a hold is a
     # string of its own.
     assert figure(table, "Redis bytes per key held: the keys hash") > 0
@@ -92,6 +95,7 @@ def test_the_keys_benchmark_sets_keyed_sends_beside_plain_ones_and_sees_holds_re
     assert figure(table, "Redis bytes per unique_for hold string") > 0
     held = "2,000 keys with unique_for=0.2 s (send_many)"
     assert figure(table, f"{held}: sent") > 0
+    assert 0 <= figure(table, f"{held}: holds still in Redis when the sends returned") <= 2_000
     assert figure(table, f"{held}: every hold gone") >= 0
     # The holds' memory came back: the bench waited until Redis had expired every one.
     assert figure(table, f"{held}: Redis memory freed by the expiry, per hold") > 0
