@@ -27,12 +27,35 @@ from django.conf import settings
 from django.test import override_settings
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks import drain, idle, kills, lateness, outbox, peers, scale, send, shards
+from benchmarks import (
+    drain,
+    idle,
+    keys,
+    kills,
+    lateness,
+    outbox,
+    peers,
+    probes,
+    scale,
+    send,
+    shards,
+)
 from benchmarks.report import Row, percentile, table
 from benchmarks.workers import WorkerProcesses
 from tests.redis_servers import RedisClusterServers, RedisServer
 
-PHASES = ("send", "drain", "lateness", "idle", "scale", "outbox", "kills", "shards", "peers")
+PHASES = (
+    "send",
+    "keys",
+    "drain",
+    "lateness",
+    "idle",
+    "scale",
+    "outbox",
+    "kills",
+    "shards",
+    "peers",
+)
 NOOP = "benchmarks.handlers.noop"
 
 T = TypeVar("T")
@@ -45,6 +68,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     add("--send-messages", type=int, default=20_000, help="single sends per run")
     add("--bulk-messages", type=int, default=100_000, help="messages in one send_many per run")
+    add(
+        "--keys-memory-messages",
+        type=int,
+        default=100_000,
+        help="keyed messages whose memory is measured (keys)",
+    )
+    add(
+        "--keys-reclaim",
+        type=int,
+        default=1_000_000,
+        help="keys sent with unique_for, whose holds Redis reclaims (keys; default: 1000000)",
+    )
+    add(
+        "--keys-window",
+        type=float,
+        default=1.0,
+        help="the unique_for of those keys, in seconds (keys; default: 1)",
+    )
     add("--drain-messages", type=int, default=20_000, help="messages due together per drain")
     add("--workers", default="1,2,4", help="worker process counts to drain with (default: 1,2,4)")
     add(
@@ -90,6 +131,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.runs = 1
         args.send_messages, args.bulk_messages, args.drain_messages = 200, 1_000, 500
+        args.keys_memory_messages, args.keys_reclaim, args.keys_window = 1_000, 2_000, 0.2
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
@@ -134,6 +176,41 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
         Row("Redis round trips per send()", [trips], "", "1", digits=2),
         Row("Redis time per send() script call (INFO commandstats)", [server_us], "µs", "", 1),
         Row(f"send_many, {args.bulk_messages:,} messages", bulks, "msg/s", "≥ 100,000/s"),
+    ]
+
+
+def bench_keys(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("keys: keyed sends beside plain ones, bytes per key, holds reclaimed")
+    singles: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
+    bulks: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
+    bulk_redis_us: dict[str, list[float]] = {mode: [] for mode in keys.MODES}
+    for run in range(args.runs):
+        # Interleaved by mode within each run: the ratios compare runs made side by side.
+        for mode in keys.MODES:
+            probe.flushall()
+            singles[mode].append(keys.single_rate(args.send_messages, mode))
+            probe.flushall()
+            probe.config_resetstat()
+            bulks[mode].append(keys.bulk_rate(args.bulk_messages, mode))
+            used = probes.server_usage(probe).script_usec
+            bulk_redis_us[mode].append(used / args.bulk_messages)
+        done = ", ".join(
+            f"{mode} {singles[mode][-1]:,.0f}/s and {bulks[mode][-1]:,.0f}/s" for mode in keys.MODES
+        )
+        progress(f"  run {run + 1}/{args.runs}: send() and send_many: {done}")
+    memory = keys.memory_per_key(args.keys_memory_messages, probe)
+    progress(f"  {memory}")
+    reclaims = repeat(
+        args.runs,
+        "holds reclaimed",
+        lambda: keys.reclaim(args.keys_reclaim, args.keys_window, probe),
+    )
+    return [
+        *keys.rate_rows("send(), one call per message", args.send_messages, singles, ""),
+        *keys.rate_rows("send_many", args.bulk_messages, bulks, ""),
+        *keys.redis_time_rows("send_many", bulk_redis_us),
+        *keys.memory_rows(args.keys_memory_messages, memory),
+        *keys.reclaim_rows(args.keys_reclaim, args.keys_window, reclaims),
     ]
 
 
@@ -506,6 +583,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
     try:
         if "send" in chosen:
             rows += bench_send(args, probe)
+        if "keys" in chosen:
+            rows += bench_keys(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "lateness" in chosen:

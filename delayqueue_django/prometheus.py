@@ -6,9 +6,10 @@
 
 Everything is read from Redis (and the outbox rows from the database) at scrape time, so
 the figures are those of all workers together, whichever process serves the scrape: state
-counts, lag and live workers from the queue itself; handled, failed, retried, timed-out and
-exhausted totals counted by the queue's scripts; handler duration and delivery lateness
-histograms added up by the workers (each worker adds its observations with every heartbeat).
+counts, lag and live workers from the queue itself; handled, failed, retried, timed-out,
+exhausted and superseded totals counted by the queue's scripts; handler duration and
+delivery lateness histograms added up by the workers (each worker adds its observations
+with every heartbeat).
 
 A queue spread over shards (its ``SHARDS`` option) also has each shard's state counts,
 lag and reachability, labelled with the shard's name, and how many of its shards are down;
@@ -76,6 +77,15 @@ TOTALS = {
         "Messages parked as dead letters with their retries used up.",
     ),
 }
+# Running totals that stats() does not carry, read from store.totals() (the "all:" totals,
+# which the scrape reads anyway for the histograms): name -> (metric name, help)
+RUNNING_TOTALS = {
+    "superseded": (
+        "delayqueue_superseded",
+        "Keyed messages removed on their way back to waiting: a newer message with their "
+        "key waits and carries the key's work.",
+    ),
+}
 HISTOGRAM_HELP = {
     "handler_duration": "How long handlers ran, in seconds.",
     "delivery_lateness": "How long after its due time a delivery's handler started, in seconds.",
@@ -114,6 +124,10 @@ class QueueCollector(Collector):
         totals = {
             key: CounterMetricFamily(name, help_text, labels=["queue"])
             for key, (name, help_text) in TOTALS.items()
+        }
+        running_totals = {
+            key: CounterMetricFamily(name, help_text, labels=["queue"])
+            for key, (name, help_text) in RUNNING_TOTALS.items()
         }
         histograms = {
             name: HistogramMetricFamily(
@@ -190,6 +204,9 @@ class QueueCollector(Collector):
                 continue
             for key, family in totals.items():
                 family.add_metric([name], stats[key])
+            for key, family in running_totals.items():
+                # A total is only in Redis once something counted it.
+                family.add_metric([name], running.get(key, 0))
             for histogram, histogram_family in histograms.items():
                 figures = histogram_from_totals(running, histogram)
                 histogram_family.add_metric(
@@ -197,7 +214,8 @@ class QueueCollector(Collector):
                     [(_bound(le), count) for le, count in figures.buckets],
                     sum_value=figures.sum_seconds,
                 )
-        yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
+        yield from (up, messages, due, lag, workers, *totals.values())
+        yield from (*running_totals.values(), *histograms.values())
         yield from (outbox, outbox_age)
         if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
             yield from (shard_up, shards_down, shard_messages, shard_lag)

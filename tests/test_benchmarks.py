@@ -37,9 +37,10 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # Every benchmark but the shards', which starts a cluster of its own (the test below), the
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
-    # the test environment (and so CI) does not install, and this suite skips no test.
+    # the test environment (and so CI) does not install, and this suite skips no test. The
+    # keys' has a test of its own too.
     stdout, table = run_quick(
-        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills"))
+        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills", "keys"))
     )
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
@@ -69,6 +70,35 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "Redis CPU per message, 500 due together") > 0
     # The floor under the trickle: a bare PING at its pace costs the server something too.
     assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_keys_benchmark_sets_keyed_sends_beside_plain_ones_and_sees_holds_reclaimed() -> None:
+    stdout, table = run_quick("keys")
+    assert "cores" in stdout
+    for what, count in (("send(), one call per message", "200"), ("send_many", "1,000")):
+        for mode in (
+            "plain (no key)",
+            "a new key each (if_exists keep)",
+            "one key, replaced each time (if_exists replace)",
+        ):
+            assert figure(table, f"{what}, {count} messages: {mode}") > 0
+        for mode in ("a new key each (if_exists keep)", "one key, replaced each time"):
+            assert figure(table, f"{what}: {mode}") > 0  # the ratio to plain
+    redis_time = "send_many: Redis time per message in its script calls (INFO commandstats)"
+    for mode in ("plain (no key)", "a new key each (if_exists keep)"):
+        assert figure(table, f"{redis_time}, {mode}") > 0
+    # A key costs memory in the index and in its message's stored body; a hold is a
+    # string of its own.
+    assert figure(table, "Redis bytes per key held: the keys hash") > 0
+    assert figure(table, "Redis bytes per key held: a keyed message's payload entry") > 0
+    assert figure(table, "Redis bytes per unique_for hold string") > 0
+    held = "2,000 keys with unique_for=0.2 s (send_many)"
+    assert figure(table, f"{held}: sent") > 0
+    assert 0 <= figure(table, f"{held}: holds still in Redis when the sends returned") <= 2_000
+    assert figure(table, f"{held}: every hold gone") >= 0
+    # The holds' memory came back: the bench waited until Redis had expired every one.
+    assert figure(table, f"{held}: Redis memory freed by the expiry, per hold") > 0
 
 
 @pytest.mark.timeout(60)

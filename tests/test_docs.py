@@ -12,7 +12,7 @@ from django.core.management import BaseCommand, load_command_class
 from django.dispatch import Signal
 
 import delayqueue_django
-from delayqueue_django import signals
+from delayqueue_django import exceptions, signals
 from delayqueue_django.core import conf
 
 PACKAGE = Path(delayqueue_django.__file__).parent
@@ -94,3 +94,11 @@ def test_every_signal_is_in_the_signals_reference() -> None:
     page = (REFERENCE / "signals.md").read_text()
     missing = [name for name in names if f"| `{name}` |" not in page]
     assert not missing, f"signals.md: undocumented {missing}"
+
+
+def test_every_exception_is_in_the_api_reference() -> None:
+    names = [name for name in exceptions.__all__ if isinstance(getattr(exceptions, name), type)]
+    assert {"DuplicateKey", "InvalidKey"} <= set(names)
+    listed = section("api.md", "## Exceptions")
+    missing = [name for name in names if f"        - {name}\n" not in listed + "\n"]
+    assert not missing, f"api.md: exceptions not listed {missing}"

@@ -66,6 +66,24 @@ def test_state_counts_are_read_from_redis_at_scrape_time(configure: Callable[...
     assert of(scrape(), "delayqueue_messages", state="pending") == 4
 
 
+def test_superseded_keyed_messages_are_counted(configure: Callable[..., Queue]) -> None:
+    queue = configure()
+    assert of(scrape(), "delayqueue_superseded_total") == 0  # none counted yet
+    queue.send({"order": 42}, key="order-42")
+    [delivery] = queue.fetch(1).messages
+    # While the first is in flight, a newer message with its key waits: the first is not
+    # retried, but removed and counted.
+    newer_id = queue.send({"order": 42, "newer": True}, key="order-42", delay=60)
+    [outcome] = queue.nack([delivery], delay=0)
+    assert outcome.superseded
+    samples = scrape()
+    assert of(samples, "delayqueue_superseded_total") == 1
+    assert of(samples, "delayqueue_messages", state="pending") == 1
+    found = queue.lookup("order-42")
+    assert found is not None
+    assert found.id == newer_id
+
+
 def test_worker_totals_and_histograms_add_up_across_processes(
     workers: list[WorkerProcess],  # noqa: F811
     redis_server: RedisServer,

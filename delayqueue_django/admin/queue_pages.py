@@ -15,6 +15,7 @@ from delayqueue_django.admin.display import (
     from_epoch,
     shard_table,
 )
+from delayqueue_django.admin.message_search import SearchResult, search_messages
 from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
 from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
@@ -74,6 +75,13 @@ class QueuePages(ViewsBase):
             state = "pending"
         shards = shard_reports(queue)
         shard_context = shard_table(shards)
+        # The search box (a GET: it only reads); an empty box searches nothing.
+        find = request.GET.get("find", "")
+        search: SearchResult | None = None
+        if find:
+            search = search_messages(
+                queue, find, lambda message_id: self._url("message", queue_name, message_id)
+            )
         try:
             stats = queue_totals(queue, shards)
             count = stats[state]
@@ -117,6 +125,8 @@ class QueuePages(ViewsBase):
             counts=[(name, stats[name]) for name in COUNT_NAMES],
             state=state,
             states=STATES,
+            find=find,
+            search=search,
             page=page,
             pages=pages,
             entries=[self._row(queue, entry) for entry in entries],
