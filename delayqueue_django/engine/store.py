@@ -221,6 +221,7 @@ STATS_NAMES = (
     *("server_time_ms", "next_due_ms", "lag_ms"),
     # Running totals since the queue began (they add up across workers).
     *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
+    "superseded_total",
 )
 
 

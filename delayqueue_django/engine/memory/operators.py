@@ -100,7 +100,10 @@ class MemoryOperators(MemoryStoreBase):
                 "lag_ms": now - next_due if 0 <= next_due <= now else 0,
                 **{
                     f"{name}_total": state.totals.get(name, 0)
-                    for name in ("acked", "failed", "retried", "timed_out", "exhausted")
+                    for name in (
+                        *("acked", "failed", "retried", "timed_out", "exhausted"),
+                        "superseded",
+                    )
                 },
             }
 
