@@ -102,6 +102,7 @@ class MemoryOperators(MemoryStoreBase):
                     f"{name}_total": state.totals.get(name, 0)
                     for name in ("acked", "failed", "retried", "timed_out", "exhausted")
                 },
+                "paused": int(state.paused),
             }
 
     def snapshot(self) -> list[Any]:
