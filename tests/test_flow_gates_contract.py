@@ -37,7 +37,8 @@ def test_pause_holds_every_message_and_resume_hands_them_out(queue: Queue) -> No
     fetched = queue.fetch(100)
     assert fetched.messages == []
     # Held back: the worker is told to look again later, never at once (no spin).
-    assert fetched.next_ms is not None and fetched.next_ms > fetched.now_ms
+    assert fetched.next_ms is not None
+    assert fetched.next_ms > fetched.now_ms
     # Sends keep arriving while paused; the due ones are staged, not handed out.
     send_due(queue, 2)
     assert fetch_all(queue) == []
@@ -80,8 +81,10 @@ def test_rate_limit_hands_out_no_more_than_the_limit_per_period(
     assert 0 < len(taken) <= 12
     # Held back by the limit, the fetch says when a slot frees: later, not now.
     held = queue.fetch(100)
+    assert len(taken) + len(held.messages) <= 12
     if not held.messages:
-        assert held.next_ms is not None and held.next_ms > held.now_ms
+        assert held.next_ms is not None
+        assert held.next_ms > held.now_ms
 
 
 def test_held_back_messages_are_due_from_their_release(configure: Callable[..., Queue]) -> None:
@@ -123,7 +126,7 @@ def test_set_rate_limit_overrides_the_setting_until_unset(
 
 def test_set_rate_limit_refuses_a_bad_rate(queue: Queue) -> None:
     for bad in ("ten", "10/d", "0/s", "-1/s"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="must be a rate like"):
             queue.set_rate_limit(bad)
     assert queue.flow().rate_limit == ""
 

@@ -20,7 +20,6 @@ from django.conf import settings
 
 from delayqueue_django.core.conf_problem import SETTING, Problem
 from delayqueue_django.core.conf_urls import _check_connection
-from delayqueue_django.core.flow_options import check_flow_options, parse_rate
 from delayqueue_django.core.conf_values import (
     _check_numbers,
     _exactly_once_alias,
@@ -28,6 +27,7 @@ from delayqueue_django.core.conf_values import (
     _read_feature_options,
     _seconds_to_ms,
 )
+from delayqueue_django.core.flow_options import check_flow_options, parse_rate
 from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.exceptions import QueueConfigurationError

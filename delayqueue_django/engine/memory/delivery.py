@@ -2,9 +2,9 @@
 release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.lua do it."""
 
 import time
-from dataclasses import replace
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
