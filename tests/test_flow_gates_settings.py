@@ -13,7 +13,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.checks import check_delayqueues
 from delayqueue_django.core.flow_options import parse_rate, shown_rate
 from delayqueue_django.prometheus import QueueCollector
-from tests.test_admin import client_for, url, users  # noqa: F401  (users: a fixture)
+from tests.test_admin import client_for, make_user, url
 
 
 def problems(settings: Any, **options: Any) -> list[tuple[str, str]]:
@@ -86,9 +86,11 @@ def test_stats_and_metrics_show_a_paused_queue() -> None:
 
 
 @pytest.mark.django_db
-def test_the_admin_pauses_resumes_and_sets_the_rate(
-    users: dict[str, Any], caplog: pytest.LogCaptureFixture
-) -> None:
+def test_the_admin_pauses_resumes_and_sets_the_rate(caplog: pytest.LogCaptureFixture) -> None:
+    users = {
+        "viewer": make_user("viewer", "view_queue"),
+        "changer": make_user("changer", "view_queue", "change_queue"),
+    }
     queue = get_queue()
     page = url("detail", "default")
     action = url("flow_action", "default")
