@@ -4,6 +4,7 @@ queue with a rate limit or a cap that never binds (their bookkeeping alone) besi
 queue's."""
 
 import json
+import math
 
 PLAIN = "plain queue"
 # The queue options each cost row's workers run with: limits far above what a drain
@@ -21,5 +22,8 @@ def queue_env(options: dict[str, object]) -> dict[str, str]:
 
 
 def accuracy_percent(messages: int, seconds: float, limit_per_second: int) -> float:
-    """The rate a drain reached, as a share of the limit (100: exactly the limit)."""
-    return 100 * messages / seconds / limit_per_second
+    """What a drain handed out, as a share of the most the limit allows in its time (100:
+    exactly the limit). Within a span of ``seconds``, a window of one second slides over
+    ``floor(seconds) + 1`` whole windows' worth: the first window's messages go out at
+    once, and the last ones a second after the window before them."""
+    return 100 * messages / ((math.floor(seconds) + 1) * limit_per_second)

@@ -290,7 +290,7 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
     rows = [
         Row(
             f"drain {count:,} due together under RATE_LIMIT {rate}/s, 2 worker processes: "
-            "rate reached over the run, as a share of the limit",
+            "handed out over the run, as a share of the most the limit allows in that time",
             [flow.accuracy_percent(count, d.seconds, rate) for d in drains],
             "%",
             "≤ 100 %, close to it",
