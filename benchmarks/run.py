@@ -29,6 +29,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from benchmarks import (
     drain,
+    flow,
     idle,
     keys,
     kills,
@@ -48,6 +49,7 @@ PHASES = (
     "send",
     "keys",
     "drain",
+    "flow",
     "lateness",
     "idle",
     "scale",
@@ -101,6 +103,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=5.0,
         help="seconds the trickle's due times spread over (lateness and peers)",
     )
+    add(
+        "--flow-rate",
+        type=int,
+        default=500,
+        help="RATE_LIMIT per second of the flow benchmark's drain (default: 500)",
+    )
+    add(
+        "--flow-seconds",
+        type=float,
+        default=60.0,
+        help="how long that drain lasts at the limit, in seconds (default: 60)",
+    )
     add("--idle-seconds", type=float, default=10.0)
     add("--scale-pending", type=int, default=1_000_000, help="pending messages for the scale run")
     add("--scale-due", type=int, default=100_000, help="messages due in the same second")
@@ -133,6 +147,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.send_messages, args.bulk_messages, args.drain_messages = 200, 1_000, 500
         args.keys_memory_messages, args.keys_reclaim, args.keys_window = 1_000, 2_000, 0.2
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
+        args.flow_rate, args.flow_seconds = 200, 2.0
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
         args.relay_messages, args.exactly_once_messages = 2_000, 200
@@ -264,6 +279,52 @@ def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
                 ),
             ]
     return rows + per_message
+
+
+def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    rate, count = args.flow_rate, round(args.flow_rate * args.flow_seconds)
+    progress(f"flow: a drain of {count:,} under RATE_LIMIT {rate}/s, 2 workers")
+    limited = flow.queue_env({"RATE_LIMIT": f"{rate}/s"})
+    with WorkerProcesses(2, server.url, NOOP, **limited):
+        drains = repeat(args.runs, "rate-limited drain", lambda: drain.drain(count, probe))
+    rows = [
+        Row(
+            f"drain {count:,} due together under RATE_LIMIT {rate}/s, 2 worker processes: "
+            "handed out over the run, as a share of the most the limit allows in that time",
+            [flow.accuracy_percent(count, d.seconds, rate) for d in drains],
+            "%",
+            "≤ 100 %, close to it",
+            digits=1,
+        )
+    ]
+    progress(f"flow: the cost per message of the gates, {args.drain_messages:,} due together")
+    costs: dict[str, list[drain.Drain]] = {name: [] for name in flow.COST_OPTIONS}
+    for run in range(args.runs):
+        # Interleaved within each run: the rows compare runs made side by side.
+        for name, options in flow.COST_OPTIONS.items():
+            with WorkerProcesses(1, server.url, NOOP, **flow.queue_env(options)):
+                costs[name].append(drain.drain(args.drain_messages, probe))
+        progress(f"  run {run + 1}/{args.runs} done")
+    for name, measured in costs.items():
+        rows.append(
+            Row(
+                f"Redis time per handled message, {name} (1 process)",
+                [d.redis_us_per_message for d in measured],
+                "µs",
+                "" if name == flow.PLAIN else "the plain queue's, or a little more",
+                digits=1,
+            )
+        )
+        rows.append(
+            Row(
+                f"Redis commands per handled message, {name} (1 process)",
+                [d.commands_per_message for d in measured],
+                "",
+                "",
+                digits=2,
+            )
+        )
+    return rows
 
 
 def bench_lateness(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -587,6 +648,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_keys(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
+        if "flow" in chosen:
+            rows += bench_flow(args, server, probe)
         if "lateness" in chosen:
             rows += bench_lateness(args, server, probe)
         if "idle" in chosen:

@@ -127,6 +127,11 @@ class QueueCollector(Collector):
             )
             for name in HISTOGRAMS
         }
+        paused = GaugeMetricFamily(
+            "delayqueue_paused",
+            "1 while the queue is paused (Queue.pause): no worker hands out its messages.",
+            labels=["queue"],
+        )
         outbox = GaugeMetricFamily(
             "delayqueue_outbox_messages",
             "Messages sent through the outbox, committed, not yet relayed to Redis.",
@@ -190,6 +195,7 @@ class QueueCollector(Collector):
                 messages.add_metric([name, state], stats[state])
             due.add_metric([name], stats["due"])
             lag.add_metric([name], stats["lag_ms"] / 1000)
+            paused.add_metric([name], stats.get("paused", 0))
             if live is not None:
                 workers.add_metric([name], live)
             if running is None:
@@ -203,7 +209,7 @@ class QueueCollector(Collector):
                     [(_bound(le), count) for le, count in figures.buckets],
                     sum_value=figures.sum_seconds,
                 )
-        yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
+        yield from (up, messages, due, lag, paused, workers, *totals.values(), *histograms.values())
         yield from (outbox, outbox_age)
         if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
             yield from (shard_up, shards_down, shard_messages, shard_lag)

@@ -568,8 +568,9 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     last_page = count_round_trips(queue, lambda: client.get(path + "?page=20001"))
     page = client.get(path + "?page=20001").content.decode()
     assert big == small == last_page
-    # Stats, one page of messages, throughput, the workers index, the schedules.
-    assert big == 5
+    # Stats, one page of messages, throughput, the workers index, the schedules, the flow
+    # gates' state.
+    assert big == 6
     assert "page 20001 of 20001" in page
     assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
 
@@ -702,7 +703,8 @@ def test_a_schedule_whose_definition_cannot_be_read_is_listed_and_can_be_removed
     assert 'value="remove"' not in page  # viewing only
     page = client_for(users["changer"]).get(path).content.decode()
     assert 'value="remove"' not in page
-    assert page.count('value="pause"') == 1  # the healthy one's
+    # The healthy schedule's, and the queue's own (its Flow section).
+    assert page.count('value="pause"') == 2
     page = client_for(users["deleter"]).get(path).content.decode()
     assert page.count('value="remove"') == 1
     assert 'name="name" value="broken"' in page

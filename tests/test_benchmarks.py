@@ -38,9 +38,9 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys' has a test of its own too.
+    # keys' and the flow gates' have tests of their own too.
     stdout, table = run_quick(
-        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills", "keys"))
+        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills", "keys", "flow"))
     )
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
@@ -151,3 +151,14 @@ def test_the_kills_benchmark_paces_relays_and_workers_with_and_without_kills() -
         assert ": one kill -9 every 0.5 s" in rows[1]
         for row in rows:
             assert float(row.split(" | ")[1].split()[0].replace(",", "")) > 0, row
+
+
+@pytest.mark.timeout(60)
+def test_the_flow_benchmark_reports_the_rate_reached_and_the_gates_cost() -> None:
+    _, table = run_quick("flow")
+    # The limit holds over the drain: never above it (2 s at 200/s, from the due time).
+    accuracy = figure(table, "drain 400 due together under RATE_LIMIT 200/s")
+    assert 0 < accuracy <= 100
+    for name in ("plain queue", "RATE_LIMIT (not binding)", "MAX_IN_FLIGHT (not binding)"):
+        assert figure(table, f"Redis time per handled message, {name}") > 0
+        assert figure(table, f"Redis commands per handled message, {name}") > 0

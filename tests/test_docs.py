@@ -63,6 +63,7 @@ def own_options(name: str) -> list[str]:
 def test_the_package_has_the_commands_the_reference_describes() -> None:
     assert COMMANDS == [
         "delayqueue_check",
+        "delayqueue_pause",
         "delayqueue_relay",
         "delayqueue_shards",
         "delayqueue_stats",

@@ -58,6 +58,7 @@ def test_stats_of_an_empty_queue(queue: Queue) -> None:
         "timed_out_total": 0,
         "exhausted_total": 0,
         "superseded_total": 0,
+        "paused": 0,
         "shards_down": 0,
     }
 

@@ -83,4 +83,9 @@ class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 wrap(require_POST(views.schedule_action)),
                 name="delayqueue_django_queue_schedule_action",
             ),
+            path(
+                "<str:queue_name>/flow/action/",
+                wrap(require_POST(views.flow_action)),
+                name="delayqueue_django_queue_flow_action",
+            ),
         ]

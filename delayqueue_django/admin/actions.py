@@ -1,5 +1,6 @@
 """The admin's actions (POST only; CSRF is checked by the middleware): on messages (requeue,
-deliver now, delete), on schedules (pause, resume, remove), and purging dead letters."""
+deliver now, delete), on schedules (pause, resume, remove), on the queue's flow (pause,
+resume, the rate limit), and purging dead letters."""
 
 import logging
 
@@ -21,6 +22,8 @@ MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page w
 # only to a schedule whose definition cannot be read.
 SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
 SCHEDULE_ACTIONS_DONE = {"pause": "paused", "resume": "resumed", "remove": "removed"}
+# The queue's flow actions (all need the change permission), and what each did.
+FLOW_ACTIONS = {"pause": "paused", "resume": "resumed", "rate": ""}
 
 
 class Actions(ViewsBase):
@@ -113,6 +116,42 @@ class Actions(ViewsBase):
         messages.success(
             request, f"Schedule {name!r} of queue {queue_name!r} {SCHEDULE_ACTIONS_DONE[action]}."
         )
+        return HttpResponseRedirect(back)
+
+    def flow_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        """Pause or resume the queue, or set its rate limit ("" back to the setting's);
+        POST, change permission (see docs/guides/flow-control.md)."""
+        self._require(request, "view")
+        queue = self._queue(queue_name)
+        back = self._url("detail", queue_name)
+        action = request.POST.get("action", "")
+        if action not in FLOW_ACTIONS:
+            messages.error(request, "Choose to pause or resume the queue, or set its rate.")
+            return HttpResponseRedirect(back)
+        self._require(request, "change")
+        rate = request.POST.get("rate", "").strip()
+        try:
+            if action == "rate":
+                queue.set_rate_limit(rate or None)
+            else:
+                getattr(queue, action)()
+        except ValueError as error:
+            messages.error(request, str(error))
+            return HttpResponseRedirect(back)
+        except RedisError as error:
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
+            return HttpResponseRedirect(back)
+        logger.info(
+            "admin action=flow-%s queue=%s user=%s rate=%s",
+            action,
+            queue_name,
+            loggable(request.user.get_username()),
+            loggable(rate),
+        )
+        done = FLOW_ACTIONS[action]
+        if action == "rate":
+            done = f"rate limit set to {rate}" if rate else "rate limit back to the setting's"
+        messages.success(request, f"Queue {queue_name!r}: {done}.")
         return HttpResponseRedirect(back)
 
     def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:

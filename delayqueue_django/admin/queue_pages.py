@@ -102,9 +102,11 @@ class QueuePages(ViewsBase):
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers: list[dict[str, Any]] | None = None
             schedules: list[ScheduleInfo] | None = None
+            flow = None
             if not shard_down(shards, "0"):
                 workers = heartbeat.live_workers(queue)
                 schedules = queue.schedules.all()
+                flow = queue.flow()
         except RedisError as error:
             return self._unavailable(
                 request, "queue.html", f"Queue {queue_name}", queue, error, **shard_context
@@ -167,6 +169,8 @@ class QueuePages(ViewsBase):
             if schedules is None
             else [self._schedule_row(queue, info) for info in schedules],
             schedule_action_url=self._url("schedule_action", queue_name),
+            flow=flow,
+            flow_action_url=self._url("flow_action", queue_name),
         )
         return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)
 

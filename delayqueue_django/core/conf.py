@@ -27,6 +27,7 @@ from delayqueue_django.core.conf_values import (
     _read_feature_options,
     _seconds_to_ms,
 )
+from delayqueue_django.core.flow_options import check_flow_options, parse_rate
 from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.exceptions import QueueConfigurationError
@@ -57,6 +58,10 @@ DEFAULTS: dict[str, Any] = {
     "EXACTLY_ONCE_RETENTION": timedelta(days=7),
     # One queue over this many shards, each under its own hash tag (see engine.shards).
     "SHARDS": 1,
+    # The flow gates (see docs/guides/flow-control.md): "10/s", "600/m", "5000/h" or None;
+    # and the most deliveries in flight over all workers, or None.
+    "RATE_LIMIT": None,
+    "MAX_IN_FLIGHT": None,
 }
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -96,6 +101,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
     before = len(problems)
     _check_connection(name, options, problems)
     _check_numbers(name, options, problems)
+    check_flow_options(name, options, problems)
     handler = options["HANDLER"]
     if handler is not None and not (
         isinstance(handler, str) and DOTTED_PATH_PATTERN.match(handler)
@@ -143,6 +149,8 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),
         exactly_once_retention_ms=_seconds_to_ms(options["EXACTLY_ONCE_RETENTION"]) or 1,
         shards=options["SHARDS"],
+        rate_limit=parse_rate(options["RATE_LIMIT"]),
+        max_in_flight=options["MAX_IN_FLIGHT"] or 0,
         raw=dict(raw),
     )
 

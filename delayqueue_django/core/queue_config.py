@@ -35,6 +35,11 @@ class QueueConfig:
     exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
     # The layout new messages are spread over (1: the queue's one set of keys).
     shards: int = 1
+    # The flow gates (docs/guides/flow-control.md): at most rate_limit[0] hand-outs per
+    # rate_limit[1] ms over all workers (None: no limit), at most max_in_flight deliveries
+    # in flight (0: no cap).
+    rate_limit: tuple[int, int] | None = None
+    max_in_flight: int = 0
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

@@ -9,6 +9,7 @@ which run against both.
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
     ExhaustedClaim,
@@ -119,6 +120,19 @@ class Store(Protocol):
         again what that fetch took (its reply was lost), with new leases and the same
         attempts, and takes nothing new.
         """
+
+    def flow(
+        self,
+        action: str = "read",
+        rate: tuple[int, int] | None = None,
+        *,
+        share: tuple[int, int] | None = None,
+    ) -> FlowState:
+        """The queue's flow state (see engine.flow), after ``action``: "read" changes
+        nothing; "pause" has fetches hand out nothing until "resume", which wakes the
+        workers; "rate" sets the rate limit ``(limit, period_ms)`` that overrides the
+        store's limits, or with None goes back to them (``share``: the part of it one shard
+        enforces; a sharded store works the shares out itself)."""
 
     def ack(
         self,

@@ -64,6 +64,11 @@ class StoreLimits:
     stage_limit: int = 1000
     # Messages per send script call; a bulk send is cut into calls of this size.
     send_batch_size: int = 1000
+    # The flow gates this store enforces (a shard's share of the queue's, see engine.flow):
+    # at most rate_limit[0] hand-outs per rate_limit[1] ms, and at most max_in_flight
+    # deliveries in flight (0: no cap).
+    rate_limit: tuple[int, int] | None = None
+    max_in_flight: int = 0
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"

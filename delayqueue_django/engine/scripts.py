@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "drop_garbage",
     "extend",
     "fetch",
+    "flow",
     "list",
     "lookup",
     "nack",

@@ -8,13 +8,13 @@ from redis.exceptions import RedisError
 from delayqueue_django.engine.errors import is_outage
 from delayqueue_django.engine.protocol import ShardStore
 
-# Counts that add up across shards; the other stats are times (see combined_stats).
-_TIMES = ("server_time_ms", "next_due_ms", "lag_ms")
+# Counts that add up across shards; the other stats are times or flags (see combined_stats).
+_TIMES = ("server_time_ms", "next_due_ms", "lag_ms", "paused")
 
 
 def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
     """Stats over shards: counts and totals add up; the latest server time, the earliest
-    next due time (-1: none pending anywhere), the largest lag."""
+    next due time (-1: none pending anywhere), the largest lag; paused if any is."""
     combined: dict[str, int] = {}
     for stats in per_shard:
         for name, value in stats.items():
@@ -25,6 +25,8 @@ def combined_stats(per_shard: Sequence[Mapping[str, int]]) -> dict[str, int]:
         next_due = [stats["next_due_ms"] for stats in per_shard if stats["next_due_ms"] >= 0]
         combined["next_due_ms"] = min(next_due) if next_due else -1
         combined["lag_ms"] = max(stats["lag_ms"] for stats in per_shard)
+        # Paused is a flag: set on every shard together (see ShardedStore.flow).
+        combined["paused"] = max(stats.get("paused", 0) for stats in per_shard)
     return combined
 
 

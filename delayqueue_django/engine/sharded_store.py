@@ -53,6 +53,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from delayqueue_django.engine.flow import FlowState, rate_share
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
@@ -339,6 +340,26 @@ class ShardedStore(ShardFetching, ShardReads):
         for name, positions in self._group(message_id for message_id, _ in claims).items():
             confirmed += self._store(name).confirm_exhausted([claims[i] for i in positions])
         return confirmed
+
+    def flow(
+        self,
+        action: str = "read",
+        rate: tuple[int, int] | None = None,
+        *,
+        share: tuple[int, int] | None = None,
+    ) -> FlowState:
+        """Every shard's flow state changed alike (a rate as each shard's share of it, see
+        engine.flow; ``share`` is each shard's own to work out), one round trip per shard;
+        answers shard 0's. A read asks shard 0 only."""
+        if action == "read":
+            return self.base.flow()
+        state = None
+        for store in self.consumed().values():
+            share = rate_share(rate, store.keys, self.layout)
+            changed = store.flow(action, rate, share=share)
+            state = state or changed
+        assert state is not None  # (shard 0 is always consumed)
+        return state
 
     def subscribe_wakeups(self) -> "ShardedWakeups":
         return ShardedWakeups(self)

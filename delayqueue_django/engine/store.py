@@ -20,6 +20,7 @@ from delayqueue_django.engine.errors import (
     RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
+from delayqueue_django.engine.flow import FlowState, parse_rate_wire, rate_wire
 from delayqueue_django.engine.keyed import check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
     cancel_key_args,
@@ -222,6 +223,8 @@ STATS_NAMES = (
     # Running totals since the queue began (they add up across workers).
     *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
     "superseded_total",
+    # 1 while the queue is paused (flow gates).
+    "paused",
 )
 
 
@@ -394,7 +397,10 @@ class RedisStore:
         sent_at = time.monotonic()
         now, next_ms, expired, flat, owed, now_us, _ = self._run(
             "fetch",
-            [self._channel, count, limits.consume_ms, limits.stage_limit, request],
+            [
+                *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
+                *(rate_wire(limits.rate_limit), limits.max_in_flight),
+            ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
         # Redis read its clock between sending and receiving: the middle is the best guess.
@@ -434,6 +440,20 @@ class RedisStore:
             read_at=read_at,
             read_within=(received_at - sent_at) / 2,
         )
+
+    def flow(
+        self,
+        action: str = "read",
+        rate: tuple[int, int] | None = None,
+        *,
+        share: tuple[int, int] | None = None,
+    ) -> FlowState:
+        """Read the flow state, or change it first: "pause", "resume", or "rate" (set
+        ``rate``, or None to go back to the setting's; ``share``: the part of it this shard
+        enforces, all of it by default); see flow.lua."""
+        enforced = rate_wire(rate if share is None else share)
+        paused, rate_text, _ = self._run("flow", [self._channel, action, enforced, rate_wire(rate)])
+        return FlowState(bool(int(paused)), parse_rate_wire(_text(rate_text)))
 
     def _commit_record(self, fetcher: str, request: str) -> list[str]:
         """The extra key of a named ack or nack request: its caller's record (see ack.lua)."""

@@ -20,6 +20,9 @@ GARBAGE_EXPIRY_SECONDS = 60.0
 class ConsumerHousekeeping(ConsumerPool):
     """The consumer's periodic chores."""
 
+    # Whether the queue was paused at the last heartbeat (see _note_pause).
+    _seen_paused = False
+
     def _housekeeping(self) -> None:
         """The heartbeat (with the timings) and garbage expiry, each on its own schedule.
 
@@ -49,6 +52,21 @@ class ConsumerHousekeeping(ConsumerPool):
             self.worker.details(),
             ttl_seconds=self.worker.heartbeat_interval * 3,
         )
+        self._note_pause()
+
+    def _note_pause(self) -> None:
+        """Say in the log when the queue was paused or resumed (Queue.pause), as seen at
+        each heartbeat: a worker that hands out nothing says why."""
+        paused = self.queue.store.flow().paused
+        if paused != self._seen_paused:
+            self._seen_paused = paused
+            if paused:
+                logger.warning(
+                    "queue is paused: nothing is handed out until it is resumed queue=%s",
+                    self.queue.name,
+                )
+            else:
+                logger.info("queue resumed queue=%s", self.queue.name)
 
     def _run_schedules(self) -> None:
         # Planned before trying, as the heartbeat is: a failure waits before the next try.

@@ -5,18 +5,20 @@ Lua scripts. Bad input raises before anything is written.
 
 Its API comes in parts, one module each: producing (send, send_many, cancel), consuming
 (fetch and the verdicts, for hand-written consumers), operating (stats, listing, peeking,
-requeue, purge, delete, deliver now) and their async twins, all over base (the settings and
+requeue, purge, delete, deliver now), flow (pause, resume, the run-time rate limit) and
+their async twins, all over base (the settings and
 the store).
 """
 
 from delayqueue_django.core.queue.async_twins import QueueAsync
 from delayqueue_django.core.queue.consuming import Exhausted, Fetched, QueueConsuming
+from delayqueue_django.core.queue.flow import Flow, QueueFlow
 from delayqueue_django.core.queue.operating import QueueOperating
 from delayqueue_django.core.queue.producing import QueueProducing
 
 
-class Queue(QueueAsync, QueueProducing, QueueConsuming, QueueOperating):
+class Queue(QueueAsync, QueueProducing, QueueConsuming, QueueOperating, QueueFlow):
     """One queue of ``DELAYQUEUES``; get it with ``delayqueue_django.get_queue(name)``."""
 
 
-__all__ = ["Exhausted", "Fetched", "Queue"]
+__all__ = ["Exhausted", "Fetched", "Flow", "Queue"]

@@ -44,6 +44,16 @@
   A keyed message's stored body starts with "~<key bytes>~<generation>~<key>" (see
   split_key and engine/keyed.py).
 
+  Flow gates (pause, RATE_LIMIT, MAX_IN_FLIGHT; see "Flow gates" at the end): two more
+  keys begin() derives the same way, both absent on a queue that never used them:
+    <tag>:flow        hash   "paused" -> "1" while the queue is paused; "rate" ->
+                             "<count>:<period ms>", a rate limit set at run time that
+                             overrides the setting's (a shard's share of it: see
+                             engine/flow.py); "queue_rate" -> the whole queue's, as set
+    <tag>:flow:log    zset   "<lease>:<id>" -> when that delivery was handed out (ms), for
+                             the rate limit's sliding window; trimmed by every fetch of a
+                             rate-limited queue and expiring a period after its last write
+
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
                attempt deliveries counted against the budget (1 on first delivery);
@@ -65,6 +75,8 @@ local warnings
 local now_us
 -- The key index and the start of the holds' names (see "Keys" above).
 local key_index, hold_prefix
+-- The flow gates' state and hand-out log (see "Flow gates" at the end).
+local flow_state, flow_log
 
 local function begin(keys)
   pending, ready, unack, retry = keys[1], keys[2], keys[3], keys[4]
@@ -74,6 +86,7 @@ local function begin(keys)
   -- "<tag>:" from "<tag>:payload".
   local tag = string.sub(payloads, 1, -8)
   key_index, hold_prefix = tag .. 'keys', tag .. 'hold:'
+  flow_state, flow_log = tag .. 'flow', tag .. 'flow:log'
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table
@@ -773,4 +786,68 @@ local function describe(id, preview_bytes, foreign)
     unannounced = 1
   end
   return {state, score, payload, size, meta, unannounced, warnings}
+end
+
+-- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand
+-- out. While the queue is paused, none. Under a rate limit of `limit` per `period` ms, no
+-- more than the sliding window has room for: the log holds the time of every hand-out of
+-- the last period, so any period-long window holds at most `limit` (no burst over it,
+-- unlike a fixed window; a log rather than GCRA so that a batch fetch takes what the
+-- window allows at once). Under a cap, no more than `cap` minus the deliveries in flight:
+-- the unack zset is the set in flight, less those whose lease already ran out (the
+-- fetch's step 1 takes them back). `rate_setting` is "<limit>:<period ms>" or "", `cap` 0
+-- for none; a rate kept in the flow hash overrides the setting. Returns the allowance,
+-- when a held-back fetch should look again (ms, nil when nothing held it back), and the
+-- rate in force ({limit, period}, nil for none), for flow_record.
+local function flow_gate(count, now, rate_setting, cap)
+  local paused, override = false, false
+  if redis.call('EXISTS', flow_state) == 1 then
+    local fields = call('HMGET', flow_state, 'paused', 'rate')
+    paused, override = fields[1] == '1', fields[2]
+  end
+  if paused then
+    -- A paused fetch looks again within a second: resume's wake-up may be lost.
+    return 0, now + 1000, nil
+  end
+  local allowance, again, rate = count, nil, nil
+  local limit, period = string.match(override or rate_setting, '^(%d+):(%d+)$')
+  if limit then
+    limit, period = tonumber(limit), tonumber(period)
+    rate = {limit, period}
+    call('ZREMRANGEBYSCORE', flow_log, '-inf', int(now - period))
+    local used = call('ZCARD', flow_log)
+    if used >= limit then
+      -- The slot frees when the hand-out `limit` places from the newest leaves the window.
+      local oldest = call('ZRANGE', flow_log, used - limit, used - limit, 'WITHSCORES')
+      allowance, again = 0, tonumber(oldest[2]) + period
+    elseif limit - used < allowance then
+      allowance = limit - used
+      local head = call('ZRANGE', flow_log, 0, 0, 'WITHSCORES')
+      again = head[2] and tonumber(head[2]) + period or now + period
+    end
+  end
+  if cap > 0 then
+    local in_flight = call('ZCARD', unack) - call('ZCOUNT', unack, '-inf', int(now))
+    local room = math.max(cap - in_flight, 0)
+    if room < allowance then
+      -- A slot frees on an ack (whose worker fetches again itself) or a lease running out.
+      allowance, again = room, math.min(again or now + 1000, now + 1000)
+    end
+  end
+  return allowance, again, rate
+end
+
+-- Logs the deliveries a rate-limited fetch handed out (flat, six fields each: see
+-- fetch.lua) in the sliding window, which expires a period after its last hand-out.
+local function flow_record(rate, deliveries, handed, now)
+  if not rate or handed == 0 then
+    return
+  end
+  local entries = {}
+  for i = 0, handed - 1 do
+    entries[2 * i + 1] = int(now)
+    entries[2 * i + 2] = deliveries[6 * i + 4] .. ':' .. deliveries[6 * i + 1]
+  end
+  call_chunked('ZADD', flow_log, entries)
+  redis.call('PEXPIRE', flow_log, int(rate[2]))
 end

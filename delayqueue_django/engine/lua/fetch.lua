@@ -29,12 +29,15 @@
   ARGV[3]  consume_ms, how long a delivery may stay unacked before redelivery
   ARGV[4]  stage_limit, the bound on ids moved and on the staging lists' length
   ARGV[5]  request, this fetch's id ("": no replay record)
+  ARGV[6]  the RATE_LIMIT setting, "<limit>:<period ms>", or "" for none (flow gates)
+  ARGV[7]  the MAX_IN_FLIGHT setting, 0 for none (flow gates)
 
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
-                exhaustion claim, or -1 if there is none
+                exhaustion claim, or -1 if there is none; when the flow gates hold
+                waiting work back, when they may let some go (always later than now_ms)
     expired     how many deliveries timed out in step 1
     deliveries  flat list: id, payload, attempt, lease, budget, due for each message
                 handed out
@@ -259,11 +262,26 @@ if request ~= '' then
     _, recorded = cmsgpack.unpack(record)
   end
 end
+-- Flow gates (issue #27: pause, RATE_LIMIT, MAX_IN_FLIGHT; see flow_gate in the prelude):
+-- a new request takes no more than they allow (a repeat hands out what it took before).
+local asked, flow_again, flow_rate = count, nil, nil
+if not recorded then
+  count, flow_again, flow_rate = flow_gate(count, now, args[6] or '', tonumber(args[7]) or 0)
+end
 if recorded then
   hand_out_again(recorded)
 else
   take_due()
 end
+-- Flow gates: log what went out; when the gates held messages back, those handed out are
+-- due from now for the workers' lateness figures (the wait was the gates', not theirs).
+flow_record(flow_rate, deliveries, handed, now)
+if count < asked and handed == count then
+  for i = 6, 6 * handed, 6 do
+    deliveries[i] = math.max(deliveries[i], now)
+  end
+end
+count = asked
 call_chunked('HSET', metas, records)
 call_chunked('ZADD', unack, leased)
 
@@ -298,6 +316,11 @@ if waiting or (pending_head and pending_head <= now) or (unack_head and unack_he
   if count > 0 and handed == count then
     wake(channel, now)
   end
+end
+
+-- Flow gates: work the gates held back waits for them, not for a worker (never a spin).
+if flow_again and next_ms == now then
+  next_ms = flow_again
 end
 
 -- An exhaustion to announce now, or a claim that lapses later (its announcer may be dead).

@@ -5,13 +5,14 @@
   ARGV: none.
 
   Returns {pending, ready, unack, retry, garbage, due, unannounced, now_ms,
-  next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, superseded,
+  next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, superseded, paused,
   warnings}:
     due          pending messages whose time has come but not yet staged by a worker
     unannounced  exhausted messages whose message_exhausted signal is still owed
     next_due_ms  the earliest due time in pending (-1 when pending is empty)
     lag_ms       how long the oldest due pending message has been waiting (0 if none)
     acked …      the running totals kept in throughput (see _prelude.lua)
+    paused       1 while the queue is paused (see "Flow gates" in the prelude), else 0
 ]]
 
 local foreign = foreign_keys()
@@ -39,9 +40,17 @@ if not foreign[throughput] then
     'all:timed_out', 'all:exhausted', 'all:superseded')
 end
 
+-- (One EXISTS on a queue never paused, as fetch pays.)
+local paused = 0
+if redis.call('EXISTS', flow_state) == 1 and redis.call('TYPE', flow_state)['ok'] == 'hash'
+  and redis.call('HGET', flow_state, 'paused') == '1' then
+  paused = 1
+end
+
 return {
   size(pending, 'ZCARD'), size(ready, 'LLEN'), size(unack, 'ZCARD'), size(retry, 'LLEN'),
   size(garbage, 'ZCARD'), due, size(exhausted, 'ZCARD'), now, next_due, lag,
   tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
-  tonumber(totals[4]) or 0, tonumber(totals[5]) or 0, tonumber(totals[6]) or 0, warnings,
+  tonumber(totals[4]) or 0, tonumber(totals[5]) or 0, tonumber(totals[6]) or 0, paused,
+  warnings,
 }

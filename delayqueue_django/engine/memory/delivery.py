@@ -4,11 +4,12 @@ release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.l
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import key_index, prelude
+from delayqueue_django.engine.memory import flow, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
@@ -107,15 +108,24 @@ class MemoryDelivery(MemoryStoreBase):
             read_at = time.monotonic()
             deadline = now + self._limits.consume_ms
             last = state.fetches.pop(fetcher, None) if request else None
+            again = None
             if last is not None and last[0] == request and last[2] > now:
                 deliveries = self._hand_out_again(state, last[1], deadline)
                 expired = 0
             else:
-                deliveries, expired = self._take_due(state, now, count, deadline)
+                # The flow gates (see fetch.lua and memory/flow.py).
+                allowed, again = flow.gate(state, self._limits, count, now)
+                deliveries, expired = self._take_due(state, now, allowed, deadline)
+                flow.record(state, self._limits, len(deliveries), now)
+                if allowed < count and len(deliveries) == allowed:
+                    deliveries = [replace(d, due_ms=max(d.due_ms, now)) for d in deliveries]
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
-            return self._fetched(state, now, now_us, read_at, count, deliveries, expired)
+            result = self._fetched(state, now, now_us, read_at, count, deliveries, expired)
+            if again is not None and result.next_ms == now:
+                return replace(result, next_ms=again)
+            return result
 
     def _hand_out_again(
         self, state: QueueState, handed: list[tuple[str, int]], deadline: int

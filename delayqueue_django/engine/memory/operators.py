@@ -105,6 +105,7 @@ class MemoryOperators(MemoryStoreBase):
                         "superseded",
                     )
                 },
+                "paused": int(state.paused),
             }
 
     def snapshot(self) -> list[Any]:

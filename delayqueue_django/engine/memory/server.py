@@ -83,6 +83,14 @@ class QueueState:
     # (ms), by which the ended ones are reclaimed as Redis expires the keys.
     holders: dict[str, str] = field(default_factory=dict)
     hold_ends: ScoredSet = field(default_factory=ScoredSet)
+    # The flow gates ({tag}:flow and {tag}:flow:log, see memory/flow.py): paused, the rate
+    # set at run time ((limit, period ms) or None) that this queue or shard enforces and
+    # the whole queue's, and the times of the hand-outs in the rate limit's window, oldest
+    # first.
+    paused: bool = False
+    rate: tuple[int, int] | None = None
+    queue_rate: tuple[int, int] | None = None
+    handed_out: deque[int] = field(default_factory=deque)
 
 
 @dataclass(frozen=True, slots=True)

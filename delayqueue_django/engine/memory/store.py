@@ -15,6 +15,7 @@ to other processes.
 
 from delayqueue_django.engine.memory.bookkeeping import MemoryBookkeeping
 from delayqueue_django.engine.memory.delivery import MemoryDelivery
+from delayqueue_django.engine.memory.flow import MemoryFlow
 from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.operators import MemoryOperators
 from delayqueue_django.engine.memory.relay import MemoryRelay
@@ -29,7 +30,8 @@ class MemoryStore(
     MemoryOperators,
     MemorySchedules,
     MemoryBookkeeping,
+    MemoryFlow,
 ):
     """One queue on a memory server: each part mirrors a family of the Lua scripts (the
     delivery of messages, keyed messages, the relay, operators' reads and moves, schedules,
-    and what is kept beside the messages)."""
+    and what is kept beside the messages, and the flow gates)."""

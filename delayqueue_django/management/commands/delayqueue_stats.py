@@ -183,6 +183,11 @@ class Command(OwnProcessCommand):
                     or "none"
                 )
             self.stdout.write(f"{name:<20}{_figures(data)} {workers}")
+            if data.get("paused"):
+                self.stdout.write(
+                    f"{name:<20} paused: no worker hands out its messages "
+                    f"(resume: manage.py delayqueue_pause {name} --resume)"
+                )
             if data["shards_down"]:
                 self.stdout.write(
                     f"{name:<20} warning: the figures above leave out "

@@ -1,0 +1,87 @@
+"""The flow gates (issue #27) with three ``run_delayqueue`` processes on a real Redis:
+handed-out counts never above the rate limit in any window of its period, handlers in
+flight never above the cap, and a pause that holds with messages due, all of them going out
+within a second of the resume. Small here (seconds); tests/chaos/test_flow_gates.py runs
+them longer, and kills workers under the cap."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayqueue_django import get_queue
+from tests.chaos.fleet import WorkerFleet
+from tests.flow_gates.scenario import (
+    busiest_window,
+    drain,
+    ledger_of,
+    most_at_once,
+    worker_settings,
+)
+from tests.helpers import store_time_ms
+from tests.redis_servers import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def configured(settings: Any, url: str, **options: Any) -> dict[str, Any]:
+    chosen = worker_settings(url, **options)
+    for name, value in chosen.items():
+        setattr(settings, name, value)
+    return chosen
+
+
+def test_three_workers_never_hand_out_more_than_the_rate_limit(
+    redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(settings, redis_server.url, RATE_LIMIT="20/s")
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(70)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
+    try:
+        fleet.start()
+        records = drain(queue, fleet, 70, timeout=60)
+    finally:
+        fleet.close()
+    handed_out = [record["handed_out_ms"] for record in records]
+    assert busiest_window(handed_out, 1000) <= 20
+    # The limit did hold them back: 70 at 20 a second take three seconds and more.
+    assert max(handed_out) - min(handed_out) >= 3000
+
+
+def test_three_workers_never_run_more_than_the_cap_at_once(
+    redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(settings, redis_server.url, MAX_IN_FLIGHT=3)
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(60)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
+    try:
+        fleet.start()
+        records = drain(queue, fleet, 60, timeout=60)
+    finally:
+        fleet.close()
+    assert 2 <= most_at_once(records) <= 3
+
+
+def test_a_pause_holds_due_messages_until_the_resume(
+    redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(settings, redis_server.url)
+    queue = get_queue()
+    queue.pause()
+    queue.send_many([{"n": n} for n in range(30)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
+    try:
+        fleet.start()
+        fleet.wait_started()
+        time.sleep(2)
+        assert ledger_of(fleet.ledger) == []
+        assert queue.stats()["due"] + queue.stats()["ready"] == 30
+        queue.resume()
+        resumed_ms = store_time_ms(queue)
+        records = drain(queue, fleet, 30, timeout=30)
+    finally:
+        fleet.close()
+    assert max(record["handed_out_ms"] for record in records) - resumed_ms <= 1000
