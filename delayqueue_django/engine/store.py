@@ -8,6 +8,7 @@ consumers may share a queue.
 import logging
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -158,10 +159,13 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
     calls = []
     for chunk in _chunks(messages, batch_size):
         args: list[Any] = [channel, len(chunk)]
-        for message in chunk:
+        grouped: list[Any] = []
+        for index, message in enumerate(chunk, start=1):
             at = "" if message.at_ms is None else message.at_ms
             args += [message.id, at, message.delay_us, message.budget, message.payload]
-        calls.append(args)
+            if message.group is not None:
+                grouped += [index, wire(message.group)]
+        calls.append([*args, len(grouped) // 2, *grouped])
     return calls
 
 
@@ -830,11 +834,12 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
 def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
     """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
     queue does not know the message. (AsyncRedisStore reads lookup's with it too.)"""
-    state, score, payload, size, meta, unannounced = reply[:6]
+    state, score, payload, size, meta, unannounced, group = reply[:7]
     state = _text(state)
     if not state and payload is None and meta is None:
         return None
-    return _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    stored = _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    return replace(stored, group=_optional_shown(group))
 
 
 def _stored(

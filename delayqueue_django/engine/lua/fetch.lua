@@ -136,6 +136,8 @@ local function take_due()
     end
     call_chunked('HSET', metas, expired_records)
     bury(to_bury, now)
+    -- Ordered groups: a buried holder passes its group on; staged below if due.
+    release_groups(to_bury, false)
     if #staged_retry > 0 and keys_used() then
       staged_retry = settle_timed_out(staged_retry, to_bury, aside)
     end
@@ -162,6 +164,10 @@ local function take_due()
       pending_head, pending_read = tonumber(first[2]), true
     end
     if #ids > 0 then
+      -- Ordered groups: what must wait for its group is parked (see pass_groups).
+      if groups_used() then
+        ids = pass_groups(ids)
+      end
       call_chunked('ZREM', pending, ids)
       local raw = gather('HMGET', metas, ids)
       for i, id in ipairs(ids) do
