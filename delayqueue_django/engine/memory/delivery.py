@@ -8,7 +8,7 @@ from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import key_index, prelude
+from delayqueue_django.engine.memory import groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
@@ -62,6 +62,8 @@ class MemoryDelivery(MemoryStoreBase):
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
                 state.metas[message.id] = Meta(0, 0, message.budget, due)
+                if message.group is not None:
+                    groups.record(state, message.id, message.group)
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
@@ -155,7 +157,10 @@ class MemoryDelivery(MemoryStoreBase):
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
-        for message_id, _ in state.pending.pop_upto(now, room()):
+        due = state.pending.pop_upto(now, room())
+        # Ordered groups: what must wait for its group is parked (see memory/groups.py).
+        passing = groups.pass_groups(state, due) if state.group_of else [i for i, _ in due]
+        for message_id in passing:
             target = state.retry if state.metas[message_id].attempt > 0 else state.ready
             target.append(message_id)
 
