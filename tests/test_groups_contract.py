@@ -74,7 +74,7 @@ def test_due_time_order_beats_send_order(queue: Queue) -> None:
     later, sooner = grouped("g", 1, at_ms=now + 300), grouped("g", 2, at_ms=now - 1000)
     store.send([later])
     store.send([sooner])
-    order = []
+    order: list[str] = []
     deadline = now + 5000
     while len(order) < 2 and store_time_ms(queue) < deadline:
         handed = fetch_ids(store)
@@ -107,8 +107,10 @@ def test_a_retry_not_yet_due_still_holds_the_group(queue: Queue) -> None:
     assert fetch_ids(store) == []
     parked = store.peek(second.id)
     assert parked is not None
-    assert parked.state == "pending" and parked.group == "g"
-    assert parked.score_ms is not None and parked.score_ms <= store_time_ms(queue)
+    assert parked.state == "pending"
+    assert parked.group == "g"
+    assert parked.score_ms is not None
+    assert parked.score_ms <= store_time_ms(queue)
     assert store.stats()["pending"] == 2
 
 
@@ -121,7 +123,9 @@ def test_a_dead_letter_frees_its_group(queue: Queue) -> None:
     assert outcome.exhausted
     assert ids_of(fetch_ids(store)) == [second.id]
     dead = store.peek(first.id)
-    assert dead is not None and dead.state == "garbage" and dead.group == "g"
+    assert dead is not None
+    assert dead.state == "garbage"
+    assert dead.group == "g"
 
 
 def test_buried_at_once_frees_its_group(queue: Queue) -> None:
@@ -197,4 +201,5 @@ def test_plain_messages_carry_no_group(queue: Queue) -> None:
     plain = NewMessage(uuid.uuid4().hex, "{}", 2)
     store.send([plain])
     stored = store.peek(plain.id)
-    assert stored is not None and stored.group is None
+    assert stored is not None
+    assert stored.group is None

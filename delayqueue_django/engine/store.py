@@ -8,8 +8,8 @@ consumers may share a queue.
 import logging
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeAlias
 
 from redis import Redis
@@ -192,6 +192,7 @@ def relay_calls(
                 args += ["", "", 0]
             else:
                 args += [wire(message.key), message.if_exists, message.unique_ms]
+            args.append("" if message.group is None else wire(message.group))
         args += forgotten
         calls.append(args)
     return calls

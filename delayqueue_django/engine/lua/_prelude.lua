@@ -761,6 +761,21 @@ local function groups_used()
   return redis.call('EXISTS', group_of) == 1
 end
 
+-- New grouped messages (send, relay): {id, group, id, group, ...}, in send order, each
+-- numbered after the queue's earlier grouped sends.
+local function record_groups(entries)
+  local count = #entries / 2
+  if count == 0 then
+    return
+  end
+  local group_of = group_names()
+  local last = call('HINCRBY', group_of, '', count)
+  for k = 1, count do
+    entries[2 * k] = int(last - count + k) .. ':' .. entries[2 * k]
+  end
+  call_chunked('HSET', group_of, entries)
+end
+
 -- The sequence number and group in a group_of entry (false: none).
 local function split_group(entry)
   if not entry then

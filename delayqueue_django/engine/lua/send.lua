@@ -111,23 +111,15 @@ call_chunked('HSET', payloads, stored_payloads)
 -- Ordered groups: each new grouped message numbered in send order (see the prelude).
 local grouped = tonumber(args[3 + n * 5]) or 0
 if grouped > 0 then
-  local group_of = group_names()
-  local entries, fresh = {}, 0
+  local entries = {}
   for j = 0, grouped - 1 do
     local index = tonumber(args[4 + n * 5 + j * 2])
     if not replayed[index - 1] then
-      fresh = fresh + 1
-      entries[2 * fresh - 1] = ids[index]
-      entries[2 * fresh] = args[5 + n * 5 + j * 2]
+      table.insert(entries, ids[index])
+      table.insert(entries, args[5 + n * 5 + j * 2])
     end
   end
-  if fresh > 0 then
-    local last = call('HINCRBY', group_of, '', fresh)
-    for k = 1, fresh do
-      entries[2 * k] = int(last - fresh + k) .. ':' .. entries[2 * k]
-    end
-    call_chunked('HSET', group_of, entries)
-  end
+  record_groups(entries)
 end
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then

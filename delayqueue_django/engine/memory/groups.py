@@ -57,7 +57,7 @@ def leave(state: QueueState, message_id: str) -> None:
     entry = state.group_of.get(message_id)
     if entry is None:
         return
-    seq, group = entry
+    _, group = entry
     parked = state.group_parked.get(group)
     if parked is not None:
         parked[:] = [item for item in parked if item[2] != message_id]
