@@ -752,7 +752,7 @@ local PARKED = 4503599627370496
 
 local function group_names()
   local tag = string.sub(payloads, 1, -8)
-  return tag .. 'group_of', tag .. 'group_busy', tag .. 'group:'
+  return tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup'
 end
 
 -- Whether the queue ever had a grouped message: the one read an ungrouped queue pays.
@@ -815,14 +815,15 @@ local function pass_group_on(group)
 end
 
 -- Messages that no longer hold their group (acked, buried, cancelled, deleted): each one
--- holding its group passes it on. With `forget`, they also leave group_of (they leave the
--- queue; a buried one keeps its entry, so that a requeue waits for its group again).
--- Returns the earliest due time passed on, or nil.
+-- holding its group passes it on, and the workers are woken for the next holder (on the
+-- queue's wake-up channel, "<tag>:wakeup", as engine/keys.py names it: ack and remove
+-- are not given it). With `forget`, they also leave group_of (they leave the queue; a
+-- buried one keeps its entry, so that a requeue waits for its group again).
 local function release_groups(ids, forget)
   if #ids == 0 or not groups_used() then
-    return nil
+    return
   end
-  local group_of, busy = group_names()
+  local group_of, busy, _, channel = group_names()
   local entries, earliest = gather('HMGET', group_of, ids), nil
   for i, id in ipairs(ids) do
     local _, group = split_group(entries[i])
@@ -832,6 +833,9 @@ local function release_groups(ids, forget)
         earliest = due
       end
     end
+  end
+  if earliest ~= nil then
+    wake(channel, earliest)
   end
   if forget then
     local gone = {}

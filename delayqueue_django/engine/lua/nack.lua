@@ -103,10 +103,7 @@ call_chunked('HSET', metas, records)
 bury(to_bury, now)
 call_chunked('ZADD', pending, scored)
 -- Ordered groups: a buried holder passes its group on (a retried one keeps it).
-local passed_on = release_groups(to_bury, false)
-if passed_on ~= nil and (earliest == nil or passed_on < earliest) then
-  earliest = passed_on
-end
+release_groups(to_bury, false)
 remove_superseded(gone)
 count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then

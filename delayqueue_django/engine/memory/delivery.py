@@ -98,7 +98,10 @@ class MemoryDelivery(MemoryStoreBase):
                 elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
+                grouped = message_id in state.group_of
                 prelude.forget(state, message_id)
+                if grouped:
+                    self._wake(self._now())  # its group may have passed on (groups.py)
             return removed
 
     # Consumers
@@ -250,6 +253,8 @@ class MemoryDelivery(MemoryStoreBase):
                     prelude.forget(state, message_id)
                     acked.append(message_id)
             prelude.count(state, now, "acked", len(acked))
+            if acked and state.group_of:
+                self._wake(now)  # a group passed on: its next message is due (groups.py)
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
             return set(acked)
 
@@ -289,6 +294,8 @@ class MemoryDelivery(MemoryStoreBase):
                     outcomes.append(NackOutcome(message_id, False, meta.due))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
+            if state.group_of and any(outcome.exhausted for outcome in outcomes):
+                self._wake(now)  # a group passed on: its next message is due (groups.py)
             prelude.count(state, now, "failed", len(outcomes))
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
