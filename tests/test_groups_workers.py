@@ -43,7 +43,7 @@ def test_groups_run_one_at_a_time_in_order_and_in_parallel(
     groups, per_group = 4, 6
     # Failing first deliveries hold their group for their retry; (2, 1) is dead-lettered
     # after its one retry, and its group goes on.
-    special = {
+    special: dict[tuple[int, int], dict[str, Any]] = {
         (0, 1): {"fail": True},
         (1, 3): {"fail": True},
         (2, 1): {"always_fail": True},
