@@ -13,10 +13,13 @@ import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing
 from delayqueue_django.core.group_options import GROUP_MAX_BYTES
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine import BURY
 from delayqueue_django.engine.shards import key_shard, shard_of
 from delayqueue_django.exceptions import ConflictingOptions, InvalidGroup
 from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
+from tests.backends import REDIS_BACKENDS
+from tests.helpers import redis_store
 
 LATER = 60  # seconds: a message that stays pending for the whole test
 
@@ -128,3 +131,22 @@ def test_a_grouped_message_lives_on_its_groups_shard(queue: Queue) -> None:
         ids = [queue.send(n, group=group, delay=LATER) for n in range(3)]
         # Shard 0 is every layout's (its ids carry no mark): the index says it all.
         assert {shard_of(message_id)[1] for message_id in ids} == {key_shard(group, layout)}
+
+
+@pytest.mark.parametrize("backend_url", REDIS_BACKENDS, indirect=True)
+def test_on_redis_a_drained_group_leaves_nothing_but_its_counter(queue: Queue) -> None:
+    """What the groups keep in Redis goes with their messages: acked, dead-lettered and
+    purged, cancelled. A plain queue has none of it."""
+    store = redis_store(queue)
+    names = store.keys
+    queue.send("plain")
+    handed_out(queue)
+    assert store.client.exists(names.key("group_of")) == 0
+    ids = [queue.send(n, group="g", retry_count=0) for n in range(3)]
+    queue.cancel(ids[2])
+    [delivery] = queue.store.fetch(10).deliveries
+    queue.store.nack([(delivery.id, delivery.lease, BURY)])
+    assert handed_out(queue) == [ids[1]]
+    queue.purge_garbage()
+    assert store.client.hgetall(names.key("group_of")) == {b"": b"3"}
+    assert store.client.exists(names.key("group_busy"), names.key("group:g")) == 0
