@@ -863,7 +863,8 @@ end
 -- when it is free: it becomes the holder), and the parked heads of free groups, returned
 -- in that order; the others are parked (see above). The ids that go are still in pending
 -- (the caller takes them out as it takes any due id). A holder whose message is gone (no
--- payload: an inconsistency) frees its group.
+-- payload: an inconsistency) frees its group. The parked heads come on top of the batch,
+-- at most one per group in it: a fetch still stages at most twice its bound.
 local function pass_groups(ids)
   local group_of, busy, prefix = group_names()
   local entries = gather('HMGET', group_of, ids)

@@ -5,7 +5,9 @@
        retries are used up), and count as failed in throughput; a keyed one whose
        key's message is another one, waiting, is superseded: removed (see settle_keys
        in the prelude);
-    2. due pending messages are staged: to ready (first delivery) or retry;
+    2. due pending messages are staged: to ready (first delivery) or retry; a grouped one
+       whose group another message holds is parked instead, and a free group's next
+       parked message comes with them (see "Ordered groups" in the prelude);
     3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
   lists (ready + retry) hold fewer than `stage_limit`, so every call is bounded and
