@@ -15,7 +15,7 @@ import pytest
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import BURY, NewMessage, Store
 from tests.backends import REDIS_BACKENDS, SHARDED_BACKENDS
-from tests.helpers import store_time_ms
+from tests.helpers import store_time_ms, wait_for
 
 pytestmark = pytest.mark.parametrize(
     "backend_url", [*REDIS_BACKENDS, "memory", *SHARDED_BACKENDS], indirect=True
@@ -203,3 +203,38 @@ def test_plain_messages_carry_no_group(queue: Queue) -> None:
     stored = store.peek(plain.id)
     assert stored is not None
     assert stored.group is None
+
+
+def test_a_timed_out_delivery_goes_to_retry_and_still_holds_its_group(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.05)
+    store = queue.store
+    first, second = grouped("g", 1), grouped("g", 2)
+    store.send([first, second])
+    [(message_id, _)] = fetch_ids(store)
+    assert message_id == first.id
+    # The fetch that finds the delivery timed out redelivers it, not the next of its group
+    # (again each time a redelivery outlives its 50 ms before its ack, on a loaded machine).
+    while True:
+        handed = wait_for(lambda: fetch_ids(store), what="the redelivery")
+        assert ids_of(handed) == [first.id]
+        if store.ack(handed):
+            break
+    assert ids_of(fetch_ids(store)) == [second.id]
+
+
+def test_a_dead_letter_dropped_by_a_timed_out_last_attempt_frees_its_group(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(MAX_CONSUME_DURATION=0.05)
+    store = queue.store
+    first, second = grouped("g", 1, budget=0), grouped("g", 2)
+    store.send([first, second])
+    assert ids_of(fetch_ids(store)) == [first.id]
+    # Its one attempt timed out: buried by the fetch, which hands the group on at once.
+    handed = wait_for(lambda: fetch_ids(store), what="the next of the group")
+    assert ids_of(handed) == [second.id]
+    dead = store.peek(first.id)
+    assert dead is not None
+    assert dead.state == "garbage"
