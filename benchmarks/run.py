@@ -30,6 +30,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from benchmarks import (
     drain,
     flow,
+    groups,
     idle,
     keys,
     kills,
@@ -48,6 +49,7 @@ from tests.redis_servers import RedisClusterServers, RedisServer
 PHASES = (
     "send",
     "keys",
+    "groups",
     "drain",
     "flow",
     "lateness",
@@ -192,6 +194,21 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
         Row("Redis time per send() script call (INFO commandstats)", [server_us], "µs", "", 1),
         Row(f"send_many, {args.bulk_messages:,} messages", bulks, "msg/s", "≥ 100,000/s"),
     ]
+
+
+def bench_groups(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("groups: grouped messages sent and drained beside plain ones")
+    redis_us: dict[str, list[float]] = {mode: [] for mode in groups.MODES}
+    rates: dict[str, list[float]] = {mode: [] for mode in groups.MODES}
+    for run in range(args.runs):
+        # Interleaved by mode within each run: the ratios compare runs made side by side.
+        for mode in groups.MODES:
+            used, rate = groups.send_and_drain(args.drain_messages, mode, probe)
+            redis_us[mode].append(used)
+            rates[mode].append(rate)
+        done = ", ".join(f"{mode} {redis_us[mode][-1]:.1f} µs" for mode in groups.MODES)
+        progress(f"  run {run + 1}/{args.runs}: Redis time per message: {done}")
+    return groups.rows(args.drain_messages, redis_us, rates)
 
 
 def bench_keys(args: argparse.Namespace, probe: Any) -> list[Row]:
@@ -646,6 +663,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_send(args, probe)
         if "keys" in chosen:
             rows += bench_keys(args, probe)
+        if "groups" in chosen:
+            rows += bench_groups(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

@@ -54,6 +54,7 @@ def send(
     on_commit: bool | None = None,
     using: str | None = None,
     outbox: bool | None = None,
+    group: str | None = None,
 ) -> str:
     """Schedule ``payload`` for delivery after ``delay`` seconds (or at ``at``); returns its id.
 
@@ -66,7 +67,9 @@ def send(
     the current transaction on database ``using`` commits; the id is returned at once all
     the same (with a key: the new message's, the key's outcome decided at the commit).
     ``outbox`` (default: the queue's OUTBOX) writes it in that transaction, as a row of the
-    database's outbox, which a relay moves to Redis once it committed.
+    database's outbox, which a relay moves to Redis once it committed. ``group`` (at most
+    256 bytes in UTF-8) orders it within that group: one at a time, in due-time order (see
+    ``Queue.send``).
     """
     return get_queue(queue).send(
         payload,
@@ -79,6 +82,7 @@ def send(
         on_commit=on_commit,
         using=using,
         outbox=outbox,
+        group=group,
     )
 
 
@@ -125,6 +129,7 @@ async def asend(
     on_commit: bool | None = None,
     using: str | None = None,
     outbox: bool | None = None,
+    group: str | None = None,
 ) -> str:
     """``send`` for async views: non-blocking on redis.asyncio where the queue has a URL."""
     return await get_queue(queue).asend(
@@ -138,6 +143,7 @@ async def asend(
         on_commit=on_commit,
         using=using,
         outbox=outbox,
+        group=group,
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "DuplicateKey",
     "DuplicateMessageId",
     "InvalidDelay",
+    "InvalidGroup",
     "InvalidKey",
     "InvalidRetryCount",
     "InvalidSchedule",
@@ -67,6 +68,11 @@ class InvalidDelay(DelayQueueError, ValueError):
 class InvalidKey(DelayQueueError, ValueError):
     """A send's key is not usable (not a str, empty, longer than 256 bytes in UTF-8, or
     holding a lone surrogate), or its ``if_exists`` or ``unique_for`` is not."""
+
+
+class InvalidGroup(DelayQueueError, ValueError):
+    """A send's ordered group is not usable (not a str, empty, longer than 256 bytes in
+    UTF-8, or holding a lone surrogate)."""
 
 
 class InvalidRetryCount(DelayQueueError, ValueError):

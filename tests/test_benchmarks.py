@@ -38,10 +38,9 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys' and the flow gates' have tests of their own too.
-    stdout, table = run_quick(
-        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills", "keys", "flow"))
-    )
+    # keys', the flow gates' and the groups' have tests of their own too.
+    skipped = ("shards", "peers", "kills", "keys", "flow", "groups")
+    stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
     for measure in (
@@ -70,6 +69,20 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "Redis CPU per message, 500 due together") > 0
     # The floor under the trickle: a bare PING at its pace costs the server something too.
     assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_groups_benchmark_sets_grouped_messages_beside_plain_ones() -> None:
+    stdout, table = run_quick("groups")
+    assert "cores" in stdout
+    for mode in (
+        "plain (no group)",
+        "grouped, spread over 100 groups",
+        "grouped, all in one group",
+    ):
+        redis_time = "send_many + drain of 500: Redis time per message in its script calls"
+        assert figure(table, f"{redis_time} (INFO commandstats), {mode}") > 0
+        assert figure(table, f"send_many + drain of 500 in one process, {mode}") > 0
 
 
 @pytest.mark.timeout(60)

@@ -12,7 +12,8 @@ class Outgoing:
     ``key``, ``if_exists`` and ``unique_for`` mean what they mean for ``send`` (see
     ``Queue.send``); they are given per item, as each item has its own key. Items of one
     call are decided in order, each seeing the earlier ones: a second item with the key of
-    a first one keeps it, replaces it or is refused against it.
+    a first one keeps it, replaces it or is refused against it. ``group`` means what it
+    means for ``send``: items of one group are handed out one at a time, in order.
     """
 
     payload: Any
@@ -22,3 +23,5 @@ class Outgoing:
     key: str | None = None
     if_exists: str = "keep"
     unique_for: float | timedelta | None = None
+    # Its ordered group (see ``Queue.send``): the items of one group go one at a time.
+    group: str | None = None

@@ -105,6 +105,8 @@ class NewMessage:
     key: str | None = None
     if_exists: str = "keep"
     unique_ms: int = 0
+    # The message's ordered group (see "Ordered groups" in _prelude.lua): None for none.
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,8 @@ class StoredMessage:
     unannounced: bool = False
     key: str | None = None
     generation: int = 0
+    # Its ordered group (None: none; listings leave it out).
+    group: str | None = None
 
     @property
     def retries_left(self) -> int | None:

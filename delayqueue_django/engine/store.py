@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeAlias
 
 from redis import Redis
@@ -159,10 +160,13 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
     calls = []
     for chunk in _chunks(messages, batch_size):
         args: list[Any] = [channel, len(chunk)]
-        for message in chunk:
+        grouped: list[Any] = []
+        for index, message in enumerate(chunk, start=1):
             at = "" if message.at_ms is None else message.at_ms
             args += [message.id, at, message.delay_us, message.budget, message.payload]
-        calls.append(args)
+            if message.group is not None:
+                grouped += [index, wire(message.group)]
+        calls.append([*args, len(grouped) // 2, *grouped])
     return calls
 
 
@@ -189,6 +193,7 @@ def relay_calls(
                 args += ["", "", 0]
             else:
                 args += [wire(message.key), message.if_exists, message.unique_ms]
+            args.append("" if message.group is None else wire(message.group))
         args += forgotten
         calls.append(args)
     return calls
@@ -863,11 +868,12 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
 def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
     """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
     queue does not know the message. (AsyncRedisStore reads lookup's with it too.)"""
-    state, score, payload, size, meta, unannounced = reply[:6]
+    state, score, payload, size, meta, unannounced, group = reply[:7]
     state = _text(state)
     if not state and payload is None and meta is None:
         return None
-    return _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    stored = _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    return replace(stored, group=_optional_shown(group))
 
 
 def _stored(

@@ -42,6 +42,9 @@ class OutboxMessage(models.Model):
     message_key = ExactCharField(max_length=256, null=True, blank=True)
     if_exists = models.CharField(max_length=7, default="keep", db_default="keep")
     unique_ms = models.BigIntegerField(default=0, db_default=0)
+    # An ordered group's name (at most 256 bytes of UTF-8; None: none). Nullable, so that
+    # rows written by a process that predates groups still insert.
+    message_group = ExactCharField(max_length=256, null=True, blank=True)
 
     class Meta:
         db_table = "delayqueue_outbox"

@@ -100,6 +100,7 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
                         message_key=message.key,
                         if_exists=message.if_exists,
                         unique_ms=message.unique_ms,
+                        message_group=message.group,
                     )
                     for message in chunk
                 ]

@@ -8,6 +8,7 @@ from asgiref.sync import sync_to_async
 
 from delayqueue_django.core import connections, tracing
 from delayqueue_django.core.encoding import due_spec
+from delayqueue_django.core.group_options import check_group
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.queue.base import _areaching_redis, _check_address
 from delayqueue_django.core.queue.operating import QueueOperating
@@ -37,6 +38,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         on_commit: bool | None = None,
         using: str | None = None,
         outbox: bool | None = None,
+        group: str | None = None,
     ) -> str:
         """``send`` for async code."""
         ids = await self._asend_all(
@@ -49,6 +51,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             using=using,
             outbox=outbox,
             keyed=key_fields(key, if_exists, unique_for),
+            group=check_group(group, key),
         )
         return ids[0]
 
@@ -88,6 +91,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         using: str | None,
         outbox: bool | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        group: str | None = None,
     ) -> list[str]:
         through_outbox = self._outbox(outbox, on_commit)
         if through_outbox or self._on_commit(on_commit):
@@ -104,9 +108,10 @@ class QueueAsync(QueueProducing, QueueOperating):
                 using=using,
                 outbox=through_outbox,
                 keyed=keyed,
+                group=group,
             )
         prepared = self._prepare_all(
-            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed, group=group
         )
         if not prepared:
             return []

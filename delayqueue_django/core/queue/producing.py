@@ -10,6 +10,7 @@ from django.db import transaction
 
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
+from delayqueue_django.core.group_options import check_group
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
@@ -36,6 +37,7 @@ class QueueProducing(QueueBase):
         on_commit: bool | None = None,
         using: str | None = None,
         outbox: bool | None = None,
+        group: str | None = None,
     ) -> str:
         """Schedule one message; returns its id. One round trip.
 
@@ -64,6 +66,14 @@ class QueueProducing(QueueBase):
         message's. Neither can raise DuplicateKey to the caller: ``if_exists="error"`` with
         the outbox, or with ``on_commit`` inside a transaction, raises ConflictingOptions,
         with nothing written.
+
+        ``group`` (a non-empty str of at most 256 bytes in UTF-8, e.g. ``"customer:42"``)
+        orders the message within that group: the messages of one group are handed out one
+        at a time, in due-time order (equal due times in send order), each only once the one
+        before is acked or dead-lettered. A failing message holds its group through its
+        retries, as in SQS FIFO: the next waits until it succeeds or is dead-lettered.
+        Other groups and ungrouped messages are never held up. A message has a key or a
+        group, not both (ConflictingOptions); a bad group raises InvalidGroup.
         """
         return self._send_all(
             [payload],
@@ -75,6 +85,7 @@ class QueueProducing(QueueBase):
             using=using,
             outbox=outbox,
             keyed=key_fields(key, if_exists, unique_for),
+            group=check_group(group, key),
         )[0]
 
     def send_many(
@@ -126,13 +137,14 @@ class QueueProducing(QueueBase):
         using: str | None,
         outbox: bool | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        group: str | None = None,
     ) -> list[str]:
         """send_many's work; ``batch`` says whether the caller was a batch API (the tracing
-        conventions name a batch's message count, and a single message's id). ``keyed``:
-        the key fields of send's one payload (key_fields, checked)."""
+        conventions name a batch's message count, and a single message's id). ``keyed``
+        and ``group``: the key fields and group of send's one payload (checked)."""
         through_outbox = self._outbox(outbox, on_commit)
         prepared = self._prepare_all(
-            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed, group=group
         )
         if not prepared:
             return []
@@ -210,9 +222,11 @@ class QueueProducing(QueueBase):
         at: datetime | None,
         retry_count: int | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        group: str | None = None,
     ) -> list[NewMessage]:
-        """Validate and encode every message (payloads, or Outgoing with their own timing
-        and key). ``keyed``: the key fields of the payloads given bare (send's one)."""
+        """Validate and encode every message (payloads, or Outgoing with their own timing,
+        key and group). ``keyed`` and ``group``: those of the payloads given bare (send's
+        one)."""
         items = list(messages)
         if not items:
             return []
@@ -228,14 +242,22 @@ class QueueProducing(QueueBase):
                 at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)
                 payload = item.payload
                 key, if_exists, unique_ms = key_fields(item.key, item.if_exists, item.unique_for)
+                item_group = check_group(item.group, key)
             else:
                 if shared is None:
                     shared = self._timing(delay, at, retry_count)
                 at_ms, delay_us, budget = shared
                 payload = item
                 key, if_exists, unique_ms = keyed
+                item_group = group
             text = encode_payload(payload, max_bytes=max_bytes, queue=name)
-            if key is None:
+            if item_group is not None:
+                # A grouped message lives on its group's shard, where its group is kept.
+                message_id = with_shard(message_id, layout, key_shard(item_group, layout))
+                prepared.append(
+                    NewMessage(message_id, text, budget, at_ms, delay_us, group=item_group)
+                )
+            elif key is None:
                 prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
             else:
                 # A keyed message lives on its key's shard, where its key is decided: its id

@@ -739,6 +739,194 @@ local function send_keys(items, now)
   return outcomes, earliest
 end
 
+--[[
+  Ordered groups (issue #27). A grouped message's group is not in KEYS either: begin()'s
+  tag gives their names, in the queue's slot:
+    <tag>:group_of    hash   id -> "<seq>:<group>" for each grouped message stored; seq
+                             numbers the queue's grouped sends (the field "", never an id,
+                             counts them), so that ties in due time go in send order; one
+                             EXISTS tells a queue that never had a grouped message, which
+                             pays nothing more
+    <tag>:group_busy  hash   group -> id of the message holding it: the one message of the
+                             group that may be staged, in flight or waiting for its retry
+    <tag>:group:<G>   zset   the group's due messages waiting for it ("parked"): score
+                             their due time (ms), member "<seq, 15 digits>:<id>", so that
+                             equal due times go in send order
+  A parked message stays in pending, scored PARKED + its due time: far beyond any due
+  time, so no fetch stages it, while stats, lists, cancel and reschedule still find it
+  where a waiting message is. Releasing a group (its holder acked, buried, cancelled,
+  deleted) makes its next live parked message the holder, back in pending at its due time.
+  A holder that fails keeps the group through its retries and timeouts (as SQS FIFO).
+]]
+
+-- Added to a parked message's due time: 2^52, beyond any due time (year 142,000,000), and
+-- with a due time added still exact in a double.
+local PARKED = 4503599627370496
+
+local function group_names()
+  local tag = string.sub(payloads, 1, -8)
+  return tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup'
+end
+
+-- Whether the queue ever had a grouped message: the one read an ungrouped queue pays.
+local function groups_used()
+  local group_of = group_names()
+  return redis.call('EXISTS', group_of) == 1
+end
+
+-- New grouped messages (send, relay): {id, group, id, group, ...}, in send order, each
+-- numbered after the queue's earlier grouped sends.
+local function record_groups(entries)
+  local count = #entries / 2
+  if count == 0 then
+    return
+  end
+  local group_of = group_names()
+  local last = call('HINCRBY', group_of, '', count)
+  for k = 1, count do
+    entries[2 * k] = int(last - count + k) .. ':' .. entries[2 * k]
+  end
+  call_chunked('HSET', group_of, entries)
+end
+
+-- The sequence number and group in a group_of entry (false: none).
+local function split_group(entry)
+  if not entry then
+    return nil, nil
+  end
+  local seq, group = string.match(entry, '^(%d+):(.+)$')
+  return seq, group
+end
+
+local function parked_member(seq, id)
+  return string.format('%015d:', tonumber(seq)) .. id
+end
+
+-- The group's holder is gone: its next parked message that still waits parked (one
+-- cancelled, rescheduled or promoted meanwhile left a stale entry: dropped) becomes the
+-- holder, back in pending at its due time. Returns its id and due time; nil when none
+-- waits (the group is then free).
+local function pass_group_on(group)
+  local _, busy, prefix = group_names()
+  local parked = prefix .. group
+  while true do
+    local head = call('ZRANGE', parked, 0, 0, 'WITHSCORES')
+    if not head[1] then
+      call('HDEL', busy, group)
+      return nil, nil
+    end
+    call('ZREM', parked, head[1])
+    local id = string.sub(head[1], 17)
+    local score = call('ZSCORE', pending, id)
+    if score and tonumber(score) >= PARKED then
+      local due = tonumber(head[2])
+      call('HSET', busy, group, id)
+      call('ZADD', pending, int(due), id)
+      return id, due
+    end
+  end
+end
+
+-- Messages that no longer hold their group (acked, buried, cancelled, deleted): each one
+-- holding its group passes it on, and the workers are woken for the next holder (on the
+-- queue's wake-up channel, "<tag>:wakeup", as engine/keys.py names it: ack and remove
+-- are not given it). With `forget`, they also leave group_of (they leave the queue; a
+-- buried one keeps its entry, so that a requeue waits for its group again).
+local function release_groups(ids, forget)
+  if #ids == 0 or not groups_used() then
+    return
+  end
+  local group_of, busy, _, channel = group_names()
+  local entries, earliest = gather('HMGET', group_of, ids), nil
+  for i, id in ipairs(ids) do
+    local _, group = split_group(entries[i])
+    if group and call('HGET', busy, group) == id then
+      local _, due = pass_group_on(group)
+      if due and (earliest == nil or due < earliest) then
+        earliest = due
+      end
+    end
+  end
+  if earliest ~= nil then
+    wake(channel, earliest)
+  end
+  if forget then
+    local gone = {}
+    for i, id in ipairs(ids) do
+      if entries[i] then
+        table.insert(gone, id)
+      end
+    end
+    call_chunked('HDEL', group_of, gone)
+  end
+  return earliest
+end
+
+-- A parked message leaving pending (cancel, delete): its entry in its group's zset goes too.
+local function unpark(id)
+  local group_of, _, prefix = group_names()
+  local seq, group = split_group(call('HGET', group_of, id))
+  if group then
+    call('ZREM', prefix .. group, parked_member(seq, id))
+  end
+end
+
+-- fetch's gate: of the due pending ids about to be staged, in order, those that may go (no
+-- group; their group's holder; or the first of their group, by due time then send order,
+-- when it is free: it becomes the holder), and the parked heads of free groups, returned
+-- in that order; the others are parked (see above). The ids that go are still in pending
+-- (the caller takes them out as it takes any due id). A holder whose message is gone (no
+-- payload: an inconsistency) frees its group. The parked heads come on top of the batch,
+-- at most one per group in it: a fetch still stages at most twice its bound.
+local function pass_groups(ids)
+  local group_of, busy, prefix = group_names()
+  local entries = gather('HMGET', group_of, ids)
+  local grouped, dues, touched, order = {}, {}, {}, {}
+  for i, id in ipairs(ids) do
+    if entries[i] then
+      table.insert(grouped, id)
+    end
+  end
+  if #grouped == 0 then
+    return ids
+  end
+  local scores = gather('ZMSCORE', pending, grouped)
+  for i, id in ipairs(grouped) do
+    dues[id] = tonumber(scores[i])
+  end
+  local going = {}
+  for i, id in ipairs(ids) do
+    local seq, group = split_group(entries[i])
+    if not group then
+      table.insert(going, id)
+    else
+      if touched[group] == nil then
+        local holder = call('HGET', busy, group)
+        if holder and holder ~= id and call('HEXISTS', payloads, holder) == 0 then
+          holder = false
+        end
+        touched[group] = holder or false
+        table.insert(order, group)
+      end
+      if touched[group] == id then
+        table.insert(going, id)
+      else
+        call('ZADD', prefix .. group, int(dues[id]), parked_member(seq, id))
+        call('ZADD', pending, int(PARKED + dues[id]), id)
+      end
+    end
+  end
+  for _, group in ipairs(order) do
+    if not touched[group] then
+      local head = pass_group_on(group)
+      if head then
+        table.insert(going, head)
+      end
+    end
+  end
+  return going
+end
+
 -- A body cut to at most `limit` bytes of its payload (see utf8_prefix), its key prefix
 -- kept whole so that the reader still finds the key; and the payload's whole size.
 local function preview(body, limit)
@@ -751,7 +939,7 @@ local function preview(body, limit)
 end
 
 -- Where one message is and what it holds, for peek and lookup (read-only): {state, score,
--- payload, size, meta, unannounced, warnings} as peek.lua's header describes them; the
+-- payload, size, meta, unannounced, group, warnings} as peek.lua's header describes them; the
 -- keys in `foreign` (see foreign_keys) read as empty.
 local function describe(id, preview_bytes, foreign)
   local state, score = '', -1
@@ -785,7 +973,16 @@ local function describe(id, preview_bytes, foreign)
   if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
     unannounced = 1
   end
-  return {state, score, payload, size, meta, unannounced, warnings}
+  -- Ordered groups: a parked message shows its due time, and any grouped one its group.
+  if state == 'pending' and score >= PARKED then
+    score = score - PARKED
+  end
+  local group, group_of = false, group_names()
+  if redis.call('TYPE', group_of)['ok'] == 'hash' then
+    local _, named = split_group(redis.call('HGET', group_of, id))
+    group = named or false
+  end
+  return {state, score, payload, size, meta, unannounced, group, warnings}
 end
 
 -- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand

@@ -46,6 +46,8 @@ end
 if #acked > 0 and args[4 + 2 * n] ~= 'plain' and keys_used() then
   forget_keys(acked, gather('HMGET', payloads, acked))
 end
+-- Ordered groups: an acked holder passes its group on.
+release_groups(acked, true)
 call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)

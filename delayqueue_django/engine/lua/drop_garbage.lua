@@ -33,6 +33,7 @@ end
 local ids = call('ZRANGE', garbage, '-inf', upto, 'BYSCORE', 'LIMIT', offset, limit)
 local dropped = 0
 local keyed = #ids > 0 and keys_used()
+local grouped = #ids > 0 and groups_used()
 for _, id in ipairs(ids) do
   if not (keep_unannounced == '1' and call('ZSCORE', exhausted, id)) then
     if keyed then
@@ -42,6 +43,9 @@ for _, id in ipairs(ids) do
     call('ZREM', exhausted, id)
     call('HDEL', payloads, id)
     call('HDEL', metas, id)
+    if grouped then
+      release_groups({id}, true)
+    end
     dropped = dropped + 1
   end
 end

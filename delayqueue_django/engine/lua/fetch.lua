@@ -5,7 +5,9 @@
        retries are used up), and count as failed in throughput; a keyed one whose
        key's message is another one, waiting, is superseded: removed (see settle_keys
        in the prelude);
-    2. due pending messages are staged: to ready (first delivery) or retry;
+    2. due pending messages are staged: to ready (first delivery) or retry; a grouped one
+       whose group another message holds is parked instead, and a free group's next
+       parked message comes with them (see "Ordered groups" in the prelude);
     3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
   lists (ready + retry) hold fewer than `stage_limit`, so every call is bounded and
@@ -139,6 +141,8 @@ local function take_due()
     end
     call_chunked('HSET', metas, expired_records)
     bury(to_bury, now)
+    -- Ordered groups: a buried holder passes its group on; staged below if due.
+    release_groups(to_bury, false)
     if #staged_retry > 0 and keys_used() then
       staged_retry = settle_timed_out(staged_retry, to_bury, aside)
     end
@@ -165,6 +169,10 @@ local function take_due()
       pending_head, pending_read = tonumber(first[2]), true
     end
     if #ids > 0 then
+      -- Ordered groups: what must wait for its group is parked (see pass_groups).
+      if groups_used() then
+        ids = pass_groups(ids)
+      end
       call_chunked('ZREM', pending, ids)
       local raw = gather('HMGET', metas, ids)
       for i, id in ipairs(ids) do

@@ -31,6 +31,10 @@ if key and not foreign[key] and limit > 0 then
     for i = 1, #flat, 2 do
       table.insert(ids, flat[i])
       scores[#ids] = tonumber(flat[i + 1])
+      -- Ordered groups: a parked message (last in pending) shows its due time.
+      if scores[#ids] >= PARKED then
+        scores[#ids] = scores[#ids] - PARKED
+      end
     end
   end
   for i, id in ipairs(ids) do

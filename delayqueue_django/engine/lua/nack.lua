@@ -102,6 +102,8 @@ call_chunked('ZREM', unack, refused)
 call_chunked('HSET', metas, records)
 bury(to_bury, now)
 call_chunked('ZADD', pending, scored)
+-- Ordered groups: a buried holder passes its group on (a retried one keeps it).
+release_groups(to_bury, false)
 remove_superseded(gone)
 count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then

@@ -17,7 +17,7 @@
   ARGV[2]  keep_ms
   ARGV[3]  n, the number of messages
   ARGV[4]  f, the number of ids to forget
-  then seven values per message:
+  then eight values per message:
     id         message id
     due_ms     absolute due time in ms since the epoch; a time already past is due now
     budget     retries allowed after the first delivery
@@ -26,6 +26,7 @@
     if_exists  a keyed message's: keep or replace (error is refused at the send: a relay
                has no caller to raise it to)
     unique_ms  a keyed message's hold, as send_keyed's (0: none)
+    group      an unkeyed message's ordered group (see the prelude), or "" for none
   then the f ids to forget (their outbox rows are deleted for good).
 
   A keyed message not relayed before is decided as send_keyed decides it (the prelude's
@@ -44,7 +45,7 @@
 local relayed = keys[11]
 local channel, keep_ms = args[1], tonumber(args[2])
 local n, f = tonumber(args[3]), tonumber(args[4])
-local WIDTH = 7
+local WIDTH = 8
 -- Ids noted this long ago are dropped, at most this many per call: each call stays short.
 local PRUNE_LIMIT = 100
 
@@ -73,7 +74,7 @@ local metas_found, payloads_found = gather('HMGET', metas, ids), gather('HMGET',
 local previous_head = head_score(pending)
 local earliest = nil
 local dues, scored, stored_payloads, notes = {}, {}, {}, {}
-local written, taken = 0, {}
+local written, taken, grouped = 0, {}, {}
 -- The keyed messages to decide (send_keys's items), and each one's place in the reply.
 local keyed, keyed_at = {}, {}
 for i = 0, n - 1 do
@@ -98,6 +99,10 @@ for i = 0, n - 1 do
     stored_payloads[pair + 1] = id
     stored_payloads[pair + 2] = wrap(tonumber(args[base + 2]), due, args[base + 3])
     written = written + 1
+    if args[base + 7] ~= '' then
+      table.insert(grouped, id)
+      table.insert(grouped, args[base + 7])
+    end
     if earliest == nil or due < earliest then
       earliest = due
     end
@@ -120,6 +125,7 @@ if #keyed > 0 then
 end
 call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
+record_groups(grouped)
 call_chunked('ZADD', relayed, notes)
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then

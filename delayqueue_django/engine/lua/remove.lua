@@ -52,6 +52,11 @@ end
 if keyed then
   forget_keys({id}, {call('HGET', payloads, id)})
 end
+-- Ordered groups: a parked message leaves its group's queue; a holder passes it on.
+if groups_used() then
+  unpark(id)
+  release_groups({id}, true)
+end
 call('HDEL', payloads, id)
 call('HDEL', metas, id)
 call('ZREM', exhausted, id)

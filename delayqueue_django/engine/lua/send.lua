@@ -15,6 +15,8 @@
                hands the message out before the delay has passed
     budget     retries allowed after the first delivery
     payload    JSON text
+  then m, the number of grouped messages among them, and m pairs: index (1-based, in the
+  batch), group (see "Ordered groups" in the prelude; written only for a new message)
 
   Returns {due_ms..., warnings}: the due time given to each message, in order.
   Errors (nothing written): "DUPLICATE <id>" if an id is already known to the queue with
@@ -105,6 +107,20 @@ for i = 0, n - 1 do
 end
 call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
+
+-- Ordered groups: each new grouped message numbered in send order (see the prelude).
+local grouped = tonumber(args[3 + n * 5]) or 0
+if grouped > 0 then
+  local entries = {}
+  for j = 0, grouped - 1 do
+    local index = tonumber(args[4 + n * 5 + j * 2])
+    if not replayed[index - 1] then
+      table.insert(entries, ids[index])
+      table.insert(entries, args[5 + n * 5 + j * 2])
+    end
+  end
+  record_groups(entries)
+end
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)

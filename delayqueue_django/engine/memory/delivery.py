@@ -9,7 +9,7 @@ from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import flow, key_index, prelude
+from delayqueue_django.engine.memory import flow, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
@@ -63,6 +63,8 @@ class MemoryDelivery(MemoryStoreBase):
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
                 state.metas[message.id] = Meta(0, 0, message.budget, due)
+                if message.group is not None:
+                    groups.record(state, message.id, message.group)
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
@@ -97,7 +99,10 @@ class MemoryDelivery(MemoryStoreBase):
                 elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
+                grouped = message_id in state.group_of
                 prelude.forget(state, message_id)
+                if grouped:
+                    self._wake(self._now())  # its group may have passed on (groups.py)
             return removed
 
     # Consumers
@@ -165,7 +170,10 @@ class MemoryDelivery(MemoryStoreBase):
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
-        for message_id, _ in state.pending.pop_upto(now, room()):
+        due = state.pending.pop_upto(now, room())
+        # Ordered groups: what must wait for its group is parked (see memory/groups.py).
+        passing = groups.pass_groups(state, due) if state.group_of else [i for i, _ in due]
+        for message_id in passing:
             target = state.retry if state.metas[message_id].attempt > 0 else state.ready
             target.append(message_id)
 
@@ -260,6 +268,8 @@ class MemoryDelivery(MemoryStoreBase):
                     prelude.forget(state, message_id)
                     acked.append(message_id)
             prelude.count(state, now, "acked", len(acked))
+            if acked and state.group_of:
+                self._wake(now)  # a group passed on: its next message is due (groups.py)
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
             return set(acked)
 
@@ -299,6 +309,8 @@ class MemoryDelivery(MemoryStoreBase):
                     outcomes.append(NackOutcome(message_id, False, meta.due))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
+            if state.group_of and any(outcome.exhausted for outcome in outcomes):
+                self._wake(now)  # a group passed on: its next message is due (groups.py)
             prelude.count(state, now, "failed", len(outcomes))
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes

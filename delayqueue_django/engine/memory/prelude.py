@@ -5,6 +5,7 @@ schedule's record), for the memory store's operations to share in the same way."
 from collections import deque
 
 from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.memory import groups
 from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
     Meta,
@@ -112,6 +113,8 @@ def bury(state: QueueState, message_id: str, now: int) -> None:
     state.garbage.add(message_id, now)
     state.exhausted.add(message_id, now)
     count_total(state, "exhausted", 1)
+    # A buried holder passes its group on; its entry stays, for a requeue to wait again.
+    groups.release(state, message_id)
 
 
 def delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> Delivery:
@@ -132,6 +135,7 @@ def delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> D
 def forget(state: QueueState, message_id: str) -> None:
     """The message leaves storage, and its key's pointer with it if that names it."""
     drop_pointer(state, message_id)
+    groups.leave(state, message_id)
     state.payloads.pop(message_id, None)
     state.metas.pop(message_id, None)
     state.exhausted.remove(message_id)
@@ -195,7 +199,7 @@ def stored(
     return StoredMessage(
         id=message_id,
         state=where,
-        score_ms=score,
+        score_ms=None if score is None else groups.shown_score(score),
         # Without the trace context a traced send put before it (see tracing.py).
         payload=None if payload is None else split_trace(payload)[1],
         payload_size=size,
@@ -205,6 +209,7 @@ def stored(
         unannounced=peeked and message_id in state.exhausted,
         key=key,
         generation=generation,
+        group=groups.group_of(state, message_id) if peeked else None,
     )
 
 

@@ -5,6 +5,7 @@ decides it."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.keyed import check_relayable
+from delayqueue_django.engine.memory import groups
 from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.server import Meta, SentRecord
 from delayqueue_django.engine.records import NewMessage
@@ -66,6 +67,8 @@ class MemoryRelay(MemoryKeyed):
                 state.pending.add(message_id, due)
                 state.payloads[message_id] = message.payload
                 state.metas[message_id] = Meta(0, 0, message.budget, due)
+                if message.group is not None:
+                    groups.record(state, message_id, message.group)
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))

@@ -91,6 +91,12 @@ class QueueState:
     rate: tuple[int, int] | None = None
     queue_rate: tuple[int, int] | None = None
     handed_out: deque[int] = field(default_factory=deque)
+    # Ordered groups (see memory/groups.py): id -> (send number, group), the last send
+    # number, group -> id of its holder, group -> its parked (due, send number, id), sorted.
+    group_of: dict[str, tuple[int, str]] = field(default_factory=dict)
+    group_seq: int = 0
+    group_busy: dict[str, str] = field(default_factory=dict)
+    group_parked: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

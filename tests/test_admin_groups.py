@@ -1,0 +1,57 @@
+"""Ordered groups (issue #27) in the admin: a message's page shows its group (escaped), and
+a parked message (waiting for its group) shows as pending at its due time."""
+
+import html
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from delayqueue_django import get_queue
+from tests.helpers import fetch_when_due, store_time_ms
+
+pytestmark = pytest.mark.django_db
+
+XSS_GROUP = '<b>customer "42"</b>'
+
+
+def message_page(message_id: str) -> str:
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="delayqueue_django", codename="view_queue")
+    )
+    client = Client()
+    client.force_login(user)
+    address = reverse("admin:delayqueue_django_queue_message", args=["default", message_id])
+    return client.get(address).content.decode()
+
+
+def group_cell(page: str) -> str:
+    cell = re.search(r'<td class="dq-group">(.*?)</td>', page, re.S)
+    assert cell is not None
+    return html.unescape(cell.group(1))
+
+
+def test_the_message_page_shows_the_group_escaped() -> None:
+    queue = get_queue()
+    holder = queue.send({"n": 1}, group=XSS_GROUP)
+    parked = queue.send({"n": 2}, group=XSS_GROUP)
+    before = store_time_ms(queue)
+    [delivery] = fetch_when_due(queue, 10)
+    assert delivery.id == holder
+    page = message_page(parked)
+    assert XSS_GROUP not in page
+    assert group_cell(page) == XSS_GROUP
+    # Parked behind its group's holder: pending, due when it was sent (not in the far future).
+    assert re.search(r"<th>State</th><td><a [^>]*>pending</a>", page)
+    stored = queue.peek(parked)
+    assert stored is not None
+    assert stored.score_ms is not None
+    assert stored.score_ms <= before
+
+
+def test_the_message_page_of_a_message_without_group_shows_none() -> None:
+    message_id = get_queue().send({"plain": True}, delay=600)
+    assert group_cell(message_page(message_id)) == "—"
