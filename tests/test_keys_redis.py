@@ -343,14 +343,17 @@ def test_reschedule_of_an_unknown_id_or_key(store: RedisStore) -> None:
 
 def test_a_rescheduled_message_keeps_its_new_due_time_to_its_delivery(store: RedisStore) -> None:
     in_ready(store)  # the due time kept at the start of its payload
-    soon = store.stats()["server_time_ms"] + 50
+    # Far enough ahead that a slow machine has not passed it by the reschedule (a time
+    # already past would be due now instead).
+    soon = store.stats()["server_time_ms"] + 300
     assert store.reschedule(key="k", at_ms=soon) == soon
     delivery = wait_for(lambda: store.fetch(1).deliveries, what="the rescheduled message")[0]
     assert (delivery.id, delivery.due_ms) == ("a", soon)
     store.nack([(delivery.id, delivery.lease, 60_000)])  # now its meta record keeps it
-    assert store.reschedule(message_id="a", at_ms=soon + 10) == soon + 10
+    later = store.stats()["server_time_ms"] + 300
+    assert store.reschedule(message_id="a", at_ms=later) == later
     delivery = wait_for(lambda: store.fetch(1).deliveries, what="the retry")[0]
-    assert (delivery.due_ms, delivery.attempt) == (soon + 10, 2)
+    assert (delivery.due_ms, delivery.attempt) == (later, 2)
 
 
 def test_reschedule_of_a_plain_message_by_id(store: RedisStore) -> None:
