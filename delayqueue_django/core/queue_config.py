@@ -35,6 +35,8 @@ class QueueConfig:
     exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
     # The layout new messages are spread over (1: the queue's one set of keys).
     shards: int = 1
+    # Seconds a handler may run before it is stopped (see worker.time_limits), or None.
+    time_limit: float | None = None
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
