@@ -16,7 +16,9 @@ from tests.redis_servers import RedisServer
 from tests.test_worker_processes import (
     ROOT,
     WorkerProcess,
+    alive,
     events,
+    handler_module,
     queue_for,
     spawn,
 )
@@ -264,3 +266,40 @@ def test_a_handler_past_its_time_limit_is_stopped_and_retried(
     assert "ran past its TIME_LIMIT of 2 s" in worker.output
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output
+
+
+def test_reload_with_processes_restarts_every_worker_process_on_a_change(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    module = tmp_path / "reloaded_handlers.py"
+    module.write_text(handler_module("v1"))
+    worker = spawn(
+        workers,
+        redis_server.url,
+        *("--reload", "--processes", "2"),
+        DQ_TEST_HANDLER="reloaded_handlers.handle",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )
+    wait_for(lambda: worker.output.count("queue 'default'") == 2, timeout=30, what="2 workers")
+    queue = queue_for(settings, redis_server.url)
+    first = queue.send({"n": 1})
+    wait_for(lambda: events("v1"), timeout=20, what="the first version's handler")
+    changed = f"{module} changed: stopping the workers to restart them."
+
+    def saved_again() -> bool:
+        # Saved until the reloader, which compares modification times each second, sees it.
+        module.write_text(handler_module("v2"))
+        time.sleep(0.5)
+        return changed in worker.output
+
+    wait_for(saved_again, timeout=20, what="the change noticed")
+    wait_for(lambda: worker.output.count("queue 'default'") == 4, timeout=30, what="a restart")
+    second = queue.send({"n": 2})
+    wait_for(lambda: events("v2"), timeout=20, what="the new version's handler")
+    assert [e["id"] for e in events("v1")] == [first]
+    assert [e["id"] for e in events("v2")] == [second]
+    pids = {int(pid) for pid in re.findall(r"delayqueue_django worker [^:]+:(\d+):", worker.output)}
+    assert len(pids) == 4
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    wait_for(lambda: not any(alive(pid) for pid in pids), timeout=20, what="the workers gone")

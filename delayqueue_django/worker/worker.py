@@ -92,6 +92,8 @@ class Worker:
         self._counts_lock = threading.Lock()
         self.handled = 0
         self.failed = 0
+        # Handlers that ran past their queue's TIME_LIMIT (with threads: see time_limits).
+        self.time_limit_overruns = 0
         # Under --max-messages, what each consumer's fetch under way may take (see reserve).
         self._reserved: dict[ConsumerState, int] = {}
         # The counts at the last summary line, and when it was logged (None: not yet).
@@ -119,6 +121,10 @@ class Worker:
         if reached and not self.stopping.is_set():
             logger.info("handled %d messages (--max-messages); stopping", self.handled)
             self._stop_gracefully()
+
+    def count_time_limit_overrun(self) -> None:
+        with self._counts_lock:
+            self.time_limit_overruns += 1
 
     def summarize(self) -> None:
         """Log what was handled since the last summary line, if anything was and the last
@@ -194,6 +200,7 @@ class Worker:
             "started": self.started_at,
             "handled": self.handled,
             "failed": self.failed,
+            "time_limit_overruns": self.time_limit_overruns,
             "last_seen": time.time(),
             "running": self.running_handlers(),
         }
