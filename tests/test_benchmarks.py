@@ -38,10 +38,9 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys' has a test of its own too.
-    stdout, table = run_quick(
-        *(phase for phase in PHASES if phase not in ("shards", "peers", "kills", "keys"))
-    )
+    # keys' and the processes' have a test of their own too.
+    skipped = ("shards", "peers", "kills", "keys", "processes")
+    stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
     for measure in (
@@ -70,6 +69,17 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "Redis CPU per message, 500 due together") > 0
     # The floor under the trickle: a bare PING at its pace costs the server something too.
     assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_processes_benchmark_sets_one_supervised_command_beside_separate_ones() -> None:
+    _, table = run_quick("processes")
+    one = figure(table, "drain 500 due together, 1 worker process, one command --processes 1")
+    separate = figure(table, "drain 500 due together, 1 worker process, 1 separate commands")
+    ratio = figure(table, "drain 500 due together, 1 worker process: one command's rate")
+    assert one > 0
+    assert separate > 0
+    assert ratio == pytest.approx(one / separate, abs=0.01)
 
 
 @pytest.mark.timeout(60)
