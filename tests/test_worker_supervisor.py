@@ -303,3 +303,34 @@ def test_reload_with_processes_restarts_every_worker_process_on_a_change(
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
     wait_for(lambda: not any(alive(pid) for pid in pids), timeout=20, what="the workers gone")
+
+
+def test_a_burst_drains_with_every_process_and_exits_0(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
+) -> None:
+    queue = queue_for(settings, redis_server.url)
+    ids = set(queue.send_many([{"n": n, "do": "sleep", "seconds": 0.01} for n in range(100)]))
+    worker = spawn(workers, redis_server.url, "--processes", "2", "--burst", "--batch-size", "5")
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert {e["id"] for e in events("acked")} == ids
+    assert worker.output.count(" is done: exit status 0") == 2
+
+
+def test_worker_processes_stop_gracefully_when_their_supervisor_is_killed(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
+) -> None:
+    queue = queue_for(settings, redis_server.url)
+    worker = spawn(workers, redis_server.url, "--processes", "2")
+    pids = ready_children(worker, 2)
+    running = queue.send({"do": "sleep", "seconds": 1})
+    wait_for(lambda: events("start"), timeout=20, what="the handler started")
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    wait_for(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids),
+        timeout=20,
+        what="the orphaned worker processes gone",
+    )
+    # Gracefully: the running handler finished and its ack was committed.
+    assert [e["id"] for e in events("acked")] == [running]
+    assert "the supervisor (pid" in worker.output

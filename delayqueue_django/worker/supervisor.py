@@ -80,8 +80,10 @@ class Supervisor:
         self._reload_requested = threading.Event()
         self._rollout: list[ChildProcess] = []  # children still to replace after a SIGHUP
         self._rollout_new: ChildProcess | None = None
-        # Children that exited with an error while the command was stopping, or in a burst.
+        # Children that exited with an error while the command was stopping.
         self._failed_exits = 0
+        # --burst: the worst exit status of the children, each done once.
+        self._burst_status = 0
         # Why the command ends with an error: a child could not start.
         self._cannot_start: str | None = None
 
@@ -129,7 +131,7 @@ class Supervisor:
                         for child in self.children:
                             child.kill("did not stop after the grace")
                 elif self.burst and not self.children:
-                    return 1 if self._failed_exits else 0
+                    return self._burst_status
                 else:
                     self._start_due(now)
                     self._enforce_time_limits(now)
@@ -199,8 +201,9 @@ class Supervisor:
             logger.warning("worker process pid %d died (%s) while being replaced", child.pid, how)
             return
         if self.burst:
-            # Done with everything due (0), or gave up or failed: not run again either way.
-            self._failed_exits += int(code != 0)
+            # Done with everything due (0), or gave up on Redis (3) or failed: not run again
+            # either way. The command exits with the worst status of its processes.
+            self._burst_status = max(self._burst_status, code if code >= 0 else 1)
             logger.info("worker process pid %d is done: %s", child.pid, how)
             return
         if code == 0:

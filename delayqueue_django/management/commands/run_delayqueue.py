@@ -275,6 +275,7 @@ class Command(OwnProcessCommand):
                 max_memory=max_memory,
                 heartbeat=max(heartbeat, 0.1),
                 verbosity=verbosity,
+                checks=checks_at_each_start,
             )
             if reload:
                 self._say_reloading()
@@ -440,10 +441,13 @@ class Command(OwnProcessCommand):
         max_memory: float | None,
         heartbeat: float,
         verbosity: int,
+        checks: bool = False,
     ) -> None:
         # Checked here once, so that a wrong setting or handler is one error, not one per
         # worker process; imported here too, for --reload to watch the handlers' modules.
         handlers = self._handlers_for(queues)
+        if checks:  # --reload: the checks skipped at the command's start
+            self.check(display_num_errors=True)
         chosen = [queue for queue, _ in handlers]
         limits = {q.name: q.config.time_limit for q in chosen if q.config.time_limit is not None}
         env = {k: v for k, v in os.environ.items() if k != autoreload.DJANGO_AUTORELOAD_ENV}
@@ -478,6 +482,12 @@ class Command(OwnProcessCommand):
                 code = supervisor.run()
             except ChildCannotStart as error:
                 raise CommandError(str(error)) from None
+        if code == GAVE_UP:
+            raise CommandError(
+                "a worker process gave up on a Redis it could not reach (--burst); the "
+                "messages stay in Redis",
+                returncode=GAVE_UP,
+            )
         if code:
             raise CommandError("worker processes did not all stop cleanly", returncode=code)
 
