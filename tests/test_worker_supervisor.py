@@ -355,3 +355,31 @@ def test_processes_auto_is_the_usable_cores() -> None:
     assert process_count("3") == 3
     with pytest.raises(argparse.ArgumentTypeError):
         process_count("0")
+
+
+def test_a_reload_whose_new_process_cannot_start_keeps_the_old_ones(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    module = tmp_path / "deployed_handlers.py"
+    module.write_text(handler_module("v1"))
+    worker = spawn(
+        workers,
+        redis_server.url,
+        "--processes",
+        "1",
+        DQ_TEST_HANDLER="deployed_handlers.handle",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )
+    [old] = ready_children(worker, 1)
+    module.write_text("raise ImportError('a broken deploy')\n")
+    worker.signal(signal.SIGHUP)
+    worker.wait_for_line("reload: the new worker process pid ")
+    assert "could not start (exit status 1); the old ones go on" in worker.output
+    assert "a broken deploy" in worker.output
+    # The old process still handles messages, and the command still runs.
+    message_id = queue_for(settings, redis_server.url).send({"n": 1})
+    [handled] = wait_for(lambda: events("v1"), timeout=20, what="the old process's handler")
+    assert (handled["id"], handled["pid"]) == (message_id, old)
+    assert children_of(worker) == [old]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output
