@@ -26,9 +26,13 @@ from delayqueue_django.exceptions import (
 )
 from delayqueue_django.management import redis_checks
 from delayqueue_django.management.own_process import OwnProcessCommand
+from delayqueue_django.management.process_signals import (
+    child_signals,
+    stop_gracefully,
+    supervisor_signals,
+)
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS
 from delayqueue_django.worker import Worker, memory
-from delayqueue_django.worker.child_process import IMMEDIATE_STOP
 from delayqueue_django.worker.supervisor import ChildCannotStart, Supervisor
 from delayqueue_django.worker.supervisor_link import MessageReports, SupervisorLink
 from delayqueue_django.worker.worker import BURST_OUTAGE_SECONDS
@@ -264,6 +268,11 @@ class Command(OwnProcessCommand):
             give_up_after=BURST_OUTAGE_SECONDS if give_up_after is None else give_up_after,
             link=link,
         )
+        if reload and (burst or max_messages is not None):
+            raise CommandError(
+                "--reload restarts a worker that runs until stopped; it cannot be combined "
+                "with --burst or --max-messages."
+            )
         if processes is not None:
             supervise = partial(
                 self._supervise,
@@ -286,11 +295,6 @@ class Command(OwnProcessCommand):
         if not reload:
             self._run(start(), verbosity, link)
             return
-        if burst or max_messages is not None:
-            raise CommandError(
-                "--reload restarts a worker that runs until stopped; it cannot be combined "
-                "with --burst or --max-messages."
-            )
         self._say_reloading()
         # This process watches; a copy of it, restarted after each change, runs the worker.
         autoreload.run_with_reloader(self._run_until_reload, start, verbosity, checks_at_each_start)
@@ -332,7 +336,7 @@ class Command(OwnProcessCommand):
         return Worker(handlers, pool_watcher=watcher, supervisor_pid=link.supervisor_pid, **options)
 
     def _run(self, worker: Worker, verbosity: int, link: SupervisorLink | None = None) -> None:
-        signals = self._signals(worker) if link is None else self._child_signals(worker)
+        signals = self._signals(worker) if link is None else child_signals(worker)
         with self.package_log(verbosity), signals:
             # Printed once the signal handlers are in place: a supervisor (or a test) that
             # sees it knows SIGTERM now means a clean stop.
@@ -340,7 +344,7 @@ class Command(OwnProcessCommand):
             self._advise([consumer.queue for consumer in worker.consumers])
             if link is not None:
                 link.ready(worker.worker_id)
-                link.watch(partial(_stop_gracefully, worker))
+                link.watch(partial(stop_gracefully, worker))
             try:
                 worker.run()
             except KeyboardInterrupt:
@@ -465,7 +469,7 @@ class Command(OwnProcessCommand):
             time_limits=limits if concurrency == 1 else {},
         )
         self._current_supervisor = supervisor
-        with self.package_log(verbosity), self._supervisor_signals(supervisor):
+        with self.package_log(verbosity), supervisor_signals(supervisor, self.stop_signals()):
             if verbosity >= 1:
                 self.stdout.write(
                     f"delayqueue_django supervisor {supervisor.supervisor_id}: {processes} "
@@ -518,64 +522,6 @@ class Command(OwnProcessCommand):
             finished.set()
 
     @contextmanager
-    def _supervisor_signals(self, supervisor: Supervisor) -> Iterator[None]:
-        def on_stop(signum: int, frame: FrameType | None) -> None:
-            name = signal.Signals(signum).name
-            logger = logging.getLogger("delayqueue_django.worker")
-            if supervisor.stop_requested:
-                logger.warning("%s received again: worker processes leave now", name)
-            else:
-                logger.info(
-                    "%s received: worker processes finish their running handlers (a second "
-                    "signal stops them at once)",
-                    name,
-                )
-            supervisor.request_stop()
-
-        def on_reload(signum: int, frame: FrameType | None) -> None:
-            supervisor.request_reload()
-
-        wanted = {sig: on_stop for sig in self.stop_signals()}
-        wanted[signal.SIGHUP] = on_reload
-        try:
-            previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
-        except ValueError:  # not the main thread (--reload): the reloader stops it
-            previous = {}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    @contextmanager
-    def _child_signals(self, worker: Worker) -> Iterator[None]:
-        """A worker process of a supervisor: SIGTERM only ever stops it gracefully (the
-        service manager may send it to every process of the group, then the supervisor
-        passes it on too), IMMEDIATE_STOP is the supervisor's second request; SIGINT and
-        SIGHUP are the supervisor's to act on (a terminal sends them to the whole group)."""
-
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            _stop_gracefully(worker)
-
-        def on_immediate(signum: int, frame: FrameType | None) -> None:
-            _stop_gracefully(worker)
-            worker.request_stop()
-            raise SystemExit(1)
-
-        wanted: dict[int, Any] = {
-            signal.SIGTERM: on_term,
-            IMMEDIATE_STOP: on_immediate,
-            signal.SIGINT: signal.SIG_IGN,
-            signal.SIGHUP: signal.SIG_IGN,
-        }
-        previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    @contextmanager
     def _signals(self, worker: Worker) -> Iterator[None]:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             # A stop that --max-messages began is no signal: this one is then the first.
@@ -598,15 +544,6 @@ class Command(OwnProcessCommand):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-def _stop_gracefully(worker: Worker) -> None:
-    """The first stop request, never the second: a repeat changes nothing."""
-    if not worker.stop_requested.is_set():
-        logging.getLogger("delayqueue_django.worker").info(
-            "asked to stop: finishing running handlers"
-        )
-        worker.request_stop()
 
 
 def _origin(error: BaseException) -> BaseException | None:
