@@ -43,7 +43,7 @@ from benchmarks import (
     shards,
 )
 from benchmarks.report import Row, percentile, table
-from benchmarks.workers import WorkerProcesses
+from benchmarks.workers import SupervisedWorkers, WorkerProcesses
 from tests.redis_servers import RedisClusterServers, RedisServer
 
 PHASES = (
@@ -52,6 +52,7 @@ PHASES = (
     "groups",
     "drain",
     "flow",
+    "processes",
     "lateness",
     "idle",
     "scale",
@@ -341,6 +342,34 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
                 digits=2,
             )
         )
+    return rows
+
+
+def bench_processes(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    """The drain by N worker processes under one command's supervisor (``--processes N``)
+    beside N separate commands, measured one after the other in the same phase, so that
+    the ratio compares like with like on a shared machine."""
+    rows: list[Row] = []
+    for count in [int(n) for n in args.workers.split(",")]:
+        plural = "process" if count == 1 else "processes"
+        rates: dict[str, list[float]] = {}
+        for how, kind in (("separate", WorkerProcesses), ("supervised", SupervisedWorkers)):
+            progress(f"drain with {count} worker {plural}, {how}")
+            with kind(count, server.url, NOOP):
+                drains = repeat(args.runs, "drain", lambda: drain.drain(args.drain_messages, probe))
+            rates[how] = [d.rate for d in drains]
+        what = f"drain {args.drain_messages:,} due together, {count} worker {plural}"
+        rows += [
+            Row(f"{what}, one command --processes {count}", rates["supervised"], "msg/s"),
+            Row(f"{what}, {count} separate commands", rates["separate"], "msg/s"),
+            Row(
+                f"{what}: one command's rate / separate commands' rate",
+                [a / b for a, b in zip(rates["supervised"], rates["separate"], strict=True)],
+                "",
+                "≈ 1 (the supervisor costs nothing measurable)",
+                digits=2,
+            ),
+        ]
     return rows
 
 
@@ -669,6 +698,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:
             rows += bench_flow(args, server, probe)
+        if "processes" in chosen:
+            rows += bench_processes(args, server, probe)
         if "lateness" in chosen:
             rows += bench_lateness(args, server, probe)
         if "idle" in chosen:

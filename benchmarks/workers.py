@@ -22,6 +22,8 @@ class WorkerProcesses:
         self, count: int, redis_url: str, handler: str, *arguments: str, **env: str
     ) -> None:
         self.count = count
+        # The heartbeats that say they are all ready (see SupervisedWorkers).
+        self.heartbeats = count
         # The workers' output, for the error when one fails; closed by stop().
         self._log = tempfile.TemporaryFile()  # noqa: SIM115
         environment = {
@@ -40,7 +42,7 @@ class WorkerProcesses:
 
     def __enter__(self) -> "WorkerProcesses":
         deadline = time.monotonic() + 60
-        while len(live_workers(get_queue())) < self.count:
+        while len(live_workers(get_queue())) < self.heartbeats:
             self._check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start within 60 s:\n{self.log()}")
@@ -79,3 +81,12 @@ class WorkerProcesses:
                 process.kill()
                 process.wait()
         self._log.close()
+
+
+class SupervisedWorkers(WorkerProcesses):
+    """``processes`` worker processes started by one command, ``run_delayqueue --processes``:
+    ready once they and their supervisor have published their heartbeats."""
+
+    def __init__(self, processes: int, redis_url: str, handler: str, *arguments: str) -> None:
+        super().__init__(1, redis_url, handler, "--processes", str(processes), *arguments)
+        self.heartbeats = processes + 1

@@ -106,3 +106,10 @@ class Reject(DelayQueueError):
 class TaskAbandoned(DelayQueueError):
     """A task's last delivery ended with no outcome recorded: its worker died, or it ran past
     the queue's MAX_CONSUME_DURATION, and no retry was left."""
+
+
+class TimeLimitExceeded(DelayQueueError):
+    """A handler ran past its queue's TIME_LIMIT. Raised by ``message.check_time_limit()``
+    (the soft check a handler calls between steps, where handler threads share a process);
+    also the ``error`` of ``message_nacked`` when the supervisor killed a worker process
+    whose handler ran past it (``run_delayqueue --processes``, ``--concurrency 1``)."""

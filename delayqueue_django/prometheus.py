@@ -40,6 +40,7 @@ from delayqueue_django.monitoring.reports import (
     queue_totals,
     shard_down,
     shard_reports,
+    worker_processes,
 )
 from delayqueue_django.worker import heartbeat
 
@@ -115,7 +116,14 @@ class QueueCollector(Collector):
             labels=["queue"],
         )
         workers = GaugeMetricFamily(
-            "delayqueue_workers", "Workers with a live heartbeat.", labels=["queue"]
+            "delayqueue_workers",
+            "Worker processes with a live heartbeat (supervisors not counted).",
+            labels=["queue"],
+        )
+        restarts = GaugeMetricFamily(
+            "delayqueue_worker_restarts",
+            "Worker processes that died and were replaced, as live supervisors count them.",
+            labels=["queue"],
         )
         totals = {
             key: CounterMetricFamily(name, help_text, labels=["queue"])
@@ -185,7 +193,7 @@ class QueueCollector(Collector):
                 # Running totals are summed over every shard (and the heartbeats are on
                 # shard 0): with shards down, not asked.
                 running = None if stats["shards_down"] else queue.store.totals()
-                live = None if shard_down(shards, "0") else len(heartbeat.live_workers(queue))
+                live = None if shard_down(shards, "0") else heartbeat.live_workers(queue)
             except RedisError:
                 up.add_metric([name], 0)
                 continue
@@ -197,7 +205,10 @@ class QueueCollector(Collector):
             lag.add_metric([name], stats["lag_ms"] / 1000)
             paused.add_metric([name], stats.get("paused", 0))
             if live is not None:
-                workers.add_metric([name], live)
+                workers.add_metric([name], len(worker_processes(live)))
+                restarts.add_metric(
+                    [name], sum(w.get("restarts", 0) for w in live if w.get("role") == "supervisor")
+                )
             if running is None:
                 continue
             for key, family in totals.items():
@@ -209,7 +220,8 @@ class QueueCollector(Collector):
                     [(_bound(le), count) for le, count in figures.buckets],
                     sum_value=figures.sum_seconds,
                 )
-        yield from (up, messages, due, lag, paused, workers, *totals.values(), *histograms.values())
+        yield from (up, messages, due, lag, paused, workers, restarts, *totals.values())
+        yield from histograms.values()
         yield from (outbox, outbox_age)
         if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
             yield from (shard_up, shards_down, shard_messages, shard_lag)

@@ -155,7 +155,9 @@ def _run_due_once(queue: Queue, runner: ScheduleRunner) -> list[Outcome]:
     if fetched.messages:
         handler = runner.guard(resolve(queue.config))
         for message in fetched.messages:
-            outcome = call_handler(handler, message, manage_connections=False)
+            outcome = call_handler(
+                handler, message, manage_connections=False, time_limit=queue.config.time_limit
+            )
             if verdicts.commit(queue, outcome.verdict, [outcome]):
                 verdicts.announce_exhaustions(queue)
             outcomes.append(outcome)

@@ -383,6 +383,20 @@ def test_the_worker_table_shows_the_running_handlers_and_their_age(
     assert re.search(r"idle-host</td>.*?<td>—</td></tr>", page, re.DOTALL)
 
 
+def test_the_worker_table_tells_a_supervisor_from_its_worker_processes(
+    users: dict[str, User | None], queue: Queue
+) -> None:
+    supervisor = {"role": "supervisor", "host": "h", "pid": 10, "processes": 2, "restarts": 1}
+    heartbeat.beat(queue, "sup", supervisor, ttl_seconds=30)
+    heartbeat.beat(queue, "child", {"host": "h", "pid": 11, "supervisor": 10}, ttl_seconds=30)
+    heartbeat.beat(queue, "alone", {"host": "h", "pid": 12, "supervisor": None}, ttl_seconds=30)
+    page = client_for(users["viewer"]).get(url("detail", "default")).content.decode()
+    assert "<th>Process</th>" in page
+    assert "<td>10</td>\n      <td>supervisor of 2, 1 restart</td>" in page
+    assert "<td>11</td>\n      <td>under 10</td>" in page
+    assert "<td>12</td>\n      <td>worker</td>" in page
+
+
 def test_times_are_shown_to_the_second(users: dict[str, User | None], queue: Queue) -> None:
     due = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     message_id = queue.send("later", at=due)

@@ -38,8 +38,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys', the flow gates' and the groups' have tests of their own too.
-    skipped = ("shards", "peers", "kills", "keys", "flow", "groups")
+    # keys', the flow gates', the groups' and the processes' have tests of their own too.
+    skipped = ("shards", "peers", "kills", "keys", "flow", "groups", "processes")
     stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
@@ -83,6 +83,16 @@ def test_the_groups_benchmark_sets_grouped_messages_beside_plain_ones() -> None:
         redis_time = "send_many + drain of 500: Redis time per message in its script calls"
         assert figure(table, f"{redis_time} (INFO commandstats), {mode}") > 0
         assert figure(table, f"send_many + drain of 500 in one process, {mode}") > 0
+
+
+def test_the_processes_benchmark_sets_one_supervised_command_beside_separate_ones() -> None:
+    _, table = run_quick("processes")
+    one = figure(table, "drain 500 due together, 1 worker process, one command --processes 1")
+    separate = figure(table, "drain 500 due together, 1 worker process, 1 separate commands")
+    ratio = figure(table, "drain 500 due together, 1 worker process: one command's rate")
+    assert one > 0
+    assert separate > 0
+    assert ratio == pytest.approx(one / separate, abs=0.01)
 
 
 @pytest.mark.timeout(60)

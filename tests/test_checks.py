@@ -3,6 +3,7 @@
 import re
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,22 @@ def test_an_empty_setting_warns(settings: Any) -> None:
             ),
         ),
         (
+            {"default": {"URL": "redis://x", "TIME_LIMIT": "1m"}},
+            (
+                "delayqueue_django.E023",
+                "DELAYQUEUES['default']['TIME_LIMIT'] must be a positive number of seconds, a "
+                "timedelta or None (no limit), not '1m'.",
+            ),
+        ),
+        (
+            {"default": {"URL": "redis://x", "TIME_LIMIT": 30, "MAX_CONSUME_DURATION": 30}},
+            (
+                "delayqueue_django.E023",
+                "DELAYQUEUES['default']['TIME_LIMIT'] (30 s) must be below MAX_CONSUME_DURATION "
+                "(30 s).",
+            ),
+        ),
+        (
             {"default": {"URL": "redis://x", "GARBAGE_RETENTION": -5}},
             (
                 "delayqueue_django.E010",
@@ -252,6 +269,16 @@ def test_each_problem_has_its_id_and_message(
     settings: Any, value: Any, expected: tuple[str, str]
 ) -> None:
     assert messages(value, settings) == [expected]
+
+
+def test_a_time_limit_below_the_lease_is_read_in_seconds(settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": "redis://x", "TIME_LIMIT": timedelta(seconds=2.5)},
+        "other": {"URL": "redis://x"},
+    }
+    assert check_delayqueues() == []
+    assert get_queue("default").config.time_limit == 2.5
+    assert get_queue("other").config.time_limit is None
 
 
 def test_every_problem_is_reported_at_once(settings: Any) -> None:

@@ -1,12 +1,15 @@
 """Prometheus metrics: what the collector reads from Redis, totals that add up across
 worker processes, and who may read the endpoint."""
 
+import os
 import signal
 from collections.abc import Callable
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -250,3 +253,27 @@ def test_a_shard_that_cannot_be_reached_is_down_the_queue_gauges_those_of_the_ot
             (("queue", "default"), ("shard", name), ("state", "pending")),
         )
         assert (counted in samples) is not (name in shards_down)
+
+
+def test_a_supervisor_and_its_worker_processes_are_told_apart(
+    workers: list[WorkerProcess],  # noqa: F811
+    redis_server: RedisServer,
+    settings: Any,
+) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url}}
+    queue = get_queue()
+    command = spawn(workers, redis_server.url, "--processes", "2", "--heartbeat", "0.2")
+    wait_for(lambda: len(heartbeat.live_workers(queue)) == 3, timeout=30, what="3 heartbeats")
+    samples = scrape()
+    assert of(samples, "delayqueue_workers") == 2  # the supervisor handles nothing itself
+    assert of(samples, "delayqueue_worker_restarts") == 0
+    [child, _] = [w["pid"] for w in heartbeat.live_workers(queue) if w.get("supervisor")]
+    os.kill(child, signal.SIGKILL)
+    wait_for(lambda: of(scrape(), "delayqueue_worker_restarts") == 1, timeout=20)
+    out = StringIO()
+    wait_for(lambda: len(heartbeat.live_workers(queue)) == 3, timeout=30, what="the replacement")
+    call_command("delayqueue_stats", stdout=out)
+    assert f":{command.pid} supervising 2 processes, 1 restart" in out.getvalue()
+    assert out.getvalue().count(f", under {command.pid})") == 2
+    command.signal(signal.SIGTERM)
+    assert command.wait(timeout=20) == 0

@@ -3,10 +3,10 @@
 Each call is recorded as JSON in the Redis list ``test:log`` on the queue's server, so a test
 can see what every worker process did; for a memory queue, whose worker runs in the test's
 own process, in ``MEMORY_LOG``. The payload says what to do:
-``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first" | "block", "seconds":
-float}`` ("sleep-first" sleeps on the first attempt only; "block" waits until a test sets
-``UNBLOCK``, or ``seconds`` pass); with ``"count_unack": true`` the start record also holds the
-queue's unack count.
+``{"do": "ok" | "false" | "raise" | "reject" | "sleep" | "sleep-first" | "block" | "grow",
+"seconds": float}`` ("sleep-first" sleeps on the first attempt only; "block" waits until a test
+sets ``UNBLOCK``, or ``seconds`` pass; "grow" keeps ``mb`` more MB for the process's life);
+with ``"count_unack": true`` the start record also holds the queue's unack count.
 """
 
 import json
@@ -27,6 +27,8 @@ LOG_KEY = "test:log"
 MEMORY_LOG: list[str] = []
 # Holds every "block" handler of this process until set.
 UNBLOCK = threading.Event()
+# What "grow" handlers keep: a leak, for the --max-memory tests.
+KEPT: list[bytes] = []
 
 
 def record(queue: str, event: str, **fields: Any) -> None:
@@ -54,6 +56,8 @@ def handle(message: Message) -> Any:
     record(message.queue, "start", id=message.id, attempt=message.attempt, at=time.time(), **seen)
     if action == "sleep" or (action == "sleep-first" and message.attempt == 1):
         time.sleep(message.payload.get("seconds", 1.0))
+    if action == "grow":
+        KEPT.append(os.urandom(int(payload.get("mb", 1) * 2**20)))
     if action == "block":
         UNBLOCK.wait(timeout=message.payload.get("seconds", 60.0))
     if action == "false":

@@ -14,6 +14,7 @@ DELAYQUEUES = {
         "NACK_REDELIVERY_DELAY": 0,
         "SCHEDULES": json.loads(os.environ.get("DQ_TEST_SCHEDULES", "{}")),
         "SHARDS": int(os.environ.get("DQ_TEST_SHARDS", "1")),
+        "TIME_LIMIT": json.loads(os.environ.get("DQ_TEST_TIME_LIMIT", "null")),
     }
 }
 if "DQ_TEST_SECOND_REDIS_URL" in os.environ:

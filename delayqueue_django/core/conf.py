@@ -26,6 +26,7 @@ from delayqueue_django.core.conf_values import (
     _nack_delays_ms,
     _read_feature_options,
     _seconds_to_ms,
+    _time_limit_seconds,
 )
 from delayqueue_django.core.flow_options import check_flow_options, parse_rate
 from delayqueue_django.core.queue_config import QueueConfig
@@ -39,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "HANDLER": None,
     "RETRY_COUNT": 3,
     "MAX_CONSUME_DURATION": 30,
+    # Seconds a handler may run (None: no limit); below MAX_CONSUME_DURATION.
+    "TIME_LIMIT": None,
     "NACK_REDELIVERY_DELAY": (5, 30, 120),
     "KEY_PREFIX": "delayqueue",
     "GARBAGE_RETENTION": timedelta(days=7),
@@ -136,6 +139,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         handler=handler,
         retry_count=options["RETRY_COUNT"],
         max_consume_ms=_seconds_to_ms(options["MAX_CONSUME_DURATION"]) or 1,
+        time_limit=_time_limit_seconds(options["TIME_LIMIT"]),
         nack_delays_ms=_nack_delays_ms(options["NACK_REDELIVERY_DELAY"]) or (0,),
         key_prefix=prefix,
         garbage_retention_ms=None if retention is None else _seconds_to_ms(retention),

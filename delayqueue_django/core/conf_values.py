@@ -77,6 +77,7 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
                 f"or a timedelta, not {options['MAX_CONSUME_DURATION']!r}.",
             )
         )
+    _check_time_limit(where, options, consume_ms, problems)
     retention = options["GARBAGE_RETENTION"]
     retention_ms = _seconds_to_ms(retention)
     if retention is not None and (retention_ms is None or retention_ms < 0):
@@ -113,6 +114,42 @@ def _check_numbers(name: str, options: Mapping[str, Any], problems: list[Problem
                 f"{where}['NACK_REDELIVERY_DELAY'] must be seconds (number or timedelta, "
                 "zero or more) or a non-empty list of them, one per retry (the last one "
                 f"repeats); not {options['NACK_REDELIVERY_DELAY']!r}.",
+            )
+        )
+
+
+def _time_limit_seconds(value: Any) -> float | None:
+    """TIME_LIMIT in seconds (a timedelta too), or None when unset or not a duration."""
+    ms = _seconds_to_ms(value)
+    return None if value is None or ms is None else ms / 1000
+
+
+def _check_time_limit(
+    where: str, options: Mapping[str, Any], consume_ms: int | None, problems: list[Problem]
+) -> None:
+    """TIME_LIMIT, if set, is a positive duration below MAX_CONSUME_DURATION: a delivery's
+    lease outlives its handler, so it is never handed to a second worker while the first
+    still runs it."""
+    value = options["TIME_LIMIT"]
+    if value is None:
+        return
+    limit = _time_limit_seconds(value)
+    if limit is None or limit <= 0:
+        problems.append(
+            Problem(
+                "delayqueue_django.E023",
+                f"{where}['TIME_LIMIT'] must be a positive number of seconds, a timedelta "
+                f"or None (no limit), not {value!r}.",
+            )
+        )
+    elif consume_ms is not None and consume_ms >= 1 and limit * 1000 >= consume_ms:
+        problems.append(
+            Problem(
+                "delayqueue_django.E023",
+                f"{where}['TIME_LIMIT'] ({limit:g} s) must be below MAX_CONSUME_DURATION "
+                f"({consume_ms / 1000:g} s).",
+                hint="Past MAX_CONSUME_DURATION the message is delivered again, to another "
+                "worker, while the first still runs it: the limit must end the run before.",
             )
         )
 

@@ -3,6 +3,9 @@
 from dataclasses import dataclass
 from typing import Any
 
+from delayqueue_django.core import time_limits
+from delayqueue_django.exceptions import TimeLimitExceeded
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -33,6 +36,20 @@ class Message:
     generation: int = 0
     """Which content of a keyed message this is: the queue's clock (ms) when it was sent or
     last replaced, so a replaced message tells its new content from the old; 0 unkeyed."""
+
+    def time_left(self) -> float | None:
+        """Seconds the handler may still run under the queue's TIME_LIMIT (0 once past it),
+        or None when the queue has no TIME_LIMIT (or the message is not being handled)."""
+        return time_limits.time_left(self)
+
+    def check_time_limit(self) -> None:
+        """Raise ``TimeLimitExceeded`` if the handler ran past the queue's TIME_LIMIT: call
+        it between steps of a long handler. With handler threads (``--concurrency`` above
+        1) this check is the only stop there is: a thread cannot be ended from outside."""
+        if self.time_left() == 0:
+            raise TimeLimitExceeded(
+                f"time limit: message id={self.id} queue={self.queue} ran past TIME_LIMIT"
+            )
 
     @property
     def retries_left(self) -> int:

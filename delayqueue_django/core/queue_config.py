@@ -40,6 +40,8 @@ class QueueConfig:
     # in flight (0: no cap).
     rate_limit: tuple[int, int] | None = None
     max_in_flight: int = 0
+    # Seconds a handler may run before it is stopped (see worker.time_limits), or None.
+    time_limit: float | None = None
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

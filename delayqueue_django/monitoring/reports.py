@@ -140,3 +140,31 @@ def describe_running(handler: dict[str, Any]) -> str:
     if handler.get("past_deadline"):
         text += ", past its deadline"
     return text
+
+
+def is_supervisor(worker: dict[str, Any]) -> bool:
+    """A heartbeat of ``run_delayqueue --processes``'s supervisor, which handles nothing
+    itself: its worker processes beat on their own."""
+    return worker.get("role") == "supervisor"
+
+
+def worker_processes(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The heartbeats of the processes that handle messages (supervisors left out)."""
+    return [worker for worker in workers if not is_supervisor(worker)]
+
+
+def describe_worker(worker: dict[str, Any]) -> str:
+    """One live worker, for people: ``host:pid (12 handled, 0 failed)``, with the pid of
+    its supervisor if it has one; a supervisor as ``host:pid supervising 4 processes, 1
+    restart``."""
+    where = f"{worker.get('host')}:{worker.get('pid')}"
+    if is_supervisor(worker):
+        restarts = worker.get("restarts")
+        plural = "" if restarts == 1 else "s"
+        return (
+            f"{where} supervising {worker.get('processes')} processes, {restarts} restart{plural}"
+        )
+    text = f"{where} ({worker.get('handled')} handled, {worker.get('failed')} failed"
+    if worker.get("supervisor"):
+        text += f", under {worker.get('supervisor')}"
+    return text + ")"

@@ -61,6 +61,8 @@ class Host(Protocol):
 
     def count(self, *, handled: int, failed: int) -> None: ...
 
+    def count_time_limit_overrun(self) -> None: ...
+
     def summarize(self) -> None: ...
 
     def reserve(self, consumer: "ConsumerState", wanted: int) -> int: ...
@@ -187,7 +189,21 @@ class ConsumerState(threading.Thread):
     def handle(self, message: Message, *, back_to_back: bool = False) -> Outcome:
         """Run the handler; ``back_to_back`` when this thread ran another message just now."""
         started_ms = self.redis_now_ms()
-        outcome = call_handler(self.handler, message, connections_checked=back_to_back)
+        limit = self.queue.config.time_limit
+        outcome = call_handler(
+            self.handler, message, connections_checked=back_to_back, time_limit=limit
+        )
+        if limit is not None and outcome.seconds > limit:
+            # With handler threads nothing could stop it (see core.time_limits): told.
+            self.worker.count_time_limit_overrun()
+            logger.warning(
+                "handler ran %.1f s, past TIME_LIMIT (%g s): message id=%s queue=%s attempt=%s",
+                outcome.seconds,
+                limit,
+                loggable(message.id),
+                message.queue,
+                message.attempt,
+            )
         # Both times on the Redis clock; the estimate can land a hair before the due time.
         lateness = max(started_ms - message.due_ms, 0) / 1000 if message.due_ms > 0 else None
         self.timings.observe_delivery(outcome.seconds, lateness)

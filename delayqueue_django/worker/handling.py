@@ -7,7 +7,7 @@ from enum import Enum
 
 from django.db import close_old_connections
 
-from delayqueue_django.core import features, tracing
+from delayqueue_django.core import features, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
@@ -47,6 +47,7 @@ def call_handler(
     *,
     manage_connections: bool = True,
     connections_checked: bool = False,
+    time_limit: float | None = None,
 ) -> Outcome:
     """Call the handler as a request would be served: stale DB connections closed around it.
 
@@ -63,7 +64,16 @@ def call_handler(
 
     With OpenTelemetry installed and a tracer provider set, the call runs in a consumer
     span (see tracing.py).
+
+    ``time_limit`` (the queue's TIME_LIMIT): what ``message.time_left()`` counts down from.
     """
+    with time_limits.running(message, time_limit):
+        return _traced_call(handler, message, manage_connections, connections_checked)
+
+
+def _traced_call(
+    handler: Handler, message: Message, manage_connections: bool, connections_checked: bool
+) -> Outcome:
     if not tracing.active():
         return _call_handler(
             handler,

@@ -36,6 +36,19 @@ class Consumer(Protocol):
     def redis_now_ms(self) -> float: ...
 
 
+class PoolWatcher(Protocol):
+    """Told what the pool holds, as it changes: a supervisor that may have to stop this
+    process mid-handler hands back or refuses those messages itself (supervisor_link)."""
+
+    def fetched(self, messages: list[Message]) -> None: ...
+
+    def started(self, message: Message) -> None: ...
+
+    def finished(self, message: Message) -> None: ...
+
+    def released(self, messages: list[Message]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     consumer: Consumer
@@ -52,8 +65,14 @@ class Running:
 
 
 class HandlerPool:
-    def __init__(self, concurrency: int, on_room_freed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        on_room_freed: Callable[[], None] = lambda: None,
+        watcher: PoolWatcher | None = None,
+    ) -> None:
         self.concurrency = concurrency
+        self.watcher = watcher
         # Told whenever what the pool holds shrinks (a thread done with a job, buffered jobs
         # taken back): consumers of any queue may be waiting for room to fetch.
         self.on_room_freed = on_room_freed
@@ -91,6 +110,9 @@ class HandlerPool:
 
     def submit(self, consumer: Consumer, messages: list[Message]) -> None:
         now = time.monotonic()
+        if self.watcher is not None:
+            # Told before a thread can start one: "started" never comes before "fetched".
+            self.watcher.fetched(messages)
         with self._lock:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
             self._lock.notify(len(messages))
@@ -111,9 +133,12 @@ class HandlerPool:
             if taken:
                 chosen = {id(job) for job in taken}
                 self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
+        messages = [job.message for job in taken]
         if taken:
+            if self.watcher is not None:
+                self.watcher.released(messages)
             self.on_room_freed()
-        return [job.message for job in taken]
+        return messages
 
     def close(self) -> None:
         """Let the threads finish what is buffered and running, then end."""
@@ -132,6 +157,8 @@ class HandlerPool:
                     return
                 job = self._jobs.popleft()
                 self._running[slot] = Running(job, time.monotonic())
+            if self.watcher is not None:
+                self.watcher.started(job.message)
             try:
                 if job.consumer.is_stale(job.fetched_at):
                     outcome = Outcome(job.message, Verdict.RELEASE)
@@ -151,6 +178,8 @@ class HandlerPool:
             finally:
                 with self._lock:
                     del self._running[slot]
+                if self.watcher is not None:
+                    self.watcher.finished(job.message)
             # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
             self.on_room_freed()

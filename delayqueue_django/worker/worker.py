@@ -31,7 +31,7 @@ from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.consumer_state import ConsumerState
 from delayqueue_django.worker.outages import Outages
-from delayqueue_django.worker.pool import HandlerPool
+from delayqueue_django.worker.pool import HandlerPool, PoolWatcher
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -62,6 +62,8 @@ class Worker:
         relay: bool = True,
         relay_poll: float = RELAY_POLL_SECONDS,
         give_up_after: float = BURST_OUTAGE_SECONDS,
+        pool_watcher: PoolWatcher | None = None,
+        supervisor_pid: int | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.batch_size = batch_size
@@ -77,7 +79,11 @@ class Worker:
         # Set by the first stop request; not by --max-messages, which only stops gracefully.
         self.stop_requested = threading.Event()
         self.abandoning = threading.Event()
-        self.pool = HandlerPool(concurrency, on_room_freed=self._wake_starved_consumers)
+        self.pool = HandlerPool(
+            concurrency, on_room_freed=self._wake_starved_consumers, watcher=pool_watcher
+        )
+        # The pid of the supervisor that started this process (run_delayqueue --processes).
+        self.supervisor_pid = supervisor_pid
         # Created before the consumers, which report to it. Only a burst run gives up.
         self.outages = Outages(give_up_after=give_up_after if burst else None)
         # The Redis (host:port) a burst run stopped waiting for; None if it did not give up.
@@ -86,6 +92,8 @@ class Worker:
         self._counts_lock = threading.Lock()
         self.handled = 0
         self.failed = 0
+        # Handlers that ran past their queue's TIME_LIMIT (with threads: see time_limits).
+        self.time_limit_overruns = 0
         # Under --max-messages, what each consumer's fetch under way may take (see reserve).
         self._reserved: dict[ConsumerState, int] = {}
         # The counts at the last summary line, and when it was logged (None: not yet).
@@ -113,6 +121,10 @@ class Worker:
         if reached and not self.stopping.is_set():
             logger.info("handled %d messages (--max-messages); stopping", self.handled)
             self._stop_gracefully()
+
+    def count_time_limit_overrun(self) -> None:
+        with self._counts_lock:
+            self.time_limit_overruns += 1
 
     def summarize(self) -> None:
         """Log what was handled since the last summary line, if anything was and the last
@@ -179,13 +191,16 @@ class Worker:
     def details(self) -> dict[str, Any]:
         host, pid = socket.gethostname(), os.getpid()
         return {
+            "role": "worker",
             "host": host,
             "pid": pid,
+            "supervisor": self.supervisor_pid,
             "queues": [consumer.queue.name for consumer in self.consumers],
             "concurrency": self.concurrency,
             "started": self.started_at,
             "handled": self.handled,
             "failed": self.failed,
+            "time_limit_overruns": self.time_limit_overruns,
             "last_seen": time.time(),
             "running": self.running_handlers(),
         }

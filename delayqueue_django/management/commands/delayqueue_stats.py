@@ -23,7 +23,13 @@ from delayqueue_django.management.commands.run_delayqueue import (
     positive_seconds,
 )
 from delayqueue_django.management.own_process import OwnProcessCommand
-from delayqueue_django.monitoring.reports import describe_running, queue_report, running_handlers
+from delayqueue_django.monitoring.reports import (
+    describe_running,
+    describe_worker,
+    queue_report,
+    running_handlers,
+    worker_processes,
+)
 
 # Exit codes, for health probes (2 is Django's own for a usage error).
 UNREACHABLE, LAGGING, NO_WORKER = 1, 3, 4
@@ -174,14 +180,7 @@ class Command(OwnProcessCommand):
             if data["workers"] is None:
                 workers = "unknown (shard 0 is down)"
             else:
-                workers = (
-                    ", ".join(
-                        f"{w.get('host')}:{w.get('pid')} "
-                        f"({w.get('handled')} handled, {w.get('failed')} failed)"
-                        for w in data["workers"]
-                    )
-                    or "none"
-                )
+                workers = ", ".join(describe_worker(w) for w in data["workers"]) or "none"
             self.stdout.write(f"{name:<20}{_figures(data)} {workers}")
             if data.get("paused"):
                 self.stdout.write(
@@ -247,7 +246,12 @@ class Command(OwnProcessCommand):
                     f"lagging more than {max_lag:g} s: {', '.join(lagging)}", returncode=LAGGING
                 )
         if require_workers:
-            idle = [name for name, data in reports.items() if not data["workers"]]
+            # A supervisor alone (its worker processes all down) handles nothing.
+            idle = [
+                name
+                for name, data in reports.items()
+                if not worker_processes(data["workers"] or [])
+            ]
             if idle:
                 raise CommandError(f"no live worker for {', '.join(idle)}", returncode=NO_WORKER)
 

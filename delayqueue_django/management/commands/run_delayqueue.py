@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import autoreload
 
 from delayqueue_django.core import registry
-from delayqueue_django.core.handlers import HandlerNotFound, resolve
+from delayqueue_django.core.handlers import Handler, HandlerNotFound, resolve
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import (
     QueueConfigurationError,
@@ -26,8 +26,15 @@ from delayqueue_django.exceptions import (
 )
 from delayqueue_django.management import redis_checks
 from delayqueue_django.management.own_process import OwnProcessCommand
+from delayqueue_django.management.process_signals import (
+    child_signals,
+    stop_gracefully,
+    supervisor_signals,
+)
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS
-from delayqueue_django.worker import Worker
+from delayqueue_django.worker import Worker, memory
+from delayqueue_django.worker.supervisor import ChildCannotStart, Supervisor
+from delayqueue_django.worker.supervisor_link import MessageReports, SupervisorLink
 from delayqueue_django.worker.worker import BURST_OUTAGE_SECONDS
 
 # The exit status of a --burst run that gave up on a Redis it could not reach (1 is an
@@ -42,6 +49,28 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the system tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def process_count(text: str) -> int:
+    """``--processes``: a whole number, or ``auto`` for the host's usable cores."""
+    return usable_cores() if text == "auto" else positive_int(text)
+
+
+def megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MB") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of MB > 0, not {text}")
     return value
 
 
@@ -108,6 +137,23 @@ class Command(OwnProcessCommand):
             type=positive_int,
             default=1,
             help="Handler threads in this process (default: 1).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=process_count,
+            default=None,
+            metavar="N|auto",
+            help="Run N worker processes, each with --concurrency threads, under a supervisor "
+            "that replaces those that die (auto: one per usable core). Without it: this "
+            "process is the worker.",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=megabytes,
+            default=None,
+            metavar="MB",
+            help="With --processes: replace a worker process once its resident memory passes "
+            "this many MB (its running handlers finish first).",
         )
         parser.add_argument(
             "--batch-size",
@@ -186,8 +232,22 @@ class Command(OwnProcessCommand):
         relay: bool = True,
         relay_poll: float = RELAY_POLL_SECONDS,
         give_up_after: float | None = None,
+        processes: int | None = None,
+        max_memory: float | None = None,
         **options: Any,
     ) -> None:
+        link = SupervisorLink.from_environment()
+        if link is not None:
+            # A worker process of a supervisor: --processes, --max-memory and --reload are
+            # the supervisor's to act on.
+            processes = max_memory = None
+            reload = False
+        if max_memory is not None and processes is None:
+            raise CommandError("--max-memory is for --processes: the supervisor measures it.")
+        if processes is not None and not self.own_process:
+            raise CommandError(
+                "--processes starts processes of its own: run it with manage.py, not call_command."
+            )
         if give_up_after is not None and not burst:
             raise CommandError(
                 "--give-up-after is for --burst: a worker run until stopped waits for Redis "
@@ -206,25 +266,50 @@ class Command(OwnProcessCommand):
             relay=relay,
             relay_poll=max(relay_poll, 0.01),
             give_up_after=BURST_OUTAGE_SECONDS if give_up_after is None else give_up_after,
+            link=link,
         )
-        if not reload:
-            self._run(start(), verbosity)
-            return
-        if burst or max_messages is not None:
+        if reload and (burst or max_messages is not None):
             raise CommandError(
                 "--reload restarts a worker that runs until stopped; it cannot be combined "
                 "with --burst or --max-messages."
             )
+        if processes is not None:
+            supervise = partial(
+                self._supervise,
+                queues,
+                processes=processes,
+                concurrency=concurrency,
+                grace=grace,
+                burst=burst,
+                max_memory=max_memory,
+                heartbeat=max(heartbeat, 0.1),
+                verbosity=verbosity,
+                checks=checks_at_each_start,
+            )
+            if reload:
+                self._say_reloading()
+                autoreload.run_with_reloader(self._supervise_until_reload, supervise)
+            else:
+                supervise()
+            return
+        if not reload:
+            self._run(start(), verbosity, link)
+            return
+        self._say_reloading()
+        # This process watches; a copy of it, restarted after each change, runs the worker.
+        autoreload.run_with_reloader(self._run_until_reload, start, verbosity, checks_at_each_start)
+
+    def _say_reloading(self) -> None:
         if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) != "true":
             self.stdout.write(
                 "Restarting the worker whenever a module it loaded changes "
                 "(--reload: for development only)."
             )
             self.stdout.flush()
-        # This process watches; a copy of it, restarted after each change, runs the worker.
-        autoreload.run_with_reloader(self._run_until_reload, start, verbosity, checks_at_each_start)
 
-    def _worker_for(self, queues: list[str], **options: Any) -> Worker:
+    def _handlers_for(self, queues: list[str]) -> list[tuple[Queue, Handler]]:
+        """The chosen queues (all by default) and their handlers, imported: a CommandError
+        says what is wrong with them."""
         try:
             names = list(queues) or registry.queue_names()
             if not names:
@@ -239,14 +324,27 @@ class Command(OwnProcessCommand):
             "start_worker_thread(), or call_command('run_delayqueue', burst=True) in tests), "
             "or give the queue a Redis URL.",
         )
-        return Worker(handlers, **options)
+        return handlers
 
-    def _run(self, worker: Worker, verbosity: int) -> None:
-        with self.package_log(verbosity), self._signals(worker):
+    def _worker_for(
+        self, queues: list[str], *, link: SupervisorLink | None, **options: Any
+    ) -> Worker:
+        handlers = self._handlers_for(queues)
+        if link is None:
+            return Worker(handlers, **options)
+        watcher = MessageReports(link) if link.report_messages else None
+        return Worker(handlers, pool_watcher=watcher, supervisor_pid=link.supervisor_pid, **options)
+
+    def _run(self, worker: Worker, verbosity: int, link: SupervisorLink | None = None) -> None:
+        signals = self._signals(worker) if link is None else child_signals(worker)
+        with self.package_log(verbosity), signals:
             # Printed once the signal handlers are in place: a supervisor (or a test) that
             # sees it knows SIGTERM now means a clean stop.
             self._banner(worker, verbosity)
             self._advise([consumer.queue for consumer in worker.consumers])
+            if link is not None:
+                link.ready(worker.worker_id)
+                link.watch(partial(stop_gracefully, worker))
             try:
                 worker.run()
             except KeyboardInterrupt:
@@ -335,6 +433,93 @@ class Command(OwnProcessCommand):
             raise CommandError(str(error)) from None
         for said in advice:
             logger.log(said.level, "queue=%s: %s", said.queue, said.message)
+
+    def _supervise(
+        self,
+        queues: list[str],
+        *,
+        processes: int,
+        concurrency: int,
+        grace: float,
+        burst: bool,
+        max_memory: float | None,
+        heartbeat: float,
+        verbosity: int,
+        checks: bool = False,
+    ) -> None:
+        # Checked here once, so that a wrong setting or handler is one error, not one per
+        # worker process; imported here too, for --reload to watch the handlers' modules.
+        handlers = self._handlers_for(queues)
+        if checks:  # --reload: the checks skipped at the command's start
+            self.check(display_num_errors=True)
+        chosen = [queue for queue, _ in handlers]
+        limits = {q.name: q.config.time_limit for q in chosen if q.config.time_limit is not None}
+        env = {k: v for k, v in os.environ.items() if k != autoreload.DJANGO_AUTORELOAD_ENV}
+        supervisor = Supervisor(
+            processes=processes,
+            argv=autoreload.get_child_arguments(),
+            env=env,
+            queues=chosen,
+            grace=grace,
+            burst=burst,
+            max_memory_mb=max_memory,
+            heartbeat_interval=heartbeat,
+            # With threads, a process cannot be killed for one handler: the others would
+            # go with it. There the handler checks its time itself (Message.time_left).
+            time_limits=limits if concurrency == 1 else {},
+        )
+        self._current_supervisor = supervisor
+        with self.package_log(verbosity), supervisor_signals(supervisor, self.stop_signals()):
+            if verbosity >= 1:
+                self.stdout.write(
+                    f"delayqueue_django supervisor {supervisor.supervisor_id}: {processes} "
+                    f"worker process{'es' if processes != 1 else ''}, concurrency "
+                    f"{concurrency} each"
+                )
+                self.stdout.flush()
+            if max_memory is not None and not memory.can_measure():
+                logging.getLogger("delayqueue_django.worker").warning(
+                    "--max-memory: this system does not show a process's memory (no /proc); "
+                    "worker processes are not recycled for their size"
+                )
+            try:
+                code = supervisor.run()
+            except ChildCannotStart as error:
+                raise CommandError(str(error)) from None
+        if code == GAVE_UP:
+            raise CommandError(
+                "a worker process gave up on a Redis it could not reach (--burst); the "
+                "messages stay in Redis",
+                returncode=GAVE_UP,
+            )
+        if code:
+            raise CommandError("worker processes did not all stop cleanly", returncode=code)
+
+    def _supervise_until_reload(self, supervise: Callable[[], None]) -> None:
+        """``--reload --processes``, in the restarted process: the supervisor runs in a thread
+        of its own while the main thread watches the modules; a change stops every worker
+        process gracefully, then this process restarts with the code as it is now."""
+
+        def stop_before_reload(sender: Any, file_path: Path, **kwargs: Any) -> None:
+            supervisor = getattr(self, "_current_supervisor", None)
+            if supervisor is None:
+                return
+            self.stdout.write(f"{file_path} changed: stopping the workers to restart them.")
+            self.stdout.flush()
+            supervisor.request_stop()
+            finished.wait(supervisor.grace + 15)
+
+        finished = threading.Event()
+        autoreload.file_changed.connect(stop_before_reload, weak=False)
+        try:
+            supervise()
+        except CommandError as error:
+            self.stderr.write(f"{error}\nThe workers start again when a file is saved.")
+            origin = _origin(error)
+            if origin is not None:
+                raise origin from None
+        finally:
+            finished.set()
 
     @contextmanager
     def _signals(self, worker: Worker) -> Iterator[None]:

@@ -1,0 +1,344 @@
+"""``run_delayqueue --processes N``: a supervisor process and N worker processes, each the
+same command with its ``--concurrency`` handler threads (started as a fresh interpreter, so
+that a replacement loads the code as it is on disk now).
+
+- A child that dies is replaced, after a backoff that grows while children keep dying
+  young; the log says why it died (exit status or signal).
+- A child that exits before it was ready (bad settings, a handler that cannot be imported)
+  ends the command with exit 1: what it printed says why, and a crash loop would not help.
+- First stop request: every child stops gracefully (``--grace``); second: at once.
+- SIGHUP (``request_reload``): the children are replaced one by one, each by a fresh one
+  started first; the old one then stops gracefully (running handlers finish, buffered
+  messages go back), so no delivery is dropped or run twice by the change.
+- ``--max-messages`` (the child stops itself) and ``--max-memory`` (the supervisor asks it
+  to, once its resident set passes the size) recycle a child: a fresh one takes its place.
+- TIME_LIMIT with ``--concurrency 1``: a child whose handler runs past it is killed, and the
+  delivery refused (time_limits).
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from secrets import token_hex
+from typing import Any
+
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.worker import heartbeat, memory, time_limits
+from delayqueue_django.worker.child_process import ChildProcess, describe_exit
+
+logger = logging.getLogger("delayqueue_django.worker")
+
+TICK_SECONDS = 0.05
+# Restart backoff: doubled for each child that dies young, back to the first once one has
+# lived LIVED_LONG_SECONDS.
+FIRST_BACKOFF_SECONDS = 0.5
+MAX_BACKOFF_SECONDS = 30.0
+LIVED_LONG_SECONDS = 30.0
+MEMORY_CHECK_SECONDS = 1.0
+# After the grace, how long children get to leave before they are killed.
+EXIT_MARGIN_SECONDS = 10.0
+
+
+class ChildCannotStart(Exception):
+    """A worker process exited before it was ready to fetch."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        processes: int,
+        argv: Sequence[str],
+        env: dict[str, str],
+        queues: list[Queue],
+        grace: float,
+        burst: bool = False,
+        max_memory_mb: float | None = None,
+        heartbeat_interval: float = 10.0,
+        time_limits: dict[str, float] | None = None,
+    ) -> None:
+        self.processes = processes
+        self.argv = list(argv)
+        self.env = env
+        self.queues = queues
+        self.grace = grace
+        self.burst = burst
+        self.max_memory_mb = max_memory_mb
+        self.heartbeat_interval = heartbeat_interval
+        # Enforced by killing the child: only where it runs one handler at a time.
+        self.time_limits = time_limits or {}
+        self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
+        self.started_at = time.time()
+        self.children: list[ChildProcess] = []
+        self.restarts = 0
+        self._starts_due: list[float] = []  # when to start each replacement (monotonic)
+        self._backoff = FIRST_BACKOFF_SECONDS
+        self._stop_requests = 0
+        self._reload_requested = threading.Event()
+        self._rollout: list[ChildProcess] = []  # children still to replace after a SIGHUP
+        self._rollout_new: ChildProcess | None = None
+        # Children that exited with an error while the command was stopping.
+        self._failed_exits = 0
+        # --burst: the worst exit status of the children, each done once.
+        self._burst_status = 0
+        # Why the command ends with an error: a child could not start.
+        self._cannot_start: str | None = None
+
+    # Requests, from signal handlers: they only set flags the loop reads.
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requests > 0
+
+    def request_stop(self) -> None:
+        self._stop_requests += 1
+
+    def request_reload(self) -> None:
+        self._reload_requested.set()
+
+    # The loop
+
+    def run(self) -> int:
+        """Run until stopped; returns the command's exit status. Raises ChildCannotStart
+        (once the other children stopped)."""
+        logger.info(
+            "supervisor %s: starting %d worker processes", self.supervisor_id, self.processes
+        )
+        for _ in range(self.processes):
+            self._start()
+        next_beat = next_memory_check = 0.0
+        stopping_since: float | None = None
+        told_now = False
+        try:
+            while True:
+                now = time.monotonic()
+                self._reap(stopping=stopping_since is not None)
+                if (self._stop_requests or self._cannot_start) and stopping_since is None:
+                    stopping_since = now
+                    self._stop_all()
+                if self._stop_requests > 1 and not told_now:
+                    told_now = True
+                    self._stop_all_now()
+                if stopping_since is not None:
+                    if not self.children:
+                        if self._cannot_start is not None:
+                            raise ChildCannotStart(self._cannot_start)
+                        return 1 if told_now or self._failed_exits else 0
+                    if now - stopping_since > self.grace + EXIT_MARGIN_SECONDS:
+                        for child in self.children:
+                            child.kill("did not stop after the grace")
+                elif self.burst and not self.children:
+                    return self._burst_status
+                else:
+                    self._start_due(now)
+                    self._enforce_time_limits(now)
+                    if self.max_memory_mb is not None and now >= next_memory_check:
+                        next_memory_check = now + MEMORY_CHECK_SECONDS
+                        self._recycle_big_children()
+                    self._roll_out()
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_interval
+                    self._beat()
+                time.sleep(TICK_SECONDS)
+        finally:
+            for child in self.children:
+                child.kill("the supervisor is leaving")
+            self._forget()
+
+    def _start(self) -> ChildProcess:
+        child = ChildProcess(self.argv, self.env, report_messages=bool(self.time_limits))
+        self.children.append(child)
+        return child
+
+    def _start_due(self, now: float) -> None:
+        due = [at for at in self._starts_due if at <= now]
+        if due:
+            self._starts_due = [at for at in self._starts_due if at > now]
+            for _ in due:
+                self._start()
+
+    def _reap(self, *, stopping: bool) -> None:
+        for child in list(self.children):
+            code = child.poll()
+            if code is None:
+                continue
+            self.children.remove(child)
+            child.close()
+            self._exited(child, code, stopping=stopping)
+
+    def _exited(self, child: ChildProcess, code: int, *, stopping: bool) -> None:
+        how = describe_exit(code)
+        if not child.ready.is_set() and child.stop_reason is None and not stopping:
+            if child is self._rollout_new:
+                logger.error(
+                    "reload: the new worker process pid %d could not start (%s); the old "
+                    "ones go on",
+                    child.pid,
+                    how,
+                )
+                self._rollout, self._rollout_new = [], None
+                return
+            if self._cannot_start is None:
+                self._cannot_start = (
+                    f"worker process pid {child.pid} could not start ({how}); its error is "
+                    "above. Stopping rather than starting it again."
+                )
+            return
+        if stopping:
+            if code != 0:
+                self._failed_exits += 1
+                logger.warning("worker process pid %d stopped: %s", child.pid, how)
+            return
+        if child.stop_reason is not None:
+            # Its replacement is started already.
+            logger.info("worker process pid %d stopped (%s): %s", child.pid, child.stop_reason, how)
+            return
+        if self._rollout and child is self._rollout[0] and self._rollout_new is not None:
+            # Died while its replacement starts: that one takes its place.
+            logger.warning("worker process pid %d died (%s) while being replaced", child.pid, how)
+            return
+        if self.burst:
+            # Done with everything due (0), or gave up on Redis (3) or failed: not run again
+            # either way. The command exits with the worst status of its processes.
+            self._burst_status = max(self._burst_status, code if code >= 0 else 1)
+            logger.info("worker process pid %d is done: %s", child.pid, how)
+            return
+        if code == 0:
+            # It stopped itself, as --max-messages has it do, or someone sent it SIGTERM.
+            logger.info("worker process pid %d finished its run; starting another", child.pid)
+            self._start()
+            return
+        lived = time.monotonic() - child.started_at
+        if lived >= LIVED_LONG_SECONDS:
+            self._backoff = FIRST_BACKOFF_SECONDS
+        self.restarts += 1
+        logger.warning(
+            "worker process pid %d died (%s) after %.1f s; starting another in %.1f s (restart %d)",
+            child.pid,
+            how,
+            lived,
+            self._backoff,
+            self.restarts,
+        )
+        self._starts_due.append(time.monotonic() + self._backoff)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _stop_all(self) -> None:
+        self._starts_due = []
+        self._rollout, self._rollout_new = [], None
+        for child in self.children:
+            child.stop("stop requested")
+
+    def _stop_all_now(self) -> None:
+        logger.warning("second stop request: worker processes leave now")
+        for child in self.children:
+            child.stop_now()
+
+    # Recycling
+
+    def _replace(self, child: ChildProcess, reason: str) -> None:
+        """Start a fresh child, then stop ``child`` gracefully."""
+        self._start()
+        child.stop(reason)
+
+    def _recycle_big_children(self) -> None:
+        assert self.max_memory_mb is not None
+        for child in list(self.children):
+            if child.stop_reason is not None or not child.ready.is_set():
+                continue
+            size = memory.resident_mb(child.pid)
+            if size is not None and size > self.max_memory_mb:
+                logger.info(
+                    "worker process pid %d holds %.0f MB, over --max-memory %g: replacing it",
+                    child.pid,
+                    size,
+                    self.max_memory_mb,
+                )
+                self._replace(child, "--max-memory")
+
+    def _roll_out(self) -> None:
+        """SIGHUP: one child at a time, a fresh one started and ready before the old stops."""
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            if self._rollout or self._rollout_new is not None:
+                logger.info("SIGHUP received during a reload: replacing every process again")
+            else:
+                logger.info("SIGHUP received: replacing the worker processes one by one")
+            self._rollout = [c for c in self.children if c.stop_reason is None]
+            self._rollout_new = None
+        new = self._rollout_new
+        if new is not None:
+            if not new.ready.is_set():
+                return
+            old = self._rollout.pop(0)
+            if old in self.children:
+                old.stop("reload")
+            self._rollout_new = None
+        while self._rollout and self._rollout[0] not in self.children:
+            self._rollout.pop(0)  # died meanwhile: replaced already
+        if self._rollout:
+            self._rollout_new = self._start()
+        elif new is not None:
+            logger.info("reload done: every worker process runs the code loaded afresh")
+
+    # TIME_LIMIT
+
+    def _enforce_time_limits(self, now: float) -> None:
+        for child in list(self.children):
+            if child.stop_reason is not None:
+                continue
+            for message, started in child.running():
+                limit = self.time_limits.get(message.queue)
+                if limit is not None and now - started > limit:
+                    self._stop_over_time(child, message, limit, now - started)
+                    break
+
+    def _stop_over_time(self, child: ChildProcess, message: Any, limit: float, ran: float) -> None:
+        child.kill("time limit")
+        logger.warning(
+            "message id=%s queue=%s attempt=%s ran past its TIME_LIMIT of %g s: worker "
+            "process pid %d killed, the delivery counts as a failed attempt",
+            message.id,
+            message.queue,
+            message.attempt,
+            limit,
+            child.pid,
+        )
+        child.process.wait()
+        self._start()
+        time_limits.refuse_over_time(message, limit, ran)
+        time_limits.hand_back(child.buffered())
+
+    # Heartbeats
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "role": "supervisor",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": [queue.name for queue in self.queues],
+            "processes": self.processes,
+            "children": [child.pid for child in self.children],
+            "restarts": self.restarts,
+            "started": self.started_at,
+            "last_seen": time.time(),
+            "running": [],
+        }
+
+    def _beat(self) -> None:
+        details = self.details()
+        for queue in self.queues:
+            try:
+                heartbeat.beat(queue, self.supervisor_id, details, self.heartbeat_interval * 3)
+            except Exception as error:  # a heartbeat is best effort: the loop goes on
+                logger.debug("supervisor heartbeat on queue=%s failed: %s", queue.name, error)
+
+    def _forget(self) -> None:
+        for queue in self.queues:
+            try:
+                heartbeat.forget(queue, self.supervisor_id)
+            except Exception as error:
+                logger.debug("supervisor heartbeat removal queue=%s failed: %s", queue.name, error)
