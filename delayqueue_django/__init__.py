@@ -20,6 +20,7 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Exhausted, Fetched, Queue
 from delayqueue_django.core.registry import get_queue
+from delayqueue_django.exceptions import Postpone, Retry
 from delayqueue_django.schedules.api import ScheduleInfo, Schedules
 
 __all__ = [
@@ -27,7 +28,9 @@ __all__ = [
     "Fetched",
     "Message",
     "Outgoing",
+    "Postpone",
     "Queue",
+    "Retry",
     "ScheduleInfo",
     "Schedules",
     "acancel",
@@ -49,6 +52,7 @@ def send(
     unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
     queue: str = "default",
     retry_count: int | None = None,
     on_commit: bool | None = None,
@@ -66,7 +70,9 @@ def send(
     the current transaction on database ``using`` commits; the id is returned at once all
     the same (with a key: the new message's, the key's outcome decided at the commit).
     ``outbox`` (default: the queue's OUTBOX) writes it in that transaction, as a row of the
-    database's outbox, which a relay moves to Redis once it committed.
+    database's outbox, which a relay moves to Redis once it committed. ``expires`` (seconds
+    or a timedelta from now, or a datetime; default: the queue's EXPIRES after the due
+    time): a message not handed out by then never is (see ``Queue.send``).
     """
     return get_queue(queue).send(
         payload,
@@ -75,6 +81,7 @@ def send(
         unique_for=unique_for,
         delay=delay,
         at=at,
+        expires=expires,
         retry_count=retry_count,
         on_commit=on_commit,
         using=using,
@@ -120,6 +127,7 @@ async def asend(
     unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
     queue: str = "default",
     retry_count: int | None = None,
     on_commit: bool | None = None,
@@ -134,6 +142,7 @@ async def asend(
         unique_for=unique_for,
         delay=delay,
         at=at,
+        expires=expires,
         retry_count=retry_count,
         on_commit=on_commit,
         using=using,

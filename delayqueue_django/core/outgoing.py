@@ -22,3 +22,5 @@ class Outgoing:
     key: str | None = None
     if_exists: str = "keep"
     unique_for: float | timedelta | None = None
+    # When the message expires if not handed out yet (see Queue.send).
+    expires: float | timedelta | datetime | None = None

@@ -35,6 +35,10 @@ class QueueConfig:
     exactly_once_retention_ms: int = 7 * 24 * 3600 * 1000
     # The layout new messages are spread over (1: the queue's one set of keys).
     shards: int = 1
+    # Expiry and postpones (see core.conf_expiry): the default expiry after a message's due
+    # time (None: none), and how often one message may be postponed.
+    expires_ms: int | None = None
+    max_postpones: int = 100
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

@@ -6,7 +6,7 @@ drift apart in signature. Their behaviour is held together by the engine's contr
 which run against both.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from delayqueue_django.engine.keys import QueueKeys
@@ -136,9 +136,15 @@ class Store(Protocol):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
-        A repeated ``request`` gets the reply it had (see ack)."""
+        A repeated ``request`` gets the reply it had (see ack). The ids in ``postponed``
+        are postponed: their attempt is not counted nor their budget checked, and one
+        postponed more than ``max_postpones`` times is buried with the reason
+        POSTPONED_TOO_OFTEN. A retry or postpone due at or after the message's expiry
+        buries it with the reason EXPIRED."""
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""

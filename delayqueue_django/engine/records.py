@@ -100,6 +100,15 @@ class NewMessage:
     key: str | None = None
     if_exists: str = "keep"
     unique_ms: int = 0
+    # When the message expires, if it does: at ``expires_at_ms``, or ``expires_in_us``
+    # microseconds after the store runs the send (rounded up to the ms, as a delay). Never
+    # handed out from then on (see "Expiry and postpones" in _prelude.lua).
+    expires_at_ms: int | None = None
+    expires_in_us: int = 0
+
+    @property
+    def expires(self) -> bool:
+        return self.expires_at_ms is not None or self.expires_in_us > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,14 @@ class NackOutcome:
     at_ms: int
     # A keyed message not retried because a newer message with its key waits: removed.
     superseded: bool = False
+    # Why a buried message died when it is not the default (retries used up, or BURY):
+    # EXPIRED (its retry would have come at or after its expiry) or POSTPONED_TOO_OFTEN.
+    dead_reason: str = ""
+
+
+# Dead reasons other than the default (see "Expiry and postpones" in _prelude.lua).
+EXPIRED = "expired"
+POSTPONED_TOO_OFTEN = "postponed too often"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +189,8 @@ class ExhaustedClaim:
     # exhaustion only while this claim still holds it.
     claimed_until_ms: int
     key: str | None = None
+    # Why it died: "" (retries used up, or rejected), EXPIRED or POSTPONED_TOO_OFTEN.
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +210,8 @@ class StoredMessage:
     unannounced: bool = False
     key: str | None = None
     generation: int = 0
+    # A dead letter's reason when it is not the default (see NackOutcome.dead_reason).
+    dead_reason: str = ""
 
     @property
     def retries_left(self) -> int | None:

@@ -50,7 +50,7 @@ the shards up (engine.shard_reads); what stays here routes each call by the ids 
 """
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from delayqueue_django.engine.protocol import ShardStore, Store
@@ -291,11 +291,19 @@ class ShardedStore(ShardFetching, ShardReads):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         outcomes: list[NackOutcome] = self._per_shard(
             refusals,
             _refusal_id,
-            lambda store, part: store.nack(part, fetcher=fetcher, request=request),
+            lambda store, part: store.nack(
+                part,
+                fetcher=fetcher,
+                request=request,
+                postponed=postponed,
+                max_postpones=max_postpones,
+            ),
         )
         self._look_again(
             shard_name(*shard_of(refusal[0])) for refusal in refusals if refusal[2] != BURY

@@ -5,10 +5,11 @@ one atomic step per script call; no client-side locks, so any number of producer
 consumers may share a queue.
 """
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from redis import Redis
@@ -19,7 +20,9 @@ from delayqueue_django.engine.errors import (
     DuplicateMessageId,
     RedisOutOfMemory,
     UnsupportedRedisVersion,
+    expiry_refusal,
 )
+from delayqueue_django.engine.expiry_calls import expiry_args, postpone_args
 from delayqueue_django.engine.keyed import check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
     cancel_key_args,
@@ -34,7 +37,9 @@ from delayqueue_django.engine.keyed_calls import (
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
+    EXPIRED,
     LONGEST_FAILURE_REASON,
+    POSTPONED_TOO_OFTEN,
     STATES,
     Delivery,
     ExhaustedClaim,
@@ -161,7 +166,7 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
         for message in chunk:
             at = "" if message.at_ms is None else message.at_ms
             args += [message.id, at, message.delay_us, message.budget, message.payload]
-        calls.append(args)
+        calls.append(args + expiry_args(chunk))
     return calls
 
 
@@ -195,6 +200,9 @@ def relay_calls(
 
 def send_error(error: ResponseError, queue: str) -> Exception:
     """The send script's refusals as the package's exceptions; any other error as it is."""
+    refused_expiry = expiry_refusal(str(error), queue)
+    if refused_expiry is not None:
+        return refused_expiry
     if str(error).startswith("DUPLICATE "):
         return DuplicateMessageId(
             f"message id {str(error).split(' ', 1)[1]!r} already exists in queue {queue!r}; "
@@ -212,6 +220,27 @@ def send_error(error: ResponseError, queue: str) -> Exception:
     return error
 
 
+# nack.lua's codes of a burial, by the reason they give it.
+_BURIAL_REASONS = {2: "", 4: EXPIRED, 5: POSTPONED_TOO_OFTEN}
+
+
+def nack_outcomes(flat: Sequence[Any]) -> list[NackOutcome]:
+    """nack.lua's outcomes (id, code, time per refusal) as NackOutcome."""
+    outcomes = []
+    for i in range(0, len(flat), 3):
+        code = int(flat[i + 1])
+        outcomes.append(
+            NackOutcome(
+                _id(flat[i]),
+                code in _BURIAL_REASONS,
+                int(flat[i + 2]),
+                superseded=code == 3,
+                dead_reason=_BURIAL_REASONS.get(code, ""),
+            )
+        )
+    return outcomes
+
+
 def removed_state(reply: Sequence[Any]) -> str | None:
     return _text(reply[0]) or None
 
@@ -221,6 +250,7 @@ STATS_NAMES = (
     *("server_time_ms", "next_due_ms", "lag_ms"),
     # Running totals since the queue began (they add up across workers).
     *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
+    *("expired_total", "postponed_total"),
 )
 
 
@@ -460,28 +490,29 @@ class RedisStore:
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
+        The ids in ``postponed`` are postponed: no attempt counted, and buried once
+        postponed more than ``max_postpones`` times (see nack.lua).
 
         Returns the outcome of each refusal whose lease still held. A repeated ``request``
         answers what that request did, as for ack.
         """
         if not refusals:
             return []
+        refused = {refusal[0] for refusal in refusals}
         flat, _ = self._run(
             "nack",
-            [self._channel, request, self.limits.consume_ms, len(refusals), *_id_rows(refusals)],
+            [
+                *(self._channel, request, self.limits.consume_ms, len(refusals)),
+                *_id_rows(refusals),
+                *postpone_args(refused, postponed, max_postpones),
+            ],
             extra_keys=self._commit_record(fetcher, request),
         )
-        return [
-            NackOutcome(
-                _id(flat[i]),
-                int(flat[i + 1]) == 2,
-                int(flat[i + 2]),
-                superseded=int(flat[i + 1]) == 3,
-            )
-            for i in range(0, len(flat), 3)
-        ]
+        return nack_outcomes(flat)
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""
@@ -503,12 +534,19 @@ class RedisStore:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
         flat, _ = self._run("claim_exhausted", [count, claim_ms])
         claims = []
-        for i in range(0, len(flat), 4):
+        for i in range(0, len(flat), 5):
             key, payload = None, _payload_text(flat[i + 1])
             if payload is not None:
                 key, _, payload = split_keyed(payload)
             claims.append(
-                ExhaustedClaim(_id(flat[i]), payload, int(flat[i + 2]), int(flat[i + 3]), key)
+                ExhaustedClaim(
+                    _id(flat[i]),
+                    payload,
+                    int(flat[i + 2]),
+                    int(flat[i + 3]),
+                    key,
+                    reason=_shown(flat[i + 4]),
+                )
             )
         return claims
 
@@ -830,11 +868,12 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
 def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
     """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
     queue does not know the message. (AsyncRedisStore reads lookup's with it too.)"""
-    state, score, payload, size, meta, unannounced = reply[:6]
+    state, score, payload, size, meta, unannounced, reason = reply[:7]
     state = _text(state)
     if not state and payload is None and meta is None:
         return None
-    return _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    stored = _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
+    return dataclasses.replace(stored, dead_reason=_shown(reason)) if reason else stored
 
 
 def _stored(

@@ -33,6 +33,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         unique_for: float | timedelta | None = None,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -44,6 +45,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             batch=False,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -58,6 +60,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         *,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -69,6 +72,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             batch=True,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -88,6 +92,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         using: str | None,
         outbox: bool | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        expires: float | timedelta | datetime | None = None,
     ) -> list[str]:
         through_outbox = self._outbox(outbox, on_commit)
         if through_outbox or self._on_commit(on_commit):
@@ -104,9 +109,10 @@ class QueueAsync(QueueProducing, QueueOperating):
                 using=using,
                 outbox=through_outbox,
                 keyed=keyed,
+                expires=expires,
             )
         prepared = self._prepare_all(
-            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed, expires=expires
         )
         if not prepared:
             return []

@@ -10,12 +10,16 @@ from django.db import transaction
 
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
+from delayqueue_django.core.expiry import expiry_spec
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
 from delayqueue_django.engine import KeyedSent, NewMessage
 from delayqueue_django.engine.shards import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions
+
+# A message's timing for NewMessage: at_ms, delay_us, budget, expires_at_ms, expires_in_us.
+Timing = tuple[int | None, int, int, int | None, int]
 
 
 class QueueProducing(QueueBase):
@@ -32,6 +36,7 @@ class QueueProducing(QueueBase):
         unique_for: float | timedelta | None = None,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -64,12 +69,20 @@ class QueueProducing(QueueBase):
         message's. Neither can raise DuplicateKey to the caller: ``if_exists="error"`` with
         the outbox, or with ``on_commit`` inside a transaction, raises ConflictingOptions,
         with nothing written.
+
+        ``expires`` (seconds or a timedelta counted from the send on Redis's clock, as a
+        delay is, or a datetime; default: the queue's EXPIRES, counted from the due time):
+        a message not handed out by then is never handed out. It is dead-lettered with the
+        reason "expired" and ``message_expired`` is sent; a retry or postpone that would
+        come at or after it expires the message instead. An expiry in the past, or not
+        after the due time, raises InvalidExpiry with nothing written.
         """
         return self._send_all(
             [payload],
             batch=False,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -83,6 +96,7 @@ class QueueProducing(QueueBase):
         *,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -108,6 +122,7 @@ class QueueProducing(QueueBase):
             batch=True,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -126,13 +141,14 @@ class QueueProducing(QueueBase):
         using: str | None,
         outbox: bool | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        expires: float | timedelta | datetime | None = None,
     ) -> list[str]:
         """send_many's work; ``batch`` says whether the caller was a batch API (the tracing
         conventions name a batch's message count, and a single message's id). ``keyed``:
         the key fields of send's one payload (key_fields, checked)."""
         through_outbox = self._outbox(outbox, on_commit)
         prepared = self._prepare_all(
-            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed
+            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed, expires=expires
         )
         if not prepared:
             return []
@@ -210,6 +226,7 @@ class QueueProducing(QueueBase):
         at: datetime | None,
         retry_count: int | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
+        expires: float | timedelta | datetime | None = None,
     ) -> list[NewMessage]:
         """Validate and encode every message (payloads, or Outgoing with their own timing
         and key). ``keyed``: the key fields of the payloads given bare (send's one)."""
@@ -217,7 +234,7 @@ class QueueProducing(QueueBase):
         if not items:
             return []
         max_bytes, name = self.config.max_payload_bytes, self.name
-        shared: tuple[int | None, int, int] | None = None  # the call's own timing, checked once
+        shared: Timing | None = None  # the call's own timing, checked once
         prepared = []
         # Each id's shard is chosen from the settings' layout, as the store would: an outbox
         # send touches no Redis, nor builds its client.
@@ -225,32 +242,60 @@ class QueueProducing(QueueBase):
         ids = place(new_message_ids(len(items)), layout)
         for message_id, item in zip(ids, items, strict=True):
             if isinstance(item, Outgoing):
-                at_ms, delay_us, budget = self._timing(item.delay, item.at, item.retry_count)
+                timing = self._timing(item.delay, item.at, item.retry_count, item.expires)
                 payload = item.payload
                 key, if_exists, unique_ms = key_fields(item.key, item.if_exists, item.unique_for)
             else:
                 if shared is None:
-                    shared = self._timing(delay, at, retry_count)
-                at_ms, delay_us, budget = shared
+                    shared = self._timing(delay, at, retry_count, expires)
+                timing = shared
                 payload = item
                 key, if_exists, unique_ms = keyed
             text = encode_payload(payload, max_bytes=max_bytes, queue=name)
+            at_ms, delay_us, budget, expires_at_ms, expires_in_us = timing
             if key is None:
-                prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
+                prepared.append(
+                    NewMessage(
+                        message_id,
+                        text,
+                        budget,
+                        at_ms,
+                        delay_us,
+                        expires_at_ms=expires_at_ms,
+                        expires_in_us=expires_in_us,
+                    )
+                )
             else:
                 # A keyed message lives on its key's shard, where its key is decided: its id
                 # says so from the start, as an on_commit or outbox send returns it at once.
                 message_id = with_shard(message_id, layout, key_shard(key, layout))
                 prepared.append(
-                    NewMessage(message_id, text, budget, at_ms, delay_us, key, if_exists, unique_ms)
+                    NewMessage(
+                        message_id,
+                        text,
+                        budget,
+                        at_ms,
+                        delay_us,
+                        key,
+                        if_exists,
+                        unique_ms,
+                        expires_at_ms,
+                        expires_in_us,
+                    )
                 )
         return prepared
 
     def _timing(
-        self, delay: float | timedelta | None, at: datetime | None, retry_count: int | None
-    ) -> tuple[int | None, int, int]:
+        self,
+        delay: float | timedelta | None,
+        at: datetime | None,
+        retry_count: int | None,
+        expires: float | timedelta | datetime | None,
+    ) -> "Timing":
         at_ms, delay_us = due_spec(delay, at)
-        return at_ms, delay_us, retry_budget(retry_count, self.config.retry_count)
+        expires_at_ms, expires_in_us = expiry_spec(expires, at_ms, delay_us, self.config.expires_ms)
+        budget = retry_budget(retry_count, self.config.retry_count)
+        return at_ms, delay_us, budget, expires_at_ms, expires_in_us
 
     @_reaching_redis
     def cancel(self, message_id: str | None = None, *, key: str | None = None) -> bool:

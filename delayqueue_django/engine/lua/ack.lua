@@ -2,7 +2,8 @@
   ack: a batch of deliveries succeeded; forget those messages.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
-        and the key index (an acked keyed message that still is its key's leaves it);
+        and the key index (an acked keyed message that still is its key's leaves it),
+        expiries and postpone counts (see "Expiry and postpones" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)
@@ -46,6 +47,7 @@ end
 call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)
+forget_flow(acked)
 count_throughput(now, 'acked', #acked)
 record_reply(keys[11], request, acked, #acked, record_ms)
 return {acked, warnings}

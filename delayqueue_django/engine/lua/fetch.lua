@@ -7,6 +7,8 @@
        in the prelude);
     2. due pending messages are staged: to ready (first delivery) or retry;
     3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
+  Expiry: in steps 2 and 3, a message whose expiry passed is dead-lettered with the reason
+  "expired" instead (see drop_expired below), on a queue that ever had one.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
   lists (ready + retry) hold fewer than `stage_limit`, so every call is bounded and
   a cancel's LREM on a staging list is bounded too. What step 3 takes of the ids staged
@@ -61,6 +63,29 @@ if redis.call('EXISTS', ready, retry) > 0 then
 end
 local unack_head, unack_moved = head_score(unack), false
 local pending_head, pending_read = nil, false
+
+-- Expiry (flow-expiry): of `ids`, those whose expiry passed are dead-lettered with the
+-- reason "expired"; returns the others, in order. Bounded by the step that calls it.
+local expiring = expiry_used()
+local function drop_expired(ids)
+  if not expiring or #ids == 0 then
+    return ids
+  end
+  local at = {}
+  for i = 1, #ids do
+    at[i] = now
+  end
+  local gone = expired_among(ids, at)
+  if next(gone) == nil then
+    return ids
+  end
+  local kept, dead = {}, {}
+  for _, id in ipairs(ids) do
+    table.insert(gone[id] and dead or kept, id)
+  end
+  bury_for(dead, now, 'expired', 'expired')
+  return kept
+end
 
 -- Hands a message out under the next lease until the deadline; returns its new record.
 -- Appended by index, which costs Lua a fraction of table.insert's call: this runs for
@@ -179,6 +204,7 @@ local function take_due()
       end
     end
   end
+  staged_retry, staged_ready = drop_expired(staged_retry), drop_expired(staged_ready)
 
   -- 3. Hand out, redeliveries first: they have waited longest. From each list, those
   -- already listed first, then those staged above; the staged ones left are listed.
@@ -188,6 +214,8 @@ local function take_due()
     if want > 0 and listed > 0 then
       popped = call('LPOP', list, want) or {}
     end
+    local took = #popped
+    popped = drop_expired(popped)
     local ids, taken = {}, 0
     for i, id in ipairs(popped) do
       ids[i] = id
@@ -218,7 +246,7 @@ local function take_due()
       rest[#rest + 1] = staged[i]
     end
     call_chunked('RPUSH', list, rest)
-    return listed - #popped + #rest
+    return listed - took + #rest
   end
   retry_len = hand_out(retry, retry_len, staged_retry)
   ready_len = hand_out(ready, ready_len, staged_ready)

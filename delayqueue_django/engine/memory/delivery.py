@@ -3,15 +3,17 @@ release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.l
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import key_index, prelude
+from delayqueue_django.engine.memory import expiry, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
+    EXPIRED,
+    POSTPONED_TOO_OFTEN,
     Delivery,
     ExhaustedClaim,
     FetchResult,
@@ -48,17 +50,24 @@ class MemoryDelivery(MemoryStoreBase):
                         f"message id {message.id!r} already exists in queue "
                         f"{self._keys.queue!r}; nothing in its batch was written"
                     )
+            expiries = expiry.refuse_early_expiries(
+                batch,
+                [
+                    None if replay else self._due_of(message, now, now_us)
+                    for message, replay in zip(batch, replayed, strict=True)
+                ],
+                now,
+                now_us,
+                self._keys.queue,
+            )
             previous_head = state.pending.head()
             dues = []
-            for message, replay in zip(batch, replayed, strict=True):
+            for message, replay, expires in zip(batch, replayed, expiries, strict=True):
                 if replay:
                     dues.append(prelude.replayed_due(state, message.id, now))
                     continue
-                if message.at_ms is None:
-                    due = prelude.due_after(now, now_us, *divmod(message.delay_us, 1000))
-                else:
-                    # A time already past is due now (see send.lua).
-                    due = max(message.at_ms, now)
+                due = self._due_of(message, now, now_us)
+                expiry.set_expiry(state, message.id, expires)
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
                 state.metas[message.id] = Meta(0, 0, message.budget, due)
@@ -69,6 +78,12 @@ class MemoryDelivery(MemoryStoreBase):
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
+
+    @staticmethod
+    def _due_of(message: NewMessage, now: int, now_us: int) -> int:
+        if message.at_ms is None:
+            return prelude.due_after(now, now_us, *divmod(message.delay_us, 1000))
+        return max(message.at_ms, now)  # a time already past is due now (see send.lua)
 
     def remove(
         self,
@@ -149,13 +164,19 @@ class MemoryDelivery(MemoryStoreBase):
             if meta.attempt > meta.budget:
                 prelude.bury(state, message_id, now)
             elif key_index.return_to_waiting(state, message_id):
-                state.retry.append(message_id)
                 prelude.count_total(state, "retried", 1)
+                if expiry.expired(state, message_id, now):
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                else:
+                    state.retry.append(message_id)
         prelude.count(state, now, "failed", expired)
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
         for message_id, _ in state.pending.pop_upto(now, room()):
+            if expiry.expired(state, message_id, now):
+                expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                continue
             target = state.retry if state.metas[message_id].attempt > 0 else state.ready
             target.append(message_id)
 
@@ -164,6 +185,9 @@ class MemoryDelivery(MemoryStoreBase):
         for source in (state.retry, state.ready):
             while source and len(deliveries) < count:
                 message_id = source.popleft()
+                if expiry.expired(state, message_id, now):
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                    continue
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
                 state.unack.add(message_id, deadline)
@@ -254,6 +278,8 @@ class MemoryDelivery(MemoryStoreBase):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         if not refusals:
             return []
@@ -265,26 +291,46 @@ class MemoryDelivery(MemoryStoreBase):
             previous_head = state.pending.head()
             earliest: int | None = None
             outcomes = []
+            postponed_back = 0
             for message_id, lease, delay_ms in refusals:
                 if not prelude.holds(state, message_id, lease):
                     continue
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
-                if meta.attempt > meta.budget or delay_ms < 0:
+                postpone = message_id in postponed
+                if postpone:
+                    # Not an attempt: the one its delivery counted is given back (nack.lua).
+                    meta.attempt = max(meta.attempt - 1, 0)
+                    state.postpones[message_id] = state.postpones.get(message_id, 0) + 1
+                due = prelude.due_after(now, now_us, delay_ms, 0)
+                if (meta.attempt > meta.budget and not postpone) or delay_ms < 0:
                     prelude.bury(state, message_id, now)
                     outcomes.append(NackOutcome(message_id, True, now))
+                elif postpone and state.postpones[message_id] > max_postpones:
+                    expiry.bury_for(state, message_id, now, POSTPONED_TOO_OFTEN, "exhausted")
+                    outcomes.append(
+                        NackOutcome(message_id, True, now, dead_reason=POSTPONED_TOO_OFTEN)
+                    )
+                elif expiry.expired(state, message_id, due):
+                    postponed_back += postpone
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                    outcomes.append(NackOutcome(message_id, True, now, dead_reason=EXPIRED))
                 elif not key_index.return_to_waiting(state, message_id):
+                    postponed_back += postpone
                     outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
-                    meta.due = prelude.due_after(now, now_us, delay_ms, 0)
+                    postponed_back += postpone
+                    meta.due = due
                     state.pending.add(message_id, meta.due)
                     prelude.count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
                     outcomes.append(NackOutcome(message_id, False, meta.due))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
-            prelude.count(state, now, "failed", len(outcomes))
+            # A postpone is no failure.
+            prelude.count(state, now, "failed", len(outcomes) - postponed_back)
+            prelude.count_total(state, "postponed", postponed_back)
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
 
@@ -338,6 +384,7 @@ class MemoryDelivery(MemoryStoreBase):
                         0 if meta is None else meta.attempt,
                         claimed_until,
                         key,
+                        reason=state.dead_reasons.get(message_id, ""),
                     )
                 )
             return claims

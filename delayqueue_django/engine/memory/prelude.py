@@ -5,6 +5,7 @@ schedule's record), for the memory store's operations to share in the same way."
 from collections import deque
 
 from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
     Meta,
@@ -135,6 +136,7 @@ def forget(state: QueueState, message_id: str) -> None:
     state.payloads.pop(message_id, None)
     state.metas.pop(message_id, None)
     state.exhausted.remove(message_id)
+    forget_flow(state, message_id)
 
 
 def count(state: QueueState, now: int, what: str, n: int) -> None:
@@ -205,6 +207,7 @@ def stored(
         unannounced=peeked and message_id in state.exhausted,
         key=key,
         generation=generation,
+        dead_reason=state.dead_reasons.get(message_id, "") if where == "garbage" else "",
     )
 
 

@@ -83,6 +83,11 @@ class QueueState:
     # (ms), by which the ended ones are reclaimed as Redis expires the keys.
     holders: dict[str, str] = field(default_factory=dict)
     hold_ends: ScoredSet = field(default_factory=ScoredSet)
+    # Expiry and postpones (see memory/expiry.py): id -> expiry (ms) ({tag}:expires), id ->
+    # times postponed ({tag}:postpones), id -> a dead letter's reason ({tag}:dead_reason).
+    expiries: dict[str, int] = field(default_factory=dict)
+    postpones: dict[str, int] = field(default_factory=dict)
+    dead_reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
