@@ -150,6 +150,11 @@ def verdict_delay_ms(delay: Any, verdict: str) -> int:
 LONGEST_VERDICT_DELAY_SECONDS = 366 * 24 * 3600
 
 
+class TaskExpired(DelayQueueError):
+    """A task's message expired (its queue's EXPIRES) before it could run, or before its
+    retry was due."""
+
+
 class TaskAbandoned(DelayQueueError):
     """A task's last delivery ended with no outcome recorded: its worker died, or it ran past
     the queue's MAX_CONSUME_DURATION, and no retry was left."""

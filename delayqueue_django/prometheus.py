@@ -7,7 +7,7 @@
 Everything is read from Redis (and the outbox rows from the database) at scrape time, so
 the figures are those of all workers together, whichever process serves the scrape: state
 counts, lag and live workers from the queue itself; handled, failed, retried, timed-out,
-exhausted and superseded totals counted by the queue's scripts; handler duration and
+exhausted, expired, postponed and superseded totals counted by the queue's scripts; handler duration and
 delivery lateness histograms added up by the workers (each worker adds its observations
 with every heartbeat).
 
@@ -75,6 +75,14 @@ TOTALS = {
     "exhausted_total": (
         "delayqueue_exhausted",
         "Messages parked as dead letters with their retries used up.",
+    ),
+    "expired_total": (
+        "delayqueue_expired",
+        "Messages dead-lettered because their expiry passed before they were handed out.",
+    ),
+    "postponed_total": (
+        "delayqueue_postponed",
+        "Deliveries a handler postponed (raise Postpone): back later, no attempt used.",
     ),
 }
 # Running totals that stats() does not carry, read from store.totals() (the "all:" totals,
