@@ -115,6 +115,7 @@ def test_the_verdicts_take_seconds_or_a_timedelta() -> None:
     assert Postpone(0).delay_ms == 0
     assert Retry(0.0001).delay_ms == 1  # rounded up: never earlier than asked
     for verdict in (Postpone, Retry):
+        bad: Any
         for bad in (-1, "soon", float("inf"), True, timedelta(days=400)):
             with pytest.raises(InvalidDelay):
                 verdict(bad)
