@@ -194,7 +194,7 @@ def relay_calls(
             else:
                 args += [wire(message.key), message.if_exists, message.unique_ms]
         args += forgotten
-        calls.append(args)
+        calls.append(args + expiry_args(chunk))
     return calls
 
 

@@ -42,6 +42,9 @@ class OutboxMessage(models.Model):
     message_key = ExactCharField(max_length=256, null=True, blank=True)
     if_exists = models.CharField(max_length=7, default="keep", db_default="keep")
     unique_ms = models.BigIntegerField(default=0, db_default=0)
+    # When the message expires (ms since the epoch, fixed when the row was written as its
+    # due time is), or None: relayed after it, it is dead-lettered as expired at once.
+    expires_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "delayqueue_outbox"

@@ -106,6 +106,7 @@ class OutboxRow:
     message_key: str | None
     if_exists: str
     unique_ms: int
+    expires_ms: int | None
 
     def message(self) -> NewMessage:
         """The message the row keeps, as its send prepared it."""
@@ -117,6 +118,7 @@ class OutboxRow:
             key=self.message_key,
             if_exists=self.if_exists,
             unique_ms=self.unique_ms,
+            expires_at_ms=self.expires_ms,
         )
 
 

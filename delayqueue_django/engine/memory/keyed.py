@@ -41,7 +41,13 @@ class MemoryKeyed(MemoryStoreBase):
             return sent
 
     def _write_keyed(
-        self, state: QueueState, batch: Sequence[NewMessage], now: int, now_us: int
+        self,
+        state: QueueState,
+        batch: Sequence[NewMessage],
+        now: int,
+        now_us: int,
+        *,
+        refuse_early: bool = True,
     ) -> tuple[list[KeyedSent], int | None]:
         """Decide and write a batch of keyed messages (the lock held; send_keys in the
         prelude of the scripts); returns each one's KeyedSent and the earliest due time
@@ -49,7 +55,8 @@ class MemoryKeyed(MemoryStoreBase):
         key_index.reclaim_holds(state, now)
         # Every decision is taken before anything is written, so that a refusal
         # (if_exists="error", an expiry before the due time) leaves no trace of its batch.
-        dues = [self._due(message, now, now_us) for message in batch]
+        # (A relay refuses nothing: ``refuse_early`` False, see relay.lua.)
+        dues = [self._due(message, now, now_us) if refuse_early else None for message in batch]
         expiries = expiry.refuse_early_expiries(batch, dues, now, now_us, self._keys.queue)
         decisions = self._decide(state, batch, now)
         earliest: int | None = None
