@@ -151,3 +151,17 @@ def test_the_kills_benchmark_paces_relays_and_workers_with_and_without_kills() -
         assert ": one kill -9 every 0.5 s" in rows[1]
         for row in rows:
             assert float(row.split(" | ")[1].split()[0].replace(",", "")) > 0, row
+
+
+@pytest.mark.timeout(60)
+def test_the_expiry_benchmark_sets_expiring_messages_beside_plain_ones() -> None:
+    _, table = run_quick("expiry")
+    what = "1,000 messages sent, fetched and acked in this process"
+    for mode in (
+        "plain (no expiry)",
+        "with an expiry, handled before it",
+        "expired before its fetch (dead-lettered by the fetch)",
+    ):
+        redis_time = f"{what}: Redis time per message in script calls (INFO commandstats)"
+        assert figure(table, f"{redis_time}, {mode}") > 0
+    assert figure(table, f"{what}: with an expiry, handled before it ÷ plain") > 0
