@@ -73,7 +73,8 @@ else
 # the client's connection options, the benchmark script, the tracing spans (OpenTelemetry's
 # API), the schedules' failure handling and catch-ups on every store, the send fuzzer, the
 # worker's in-process tests (its threads, batches and verdicts), the demo script's
-# processes, the package's build (make dist) and a test run's Ctrl-C.
+# processes, the package's build (make dist), a test run's Ctrl-C, and the keys' engine
+# contract, Redis, memory, shard and race tests.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -85,7 +86,9 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_schedule_catch_up.py --ignore=tests/test_fuzz_send.py \
 	--ignore=tests/test_worker.py --ignore=tests/test_demo.py --ignore=tests/test_dist.py \
 	--ignore=tests/test_interrupt.py \
-	--ignore=tests/test_schedule_worker.py
+	--ignore=tests/test_schedule_worker.py --ignore=tests/test_keys_contract.py \
+	--ignore=tests/test_keys_redis.py --ignore=tests/test_keys_memory.py \
+	--ignore=tests/test_keys_shards.py --ignore=tests/test_keys_race.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"

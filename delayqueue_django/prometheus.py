@@ -84,11 +84,7 @@ TOTALS = {
         "delayqueue_postponed",
         "Deliveries a handler postponed (raise Postpone): back later, no attempt used.",
     ),
-}
-# Running totals that stats() does not carry, read from store.totals() (the "all:" totals,
-# which the scrape reads anyway for the histograms): name -> (metric name, help)
-RUNNING_TOTALS = {
-    "superseded": (
+    "superseded_total": (
         "delayqueue_superseded",
         "Keyed messages removed on their way back to waiting: a newer message with their "
         "key waits and carries the key's work.",
@@ -132,10 +128,6 @@ class QueueCollector(Collector):
         totals = {
             key: CounterMetricFamily(name, help_text, labels=["queue"])
             for key, (name, help_text) in TOTALS.items()
-        }
-        running_totals = {
-            key: CounterMetricFamily(name, help_text, labels=["queue"])
-            for key, (name, help_text) in RUNNING_TOTALS.items()
         }
         histograms = {
             name: HistogramMetricFamily(
@@ -212,9 +204,6 @@ class QueueCollector(Collector):
                 continue
             for key, family in totals.items():
                 family.add_metric([name], stats[key])
-            for key, family in running_totals.items():
-                # A total is only in Redis once something counted it.
-                family.add_metric([name], running.get(key, 0))
             for histogram, histogram_family in histograms.items():
                 figures = histogram_from_totals(running, histogram)
                 histogram_family.add_metric(
@@ -222,8 +211,7 @@ class QueueCollector(Collector):
                     [(_bound(le), count) for le, count in figures.buckets],
                     sum_value=figures.sum_seconds,
                 )
-        yield from (up, messages, due, lag, workers, *totals.values())
-        yield from (*running_totals.values(), *histograms.values())
+        yield from (up, messages, due, lag, workers, *totals.values(), *histograms.values())
         yield from (outbox, outbox_age)
         if sharded:  # (without a sharded queue, the output is as it was before SHARDS)
             yield from (shard_up, shards_down, shard_messages, shard_lag)

@@ -57,6 +57,7 @@ def test_stats_of_an_empty_queue(queue: Queue) -> None:
         "retried_total": 0,
         "timed_out_total": 0,
         "exhausted_total": 0,
+        "superseded_total": 0,
         "expired_total": 0,
         "postponed_total": 0,
         "shards_down": 0,

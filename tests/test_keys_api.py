@@ -377,6 +377,19 @@ def test_lookup_follows_the_key_through_its_states(queue: Queue) -> None:
     assert (in_flight.id, in_flight.state, in_flight.attempt) == (message_id, "unack", 1)
     queue.ack([delivery])
     assert queue.lookup("order-1") is None  # handled: the key names nothing
+    # ...and the key index let go of it: Queue.ack tells the store the delivery had a key.
+    assert queue.check_invariants().ok, queue.check_invariants().problems
+
+
+def test_an_ack_of_plain_and_keyed_messages_drops_the_keys(queue: Queue) -> None:
+    queue.send({"n": 1}, key="order-1")
+    queue.send({"n": 2})
+    deliveries = fetch_when_due(queue, 2)
+    if len(deliveries) == 1:  # (a sharded queue hands out one shard's at a time)
+        deliveries += fetch_when_due(queue, 1)
+    assert sorted(d.key or "" for d in deliveries) == ["", "order-1"]
+    assert len(queue.ack(iter(deliveries))) == 2  # (any iterable, read once)
+    assert queue.check_invariants().ok, queue.check_invariants().problems
 
 
 # The key wherever a message shows up: handlers, signals, the testing helpers.

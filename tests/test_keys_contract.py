@@ -501,6 +501,7 @@ def assert_superseded(store: Store, message_id: str, newer_id: str) -> None:
     assert (found.id, found.state) == (newer_id, "pending")
     assert counts(store) == [1, 0, 0, 0, 0]
     assert store.totals().get("superseded") == 1
+    assert store.stats()["superseded_total"] == 1
 
 
 def test_a_nacked_message_is_superseded_by_a_newer_waiting_one(queue: Queue) -> None:

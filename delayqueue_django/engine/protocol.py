@@ -121,9 +121,15 @@ class Store(Protocol):
         """
 
     def ack(
-        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+        plain: bool = False,
     ) -> set[str]:
-        """Forget delivered messages; returns the ids whose lease still held.
+        """Forget delivered messages; returns the ids whose lease still held. ``plain``:
+        the caller knows none was sent with a key, so the store need not look for keys.
 
         A ``fetcher`` may name each ack or nack ``request``: the store keeps the reply of
         the fetcher's last one that changed something (for consume_ms), and a call that

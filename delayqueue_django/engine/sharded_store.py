@@ -277,12 +277,17 @@ class ShardedStore(ShardFetching, ShardReads):
     # Consumers
 
     def ack(
-        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+        plain: bool = False,
     ) -> set[str]:
         acked: set[str] = set()
         for name, positions in self._group(message_id for message_id, _ in leases).items():
             part = [leases[i] for i in positions]
-            acked |= self._store(name).ack(part, fetcher=fetcher, request=request)
+            acked |= self._store(name).ack(part, fetcher=fetcher, request=request, plain=plain)
         return acked
 
     def nack(

@@ -250,6 +250,7 @@ STATS_NAMES = (
     *("server_time_ms", "next_due_ms", "lag_ms"),
     # Running totals since the queue began (they add up across workers).
     *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
+    "superseded_total",
     *("expired_total", "postponed_total"),
 )
 
@@ -469,17 +470,29 @@ class RedisStore:
         return [self.keys.key(f"commit:{fetcher}")] if request else []
 
     def ack(
-        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+        plain: bool = False,
     ) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held.
 
         A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
-        the repeat answers what that request did (see ack.lua)."""
+        the repeat answers what that request did (see ack.lua). ``plain``: none of them was
+        sent with a key (their deliveries say so), so the key index is not looked at."""
         if not leases:
             return set()
         acked, _ = self._run(
             "ack",
-            [request, self.limits.consume_ms, len(leases), *_id_rows(leases)],
+            [
+                request,
+                self.limits.consume_ms,
+                len(leases),
+                *_id_rows(leases),
+                *(["plain"] if plain else []),
+            ],
             extra_keys=self._commit_record(fetcher, request),
         )
         return {_id(message_id) for message_id in acked}

@@ -149,7 +149,12 @@ class QueueConsuming(QueueBase):
         returns what the first run acked (within MAX_CONSUME_DURATION of it). Use a new
         request id for each new call, whatever its kind (ack, nack, bury).
         """
-        return self.store.ack([(m.id, m.lease) for m in messages], fetcher=fetcher, request=request)
+        handled = list(messages)
+        leases = [(m.id, m.lease) for m in handled]
+        # Deliveries say whether their message has a key: without any, the store skips the
+        # key index (an ack of plain messages costs Redis what it did before keys).
+        plain = all(m.key is None for m in handled)
+        return self.store.ack(leases, fetcher=fetcher, request=request, plain=plain)
 
     @_reaching_redis
     def nack(

@@ -9,6 +9,9 @@
   ARGV[1]  request: this call's id ("": none, nothing recorded)
   ARGV[2]  record_ms: how long the record of the reply is kept
   ARGV[3]  n, then n pairs: id, lease (the token handed out by fetch)
+  then, optionally, "plain": the caller knows that none of these messages was sent with a
+          key (each delivery says so), so the key index is not looked at: an ack of
+          plain messages costs what it did before keys existed
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
@@ -41,7 +44,7 @@ for i, id in ipairs(ids) do
     table.insert(acked, id)
   end
 end
-if #acked > 0 and keys_used() then
+if #acked > 0 and args[4 + 2 * n] ~= 'plain' and keys_used() then
   forget_keys(acked, gather('HMGET', payloads, acked))
 end
 call_chunked('ZREM', unack, acked)

@@ -253,7 +253,12 @@ class MemoryDelivery(MemoryStoreBase):
             state.commits[fetcher] = (request, reply, now + self._limits.consume_ms)
 
     def ack(
-        self, leases: Sequence[tuple[str, int]], *, fetcher: str = "", request: str = ""
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        fetcher: str = "",
+        request: str = "",
+        plain: bool = False,  # (nothing to save here: the key pointer is dropped by id)
     ) -> set[str]:
         if not leases:
             return set()

@@ -105,6 +105,7 @@ class MemoryOperators(MemoryStoreBase):
                     f"{name}_total": state.totals.get(name, 0)
                     for name in (
                         *("acked", "failed", "retried", "timed_out", "exhausted"),
+                        "superseded",
                         *("expired", "postponed"),
                     )
                 },
