@@ -306,3 +306,25 @@ def test_the_expiry_structures_are_cleaned_up_as_messages_leave(
     tag = queue.store.keys.tag
     for name in ("expires", "postpones", "dead_reason"):
         assert not client.exists(f"{tag}:{name}")
+
+
+def test_an_ack_of_messages_fetched_from_a_plain_queue_skips_the_expiry_structures(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    """The fetch says whether the queue had expiries or postpone counts; without them, the
+    ack does not look for them (a plain queue's ack costs what it did before expiry)."""
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url}}
+    queue = get_queue()
+    client = redis_store(queue).client
+    queue.send({"n": 1})
+    [plain] = queue.fetch(1).messages
+    assert not plain.tracked
+    client.config_resetstat()
+    queue.ack([plain])
+    assert "cmdstat_exists" not in client.info("commandstats")
+
+    queue.send({"n": 2}, expires=60)
+    [expiring] = queue.fetch(1).messages
+    assert expiring.tracked
+    queue.ack([expiring])
+    assert not client.exists(f"{queue.store.keys.tag}:expires")

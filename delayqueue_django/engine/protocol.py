@@ -127,9 +127,12 @@ class Store(Protocol):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held. ``plain``:
-        the caller knows none was sent with a key, so the store need not look for keys.
+        the caller knows none was sent with a key, so the store need not look for keys;
+        ``untracked``: none was handed out while the queue had expiries or postpone
+        counts (``Delivery.tracked``), so the store need not look for those.
 
         A ``fetcher`` may name each ack or nack ``request``: the store keeps the reply of
         the fetcher's last one that changed something (for consume_ms), and a call that

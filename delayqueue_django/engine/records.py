@@ -142,6 +142,9 @@ class Delivery:
     # The user's key and the message's generation (engine/keyed.py); None and 0 unkeyed.
     key: str | None = None
     generation: int = 0
+    # False when the fetch found no expiry nor postpone count in the queue: its ack need
+    # not look for them ("untracked" in ack.lua). True when not known.
+    tracked: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -283,11 +283,14 @@ class ShardedStore(ShardFetching, ShardReads):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         acked: set[str] = set()
         for name, positions in self._group(message_id for message_id, _ in leases).items():
             part = [leases[i] for i in positions]
-            acked |= self._store(name).ack(part, fetcher=fetcher, request=request, plain=plain)
+            acked |= self._store(name).ack(
+                part, fetcher=fetcher, request=request, plain=plain, untracked=untracked
+            )
         return acked
 
     def nack(

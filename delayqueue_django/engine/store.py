@@ -422,7 +422,7 @@ class RedisStore:
         the repeat hands out again what that fetch took (see fetch.lua)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, next_ms, expired, flat, owed, now_us, _ = self._run(
+        now, next_ms, expired, flat, owed, now_us, tracked, _ = self._run(
             "fetch",
             [self._channel, count, limits.consume_ms, limits.stage_limit, request],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
@@ -452,6 +452,7 @@ class RedisStore:
                     unreadable=unreadable,
                     key=key,
                     generation=generation,
+                    tracked=bool(tracked),
                 )
             )
         return FetchResult(
@@ -476,12 +477,15 @@ class RedisStore:
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held.
 
         A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
         the repeat answers what that request did (see ack.lua). ``plain``: none of them was
-        sent with a key (their deliveries say so), so the key index is not looked at."""
+        sent with a key (their deliveries say so), so the key index is not looked at;
+        ``untracked``: none was handed out while the queue had expiries or postpone counts
+        (Delivery.tracked), so those are not looked at."""
         if not leases:
             return set()
         acked, _ = self._run(
@@ -492,6 +496,7 @@ class RedisStore:
                 len(leases),
                 *_id_rows(leases),
                 *(["plain"] if plain else []),
+                *(["untracked"] if untracked else []),
             ],
             extra_keys=self._commit_record(fetcher, request),
         )

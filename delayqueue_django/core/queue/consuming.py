@@ -124,6 +124,7 @@ class QueueConsuming(QueueBase):
                     traceparent=traceparent,
                     key=delivery.key,
                     generation=delivery.generation,
+                    tracked=delivery.tracked,
                 )
             )
         self.store.nack(undecodable)
@@ -154,7 +155,12 @@ class QueueConsuming(QueueBase):
         # Deliveries say whether their message has a key: without any, the store skips the
         # key index (an ack of plain messages costs Redis what it did before keys).
         plain = all(m.key is None for m in handled)
-        return self.store.ack(leases, fetcher=fetcher, request=request, plain=plain)
+        # Likewise whether the queue had expiries or postpone counts when they were fetched:
+        # without any, the store skips those (see "Expiry and postpones" in _prelude.lua).
+        untracked = not any(m.tracked for m in handled)
+        return self.store.ack(
+            leases, fetcher=fetcher, request=request, plain=plain, untracked=untracked
+        )
 
     @_reaching_redis
     def nack(

@@ -11,7 +11,9 @@
   ARGV[3]  n, then n pairs: id, lease (the token handed out by fetch)
   then, optionally, "plain": the caller knows that none of these messages was sent with a
           key (each delivery says so), so the key index is not looked at: an ack of
-          plain messages costs what it did before keys existed
+          plain messages costs what it did before keys existed; and "untracked": each was
+          handed out by a fetch that found no expiry nor postpone count in the queue
+          (see fetch.lua), so those are not looked at either
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
@@ -44,13 +46,19 @@ for i, id in ipairs(ids) do
     table.insert(acked, id)
   end
 end
-if #acked > 0 and args[4 + 2 * n] ~= 'plain' and keys_used() then
+local flags = {}
+for i = 4 + 2 * n, #args do
+  flags[args[i]] = true
+end
+if #acked > 0 and not flags.plain and keys_used() then
   forget_keys(acked, gather('HMGET', payloads, acked))
 end
 call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)
-forget_flow(acked)
+if not flags.untracked then
+  forget_flow(acked)
+end
 count_throughput(now, 'acked', #acked)
 record_reply(keys[11], request, acked, #acked, record_ms)
 return {acked, warnings}

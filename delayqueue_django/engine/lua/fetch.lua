@@ -32,7 +32,7 @@
   ARGV[4]  stage_limit, the bound on ids moved and on the staging lists' length
   ARGV[5]  request, this fetch's id ("": no replay record)
 
-  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -42,6 +42,8 @@
                 handed out
     owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
     now_us      the microseconds past now_ms on the server's clock (0-999)
+    tracked     1 if the queue has expiries or postpone counts (see "Expiry and
+                postpones" in the prelude): acks of these deliveries must clean them up
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -66,7 +68,9 @@ local pending_head, pending_read = nil, false
 
 -- Expiry (flow-expiry): of `ids`, those whose expiry passed are dead-lettered with the
 -- reason "expired"; returns the others, in order. Bounded by the step that calls it.
-local expiring = expiry_used()
+-- `expiring` (the queue has expiries or postpone counts) is also handed out, so that an
+-- ack of what this call hands out skips them when it is false (see ack.lua).
+local expiring = redis.call('EXISTS', expiries, postpone_counts) > 0
 local function drop_expired(ids)
   if not expiring or #ids == 0 then
     return ids
@@ -343,4 +347,4 @@ if next_ms < 0 then
   end
 end
 
-return {now, next_ms, expired, deliveries, owed, now_us, warnings}
+return {now, next_ms, expired, deliveries, owed, now_us, expiring and 1 or 0, warnings}

@@ -259,6 +259,7 @@ class MemoryDelivery(MemoryStoreBase):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,  # (nothing to save here: the key pointer is dropped by id)
+        untracked: bool = False,  # (likewise: prelude.forget drops them by id)
     ) -> set[str]:
         if not leases:
             return set()
