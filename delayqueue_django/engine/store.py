@@ -163,10 +163,13 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
     calls = []
     for chunk in _chunks(messages, batch_size):
         args: list[Any] = [channel, len(chunk)]
+        expiring = False
         for message in chunk:
             at = "" if message.at_ms is None else message.at_ms
             args += [message.id, at, message.delay_us, message.budget, message.payload]
-        calls.append(args + expiry_args(chunk))
+            if message.expires_at_ms is not None or message.expires_in_us:
+                expiring = True
+        calls.append(args + expiry_args(chunk) if expiring else args)
     return calls
 
 

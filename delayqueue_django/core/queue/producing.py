@@ -253,7 +253,10 @@ class QueueProducing(QueueBase):
                 key, if_exists, unique_ms = keyed
             text = encode_payload(payload, max_bytes=max_bytes, queue=name)
             at_ms, delay_us, budget, expires_at_ms, expires_in_us = timing
-            if key is None:
+            if key is None and expires_at_ms is None and not expires_in_us:
+                # (Positional, as before expiry: keywords cost a plain send_many ~1 µs each.)
+                prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
+            elif key is None:
                 prepared.append(
                     NewMessage(
                         message_id,
