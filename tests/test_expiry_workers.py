@@ -19,32 +19,66 @@ HANDLER = {"DQ_TEST_HANDLER": "tests.expiry_handlers.handle"}
 MESSAGES = 20
 
 
+def expire_among_workers(
+    workers: list[WorkerProcess],  # noqa: F811
+    url: str,
+    settings: Any,
+    messages: int,
+    *,
+    kill_one: bool,
+) -> None:
+    """``messages`` that expire before any worker runs, beside as many that do not, with
+    three worker processes (one killed with -9 mid-run when ``kill_one``): every expired one
+    is announced with message_expired, none of them ever runs, and every other one is
+    handled. The shared scenario of this module and tests/chaos/test_expiry_chaos.py."""
+    queue = queue_for(settings, url, MAX_CONSUME_DURATION=1)
+    expiring = queue.send_many([{"n": n} for n in range(messages)], expires=0.2)
+    lasting = queue.send_many([{"n": n} for n in range(messages)], expires=600)
+    time.sleep(0.3)  # the first ones expire before any worker runs
+    env = {"DQ_TEST_MAX_CONSUME": "1", **HANDLER}
+    started = [spawn(workers, url, "--batch-size", "5", **env) for _ in range(3)]
+    if kill_one:
+        wait_for(lambda: events("done"), timeout=30, what="the first message handled")
+        started[0].signal(signal.SIGKILL)
+        started[0].wait(timeout=10)
+    timeout = 30 + messages / 100
+    wait_for(
+        lambda: {entry["id"] for entry in events("expired")} == set(expiring),
+        timeout=timeout,
+        what="every expiry announced",
+    )
+    wait_for(
+        lambda: {entry["id"] for entry in events("done")} == set(lasting),
+        timeout=timeout,
+        what="the others handled",
+    )
+    assert {entry["reason"] for entry in events("expired")} == {EXPIRED}
+    assert {entry["id"] for entry in events("start")} == set(lasting)  # none expired ran
+    assert events("dead") == []  # announced as expired, not as exhausted
+    # (A killed worker's deliveries are acked by another once their lease ran out.)
+    wait_for(
+        lambda: queue.stats()["acked_total"] == messages and queue.stats()["unannounced"] == 0,
+        timeout=30,
+        what="the acks and the confirmations",
+    )
+    stats = queue.stats()
+    assert (stats["expired_total"], stats["garbage"], stats["pending"]) == (messages, messages, 0)
+
+
 def test_expired_messages_are_dead_lettered_with_their_signal_and_never_run(
     workers: list[WorkerProcess],  # noqa: F811
     redis_server: RedisServer,
     settings: Any,
 ) -> None:
-    queue = queue_for(settings, redis_server.url)
-    expiring = queue.send_many([{"n": n} for n in range(MESSAGES)], expires=0.2)
-    lasting = queue.send_many([{"n": n} for n in range(MESSAGES)], expires=60)
-    time.sleep(0.3)  # the first ones expire before any worker runs
-    worker = spawn(workers, redis_server.url, **HANDLER)
-    wait_for(lambda: len(events("expired")) == MESSAGES, timeout=30, what="every expiry")
-    wait_for(lambda: len(events("done")) == MESSAGES, timeout=30, what="the others handled")
-    expired = events("expired")
-    assert {entry["id"] for entry in expired} == set(expiring)
-    assert {entry["reason"] for entry in expired} == {EXPIRED}
-    assert {entry["id"] for entry in events("start")} == set(lasting)
-    assert events("dead") == []  # announced as expired, not as exhausted
-    stats = queue.stats()
-    assert (stats["expired_total"], stats["garbage"], stats["acked_total"]) == (
-        MESSAGES,
-        MESSAGES,
-        MESSAGES,
-    )
-    wait_for(lambda: queue.stats()["unannounced"] == 0, what="the confirmations")
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(timeout=20) == 0
+    expire_among_workers(workers, redis_server.url, settings, MESSAGES, kill_one=False)
+
+
+def test_a_worker_killed_mid_run_loses_no_expiry_nor_message(
+    workers: list[WorkerProcess],  # noqa: F811
+    redis_server: RedisServer,
+    settings: Any,
+) -> None:
+    expire_among_workers(workers, redis_server.url, settings, MESSAGES * 5, kill_one=True)
 
 
 def test_the_expiry_signal_survives_a_kill_9_before_its_confirmation(
