@@ -265,3 +265,18 @@ def test_a_retry_delay_overrides_the_backoff_and_uses_an_attempt(queue: Queue) -
     stored = queue.peek(message_id)
     assert stored is not None
     assert stored.attempt == 1
+
+
+def test_the_invariants_hold_through_expiry_and_postpones(configure: Callable[..., Queue]) -> None:
+    queue = configure(MAX_POSTPONES=1)
+    expired = queue.send({"n": 1}, expires=SHORT)
+    postponed = queue.send({"n": 2})
+    outlive(queue)
+    [message] = queue.fetch(10).messages
+    assert message.id == postponed
+    queue.postpone([message], delay=0)
+    [message] = wait_for(lambda: queue.fetch(1).messages, what="the postponed message")
+    [outcome] = queue.postpone([message], delay=0)
+    assert outcome.dead_reason == POSTPONED_TOO_OFTEN
+    assert garbage_reason(queue, expired) == EXPIRED
+    assert queue.check_invariants().problems == []
