@@ -69,10 +69,17 @@ local pending_head, pending_read = nil, false
 -- Expiry (flow-expiry): of `ids`, those whose expiry passed are dead-lettered with the
 -- reason "expired"; returns the others, in order. Bounded by the step that calls it.
 -- `expiring` (the queue has expiries or postpone counts) is also handed out, so that an
--- ack of what this call hands out skips them when it is false (see ack.lua).
-local expiring = redis.call('EXISTS', expiries, postpone_counts) > 0
+-- ack of what this call hands out skips them when it is false (see ack.lua). Read once,
+-- and only by a call that stages or hands out something: an idle fetch pays nothing.
+local expiring = nil
+local function is_expiring()
+  if expiring == nil then
+    expiring = redis.call('EXISTS', expiries, postpone_counts) > 0
+  end
+  return expiring
+end
 local function drop_expired(ids)
-  if not expiring or #ids == 0 then
+  if #ids == 0 or not is_expiring() then
     return ids
   end
   local at = {}
@@ -347,4 +354,5 @@ if next_ms < 0 then
   end
 end
 
-return {now, next_ms, expired, deliveries, owed, now_us, expiring and 1 or 0, warnings}
+local tracked = handed > 0 and is_expiring() and 1 or 0
+return {now, next_ms, expired, deliveries, owed, now_us, tracked, warnings}
