@@ -280,3 +280,16 @@ def test_the_invariants_hold_through_expiry_and_postpones(configure: Callable[..
     assert outcome.dead_reason == POSTPONED_TOO_OFTEN
     assert garbage_reason(queue, expired) == EXPIRED
     assert queue.check_invariants().problems == []
+
+
+def test_a_postponed_keyed_message_is_superseded_by_a_newer_waiting_one(queue: Queue) -> None:
+    first = queue.send({"v": 1}, key="k")
+    [message] = queue.fetch(1).messages
+    assert message.id == first
+    newer = queue.send({"v": 2}, key="k", delay=60)  # the first is in flight: a new message
+    [outcome] = queue.postpone([message], delay=0)
+    assert outcome.superseded
+    assert queue.peek(first) is None
+    found = queue.lookup("k")
+    assert found is not None
+    assert found.id == newer
