@@ -29,6 +29,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from benchmarks import (
     drain,
+    expiry,
     flow,
     groups,
     idle,
@@ -50,6 +51,7 @@ PHASES = (
     "send",
     "keys",
     "groups",
+    "expiry",
     "drain",
     "flow",
     "processes",
@@ -90,6 +92,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=1.0,
         help="the unique_for of those keys, in seconds (keys; default: 1)",
+    )
+    add(
+        "--expiry-messages",
+        type=int,
+        default=50_000,
+        help="messages per mode of the expiry benchmark (default: 50000)",
     )
     add("--drain-messages", type=int, default=20_000, help="messages due together per drain")
     add("--workers", default="1,2,4", help="worker process counts to drain with (default: 1,2,4)")
@@ -149,6 +157,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.runs = 1
         args.send_messages, args.bulk_messages, args.drain_messages = 200, 1_000, 500
         args.keys_memory_messages, args.keys_reclaim, args.keys_window = 1_000, 2_000, 0.2
+        args.expiry_messages = 1_000
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
         args.flow_rate, args.flow_seconds = 200, 2.0
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
@@ -245,6 +254,20 @@ def bench_keys(args: argparse.Namespace, probe: Any) -> list[Row]:
         *keys.memory_rows(args.keys_memory_messages, memory),
         *keys.reclaim_rows(args.keys_reclaim, args.keys_window, reclaims),
     ]
+
+
+def bench_expiry(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("expiry: expiring messages beside plain ones, and expired ones dead-lettered")
+    cycles: dict[str, list[expiry.Cycle]] = {mode: [] for mode in expiry.MODES}
+    for run in range(args.runs):
+        # Interleaved by mode within each run: the ratio compares runs made side by side.
+        for mode in expiry.MODES:
+            cycles[mode].append(expiry.cycle(args.expiry_messages, mode, probe))
+        done = ", ".join(
+            f"{mode} {cycles[mode][-1].redis_us_per_message:.1f} µs" for mode in expiry.MODES
+        )
+        progress(f"  run {run + 1}/{args.runs}: {done}")
+    return expiry.rows(args.expiry_messages, cycles)
 
 
 def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -694,6 +717,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_keys(args, probe)
         if "groups" in chosen:
             rows += bench_groups(args, probe)
+        if "expiry" in chosen:
+            rows += bench_expiry(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

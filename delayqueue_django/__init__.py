@@ -20,6 +20,7 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Exhausted, Fetched, Queue
 from delayqueue_django.core.registry import get_queue
+from delayqueue_django.exceptions import Postpone, Retry
 from delayqueue_django.schedules.api import ScheduleInfo, Schedules
 
 __all__ = [
@@ -27,7 +28,9 @@ __all__ = [
     "Fetched",
     "Message",
     "Outgoing",
+    "Postpone",
     "Queue",
+    "Retry",
     "ScheduleInfo",
     "Schedules",
     "acancel",
@@ -49,6 +52,7 @@ def send(
     unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
     queue: str = "default",
     retry_count: int | None = None,
     on_commit: bool | None = None,
@@ -70,6 +74,9 @@ def send(
     database's outbox, which a relay moves to Redis once it committed. ``group`` (at most
     256 bytes in UTF-8) orders it within that group: one at a time, in due-time order (see
     ``Queue.send``).
+    database's outbox, which a relay moves to Redis once it committed. ``expires`` (seconds
+    or a timedelta from now, or a datetime; default: the queue's EXPIRES after the due
+    time): a message not handed out by then never is (see ``Queue.send``).
     """
     return get_queue(queue).send(
         payload,
@@ -78,6 +85,7 @@ def send(
         unique_for=unique_for,
         delay=delay,
         at=at,
+        expires=expires,
         retry_count=retry_count,
         on_commit=on_commit,
         using=using,
@@ -124,6 +132,7 @@ async def asend(
     unique_for: float | timedelta | None = None,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
     queue: str = "default",
     retry_count: int | None = None,
     on_commit: bool | None = None,
@@ -139,6 +148,7 @@ async def asend(
         unique_for=unique_for,
         delay=delay,
         at=at,
+        expires=expires,
         retry_count=retry_count,
         on_commit=on_commit,
         using=using,

@@ -7,12 +7,17 @@ Django's ``ImproperlyConfigured``, and a Redis that cannot be reached (``QueueUn
 from redis-py's ``ConnectionError``.
 """
 
+import math
+from datetime import timedelta
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 
 from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateKey,
     DuplicateMessageId,
+    InvalidExpiry,
     QueueTimedOut,
     QueueUnavailable,
     RedisOutOfMemory,
@@ -25,17 +30,20 @@ __all__ = [
     "DuplicateKey",
     "DuplicateMessageId",
     "InvalidDelay",
+    "InvalidExpiry",
     "InvalidGroup",
     "InvalidKey",
     "InvalidRetryCount",
     "InvalidSchedule",
     "PayloadEncodingError",
     "PayloadTooLarge",
+    "Postpone",
     "QueueConfigurationError",
     "QueueTimedOut",
     "QueueUnavailable",
     "RedisOutOfMemory",
     "Reject",
+    "Retry",
     "UnknownQueue",
     "UnknownSchedule",
     "UnsupportedRedisVersion",
@@ -101,6 +109,56 @@ class ConflictingOptions(DelayQueueError, ValueError):
 
 class Reject(DelayQueueError):
     """Raised by a handler: the message can never succeed; bury it now, skipping its retries."""
+
+
+class Postpone(DelayQueueError):
+    """Raised by a handler: not now; deliver the message again after ``delay`` (seconds or a
+    timedelta) without using a retry ("Retry-After", "the order is still being paid"). The
+    queue's MAX_POSTPONES bounds how often one message may be postponed: the next postpone
+    dead-letters it with the reason "postponed too often"."""
+
+    def __init__(self, delay: float | timedelta, reason: str = "") -> None:
+        self.delay_ms = verdict_delay_ms(delay, "Postpone")
+        super().__init__(reason or f"postponed for {self.delay_ms} ms")
+
+
+class Retry(DelayQueueError):
+    """Raised by a handler: this attempt failed; retry after ``delay`` (seconds or a
+    timedelta) instead of the queue's NACK_REDELIVERY_DELAY. It uses a retry as any failure
+    does: with none left, the message is buried."""
+
+    def __init__(self, delay: float | timedelta, reason: str = "") -> None:
+        self.delay_ms = verdict_delay_ms(delay, "Retry")
+        super().__init__(reason or f"retry in {self.delay_ms} ms")
+
+
+def verdict_delay_ms(delay: Any, verdict: str) -> int:
+    """A Postpone's or Retry's delay in whole ms, rounded up; InvalidDelay if it is not a
+    finite number of seconds (zero or more) or a timedelta of zero or more."""
+    if isinstance(delay, timedelta):
+        seconds: float = delay.total_seconds()
+    elif isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise InvalidDelay(
+            f"{verdict}'s delay must be a number of seconds or a timedelta, "
+            f"not {type(delay).__name__}"
+        )
+    else:
+        seconds = delay
+    if not math.isfinite(seconds) or seconds < 0 or seconds > LONGEST_VERDICT_DELAY_SECONDS:
+        raise InvalidDelay(
+            f"{verdict}'s delay must be from 0 to {LONGEST_VERDICT_DELAY_SECONDS} seconds, "
+            f"not {delay!r}"
+        )
+    return math.ceil(round(seconds * 1_000_000) / 1000)
+
+
+# A year: a Postpone or Retry further off is a mistake, not a plan.
+LONGEST_VERDICT_DELAY_SECONDS = 366 * 24 * 3600
+
+
+class TaskExpired(DelayQueueError):
+    """A task's message expired (its queue's EXPIRES) before it could run, or before its
+    retry was due."""
 
 
 class TaskAbandoned(DelayQueueError):

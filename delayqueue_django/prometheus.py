@@ -7,9 +7,9 @@
 Everything is read from Redis (and the outbox rows from the database) at scrape time, so
 the figures are those of all workers together, whichever process serves the scrape: state
 counts, lag and live workers from the queue itself; handled, failed, retried, timed-out,
-exhausted and superseded totals counted by the queue's scripts; handler duration and
-delivery lateness histograms added up by the workers (each worker adds its observations
-with every heartbeat).
+exhausted, expired, postponed and superseded totals counted by the queue's scripts; handler
+duration and delivery lateness histograms added up by the workers (each worker adds its
+observations with every heartbeat).
 
 A queue spread over shards (its ``SHARDS`` option) also has each shard's state counts,
 lag and reachability, labelled with the shard's name, and how many of its shards are down;
@@ -76,6 +76,14 @@ TOTALS = {
     "exhausted_total": (
         "delayqueue_exhausted",
         "Messages parked as dead letters with their retries used up.",
+    ),
+    "expired_total": (
+        "delayqueue_expired",
+        "Messages dead-lettered because their expiry passed before they were handed out.",
+    ),
+    "postponed_total": (
+        "delayqueue_postponed",
+        "Deliveries a handler postponed (raise Postpone): back later, no attempt used.",
     ),
     "superseded_total": (
         "delayqueue_superseded",

@@ -38,8 +38,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys', the flow gates', the groups' and the processes' have tests of their own too.
-    skipped = ("shards", "peers", "kills", "keys", "flow", "groups", "processes")
+    # keys', flow gates', groups', processes' and expiry's have tests of their own too.
+    skipped = ("shards", "peers", "kills", "keys", "flow", "groups", "processes", "expiry")
     stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
@@ -185,3 +185,16 @@ def test_the_flow_benchmark_reports_the_rate_reached_and_the_gates_cost() -> Non
     for name in ("plain queue", "RATE_LIMIT (not binding)", "MAX_IN_FLIGHT (not binding)"):
         assert figure(table, f"Redis time per handled message, {name}") > 0
         assert figure(table, f"Redis commands per handled message, {name}") > 0
+
+
+def test_the_expiry_benchmark_sets_expiring_messages_beside_plain_ones() -> None:
+    _, table = run_quick("expiry")
+    what = "1,000 messages sent, fetched and acked in this process"
+    for mode in (
+        "plain (no expiry)",
+        "with an expiry, handled before it",
+        "expired before its fetch (dead-lettered by the fetch)",
+    ):
+        redis_time = f"{what}: Redis time per message in script calls (INFO commandstats)"
+        assert figure(table, f"{redis_time}, {mode}") > 0
+    assert figure(table, f"{what}: with an expiry, handled before it ÷ plain") > 0

@@ -91,7 +91,7 @@ def test_every_system_check_id_is_in_the_checks_reference() -> None:
 
 def test_every_signal_is_in_the_signals_reference() -> None:
     names = [name for name, value in vars(signals).items() if isinstance(value, Signal)]
-    assert names == ["message_acked", "message_nacked", "message_exhausted"]
+    assert names == ["message_acked", "message_nacked", "message_exhausted", "message_expired"]
     page = (REFERENCE / "signals.md").read_text()
     missing = [name for name in names if f"| `{name}` |" not in page]
     assert not missing, f"signals.md: undocumented {missing}"

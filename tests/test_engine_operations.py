@@ -59,6 +59,8 @@ def test_stats_of_an_empty_queue(queue: Queue) -> None:
         "exhausted_total": 0,
         "superseded_total": 0,
         "paused": 0,
+        "expired_total": 0,
+        "postponed_total": 0,
         "shards_down": 0,
     }
 

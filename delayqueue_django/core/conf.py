@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 
+from delayqueue_django.core.conf_expiry import check_expiry_options, expires_ms
 from delayqueue_django.core.conf_problem import SETTING, Problem
 from delayqueue_django.core.conf_urls import _check_connection
 from delayqueue_django.core.conf_values import (
@@ -65,6 +66,10 @@ DEFAULTS: dict[str, Any] = {
     # and the most deliveries in flight over all workers, or None.
     "RATE_LIMIT": None,
     "MAX_IN_FLIGHT": None,
+    # A message not handed out this long after its due time is dead-lettered (None: never),
+    # and how often a handler may postpone one message (see core.conf_expiry).
+    "EXPIRES": None,
+    "MAX_POSTPONES": 100,
 }
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -105,6 +110,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
     _check_connection(name, options, problems)
     _check_numbers(name, options, problems)
     check_flow_options(name, options, problems)
+    check_expiry_options(name, options, problems)
     handler = options["HANDLER"]
     if handler is not None and not (
         isinstance(handler, str) and DOTTED_PATH_PATTERN.match(handler)
@@ -148,6 +154,8 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         stage_batch_size=options["STAGE_BATCH_SIZE"],
         send_batch_size=options["SEND_BATCH_SIZE"],
         send_on_commit=options["SEND_ON_COMMIT"],
+        expires_ms=expires_ms(options),
+        max_postpones=options["MAX_POSTPONES"],
         feature_options=feature_options,
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),

@@ -1,6 +1,6 @@
 """What a consumer receives: one delivery of one message, with its decoded payload."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from delayqueue_django.core import time_limits
@@ -36,6 +36,9 @@ class Message:
     generation: int = 0
     """Which content of a keyed message this is: the queue's clock (ms) when it was sent or
     last replaced, so a replaced message tells its new content from the old; 0 unkeyed."""
+    tracked: bool = field(default=True, repr=False, compare=False)
+    """Whether the queue had expiries, postpone counts or ordered groups when this was
+    fetched, so that its ack must clean them up (see Queue.ack); True when not known."""
 
     def time_left(self) -> float | None:
         """Seconds the handler may still run under the queue's TIME_LIMIT (0 once past it),

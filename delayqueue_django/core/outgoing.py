@@ -25,3 +25,5 @@ class Outgoing:
     unique_for: float | timedelta | None = None
     # Its ordered group (see ``Queue.send``): the items of one group go one at a time.
     group: str | None = None
+    # When the message expires if not handed out yet (see Queue.send).
+    expires: float | timedelta | datetime | None = None

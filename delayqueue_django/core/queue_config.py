@@ -42,6 +42,10 @@ class QueueConfig:
     max_in_flight: int = 0
     # Seconds a handler may run before it is stopped (see worker.time_limits), or None.
     time_limit: float | None = None
+    # Expiry and postpones (see core.conf_expiry): the default expiry after a message's due
+    # time (None: none), and how often one message may be postponed.
+    expires_ms: int | None = None
+    max_postpones: int = 100
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

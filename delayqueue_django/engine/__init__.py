@@ -9,6 +9,7 @@ from delayqueue_django.engine.errors import (
     DelayQueueError,
     DuplicateKey,
     DuplicateMessageId,
+    InvalidExpiry,
     RedisOutOfMemory,
     UnsupportedRedisVersion,
 )
@@ -16,6 +17,8 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import Store, WakeupSubscription
 from delayqueue_django.engine.records import (
     BURY,
+    EXPIRED,
+    POSTPONED_TOO_OFTEN,
     STATES,
     Delivery,
     ExhaustedClaim,
@@ -32,6 +35,8 @@ from delayqueue_django.engine.store import RedisStore
 
 __all__ = [
     "BURY",
+    "EXPIRED",
+    "POSTPONED_TOO_OFTEN",
     "STATES",
     "DelayQueueError",
     "Delivery",
@@ -39,6 +44,7 @@ __all__ = [
     "DuplicateMessageId",
     "ExhaustedClaim",
     "FetchResult",
+    "InvalidExpiry",
     "KeyedSent",
     "NackOutcome",
     "NewMessage",

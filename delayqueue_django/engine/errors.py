@@ -23,6 +23,23 @@ class DuplicateKey(DelayQueueError):
         super().__init__(f"key {key!r} {why} {message_id!r}; nothing in its batch was written")
 
 
+class InvalidExpiry(DelayQueueError, ValueError):
+    """A send's ``expires`` is not usable: not a number of seconds, a timedelta or a
+    datetime, or not after the message's due time (it could never be handed out); nothing
+    in its batch was written."""
+
+
+def expiry_refusal(text: str, queue: str) -> "InvalidExpiry | None":
+    """The send scripts' refusal "EXPIRES_BEFORE_DUE <id>" as InvalidExpiry; None for any
+    other error."""
+    if not text.startswith("EXPIRES_BEFORE_DUE "):
+        return None
+    return InvalidExpiry(
+        f"message {text.split(' ', 1)[1]!r} of queue {queue!r} would expire at or before its "
+        "due time, so it could never be handed out; nothing in its batch was written"
+    )
+
+
 class UnsupportedRedisVersion(DelayQueueError):
     """The Redis server is older than the oldest version the scripts run on."""
 

@@ -8,6 +8,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from delayqueue_django.engine.errors import DuplicateKey
+from delayqueue_django.engine.expiry_calls import expiry_args
 from delayqueue_django.engine.records import KeyedSent, NewMessage
 
 # send_keyed.lua's outcome codes.
@@ -33,7 +34,7 @@ def send_keyed_calls(
             at = "" if message.at_ms is None else message.at_ms
             args += [wire(message.id), at, message.delay_us, message.budget, message.payload]
             args += [wire(message.key), message.if_exists, message.unique_ms]
-        yield chunk, args
+        yield chunk, args + expiry_args(chunk)
 
 
 def keyed_sent(flat: Sequence[Any]) -> list[KeyedSent]:

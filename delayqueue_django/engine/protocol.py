@@ -6,7 +6,7 @@ drift apart in signature. Their behaviour is held together by the engine's contr
 which run against both.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from delayqueue_django.engine.flow import FlowState
@@ -141,9 +141,12 @@ class Store(Protocol):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held. ``plain``:
-        the caller knows none was sent with a key, so the store need not look for keys.
+        the caller knows none was sent with a key, so the store need not look for keys;
+        ``untracked``: none was handed out while the queue had expiries or postpone
+        counts (``Delivery.tracked``), so the store need not look for those.
 
         A ``fetcher`` may name each ack or nack ``request``: the store keeps the reply of
         the fetcher's last one that changed something (for consume_ms), and a call that
@@ -156,9 +159,15 @@ class Store(Protocol):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
-        A repeated ``request`` gets the reply it had (see ack)."""
+        A repeated ``request`` gets the reply it had (see ack). The ids in ``postponed``
+        are postponed: their attempt is not counted nor their budget checked, and one
+        postponed more than ``max_postpones`` times is buried with the reason
+        POSTPONED_TOO_OFTEN. A retry or postpone due at or after the message's expiry
+        buries it with the reason EXPIRED."""
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""

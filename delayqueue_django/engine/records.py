@@ -107,6 +107,15 @@ class NewMessage:
     unique_ms: int = 0
     # The message's ordered group (see "Ordered groups" in _prelude.lua): None for none.
     group: str | None = None
+    # When the message expires, if it does: at ``expires_at_ms``, or ``expires_in_us``
+    # microseconds after the store runs the send (rounded up to the ms, as a delay). Never
+    # handed out from then on (see "Expiry and postpones" in _prelude.lua).
+    expires_at_ms: int | None = None
+    expires_in_us: int = 0
+
+    @property
+    def expires(self) -> bool:
+        return self.expires_at_ms is not None or self.expires_in_us > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +149,9 @@ class Delivery:
     # The user's key and the message's generation (engine/keyed.py); None and 0 unkeyed.
     key: str | None = None
     generation: int = 0
+    # False when the fetch found no expiry, postpone count nor ordered group in the queue:
+    # its ack need not look for them ("untracked" in ack.lua). True when not known.
+    tracked: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +180,14 @@ class NackOutcome:
     at_ms: int
     # A keyed message not retried because a newer message with its key waits: removed.
     superseded: bool = False
+    # Why a buried message died when it is not the default (retries used up, or BURY):
+    # EXPIRED (its retry would have come at or after its expiry) or POSTPONED_TOO_OFTEN.
+    dead_reason: str = ""
+
+
+# Dead reasons other than the default (see "Expiry and postpones" in _prelude.lua).
+EXPIRED = "expired"
+POSTPONED_TOO_OFTEN = "postponed too often"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +199,8 @@ class ExhaustedClaim:
     # exhaustion only while this claim still holds it.
     claimed_until_ms: int
     key: str | None = None
+    # Why it died: "" (retries used up, or rejected), EXPIRED or POSTPONED_TOO_OFTEN.
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +222,8 @@ class StoredMessage:
     generation: int = 0
     # Its ordered group (None: none; listings leave it out).
     group: str | None = None
+    # A dead letter's reason when it is not the default (see NackOutcome.dead_reason).
+    dead_reason: str = ""
 
     @property
     def retries_left(self) -> int | None:

@@ -50,7 +50,7 @@ the shards up (engine.shard_reads); what stays here routes each call by the ids 
 """
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from delayqueue_django.engine.flow import FlowState, rate_share
@@ -284,11 +284,14 @@ class ShardedStore(ShardFetching, ShardReads):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         acked: set[str] = set()
         for name, positions in self._group(message_id for message_id, _ in leases).items():
             part = [leases[i] for i in positions]
-            acked |= self._store(name).ack(part, fetcher=fetcher, request=request, plain=plain)
+            acked |= self._store(name).ack(
+                part, fetcher=fetcher, request=request, plain=plain, untracked=untracked
+            )
         return acked
 
     def nack(
@@ -297,11 +300,19 @@ class ShardedStore(ShardFetching, ShardReads):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         outcomes: list[NackOutcome] = self._per_shard(
             refusals,
             _refusal_id,
-            lambda store, part: store.nack(part, fetcher=fetcher, request=request),
+            lambda store, part: store.nack(
+                part,
+                fetcher=fetcher,
+                request=request,
+                postponed=postponed,
+                max_postpones=max_postpones,
+            ),
         )
         self._look_again(
             shard_name(*shard_of(refusal[0])) for refusal in refusals if refusal[2] != BURY

@@ -8,7 +8,7 @@ consumers may share a queue.
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeAlias
 
@@ -20,7 +20,9 @@ from delayqueue_django.engine.errors import (
     DuplicateMessageId,
     RedisOutOfMemory,
     UnsupportedRedisVersion,
+    expiry_refusal,
 )
+from delayqueue_django.engine.expiry_calls import expiry_args, postpone_args
 from delayqueue_django.engine.flow import FlowState, parse_rate_wire, rate_wire
 from delayqueue_django.engine.keyed import check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
@@ -36,7 +38,9 @@ from delayqueue_django.engine.keyed_calls import (
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.records import (
+    EXPIRED,
     LONGEST_FAILURE_REASON,
+    POSTPONED_TOO_OFTEN,
     STATES,
     Delivery,
     ExhaustedClaim,
@@ -161,12 +165,17 @@ def send_calls(channel: str, messages: Sequence[NewMessage], batch_size: int) ->
     for chunk in _chunks(messages, batch_size):
         args: list[Any] = [channel, len(chunk)]
         grouped: list[Any] = []
+        expiring = False
         for index, message in enumerate(chunk, start=1):
             at = "" if message.at_ms is None else message.at_ms
             args += [message.id, at, message.delay_us, message.budget, message.payload]
             if message.group is not None:
                 grouped += [index, wire(message.group)]
-        calls.append([*args, len(grouped) // 2, *grouped])
+            if message.expires_at_ms is not None or message.expires_in_us:
+                expiring = True
+        # The groups' count and pairs first, then (only when one expires) the expiries.
+        args += [len(grouped) // 2, *grouped]
+        calls.append(args + expiry_args(chunk) if expiring else args)
     return calls
 
 
@@ -195,12 +204,15 @@ def relay_calls(
                 args += [wire(message.key), message.if_exists, message.unique_ms]
             args.append("" if message.group is None else wire(message.group))
         args += forgotten
-        calls.append(args)
+        calls.append(args + expiry_args(chunk))
     return calls
 
 
 def send_error(error: ResponseError, queue: str) -> Exception:
     """The send script's refusals as the package's exceptions; any other error as it is."""
+    refused_expiry = expiry_refusal(str(error), queue)
+    if refused_expiry is not None:
+        return refused_expiry
     if str(error).startswith("DUPLICATE "):
         return DuplicateMessageId(
             f"message id {str(error).split(' ', 1)[1]!r} already exists in queue {queue!r}; "
@@ -218,6 +230,27 @@ def send_error(error: ResponseError, queue: str) -> Exception:
     return error
 
 
+# nack.lua's codes of a burial, by the reason they give it.
+_BURIAL_REASONS = {2: "", 4: EXPIRED, 5: POSTPONED_TOO_OFTEN}
+
+
+def nack_outcomes(flat: Sequence[Any]) -> list[NackOutcome]:
+    """nack.lua's outcomes (id, code, time per refusal) as NackOutcome."""
+    outcomes = []
+    for i in range(0, len(flat), 3):
+        code = int(flat[i + 1])
+        outcomes.append(
+            NackOutcome(
+                _id(flat[i]),
+                code in _BURIAL_REASONS,
+                int(flat[i + 2]),
+                superseded=code == 3,
+                dead_reason=_BURIAL_REASONS.get(code, ""),
+            )
+        )
+    return outcomes
+
+
 def removed_state(reply: Sequence[Any]) -> str | None:
     return _text(reply[0]) or None
 
@@ -228,6 +261,7 @@ STATS_NAMES = (
     # Running totals since the queue began (they add up across workers).
     *("acked_total", "failed_total", "retried_total", "timed_out_total", "exhausted_total"),
     "superseded_total",
+    *("expired_total", "postponed_total"),
     # 1 while the queue is paused (flow gates).
     "paused",
 )
@@ -400,7 +434,7 @@ class RedisStore:
         the repeat hands out again what that fetch took (see fetch.lua)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, next_ms, expired, flat, owed, now_us, _ = self._run(
+        now, next_ms, expired, flat, owed, now_us, tracked, _ = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
@@ -433,6 +467,7 @@ class RedisStore:
                     unreadable=unreadable,
                     key=key,
                     generation=generation,
+                    tracked=bool(tracked),
                 )
             )
         return FetchResult(
@@ -471,12 +506,15 @@ class RedisStore:
         fetcher: str = "",
         request: str = "",
         plain: bool = False,
+        untracked: bool = False,
     ) -> set[str]:
         """Forget delivered messages; returns the ids whose lease still held.
 
         A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
         the repeat answers what that request did (see ack.lua). ``plain``: none of them was
-        sent with a key (their deliveries say so), so the key index is not looked at."""
+        sent with a key (their deliveries say so), so the key index is not looked at;
+        ``untracked``: none was handed out while the queue had expiries or postpone counts
+        (Delivery.tracked), so those are not looked at."""
         if not leases:
             return set()
         acked, _ = self._run(
@@ -487,6 +525,7 @@ class RedisStore:
                 len(leases),
                 *_id_rows(leases),
                 *(["plain"] if plain else []),
+                *(["untracked"] if untracked else []),
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
@@ -498,28 +537,29 @@ class RedisStore:
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
+        The ids in ``postponed`` are postponed: no attempt counted, and buried once
+        postponed more than ``max_postpones`` times (see nack.lua).
 
         Returns the outcome of each refusal whose lease still held. A repeated ``request``
         answers what that request did, as for ack.
         """
         if not refusals:
             return []
+        refused = {refusal[0] for refusal in refusals}
         flat, _ = self._run(
             "nack",
-            [self._channel, request, self.limits.consume_ms, len(refusals), *_id_rows(refusals)],
+            [
+                *(self._channel, request, self.limits.consume_ms, len(refusals)),
+                *_id_rows(refusals),
+                *postpone_args(refused, postponed, max_postpones),
+            ],
             extra_keys=self._commit_record(fetcher, request),
         )
-        return [
-            NackOutcome(
-                _id(flat[i]),
-                int(flat[i + 1]) == 2,
-                int(flat[i + 2]),
-                superseded=int(flat[i + 1]) == 3,
-            )
-            for i in range(0, len(flat), 3)
-        ]
+        return nack_outcomes(flat)
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""
@@ -541,12 +581,19 @@ class RedisStore:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
         flat, _ = self._run("claim_exhausted", [count, claim_ms])
         claims = []
-        for i in range(0, len(flat), 4):
+        for i in range(0, len(flat), 5):
             key, payload = None, _payload_text(flat[i + 1])
             if payload is not None:
                 key, _, payload = split_keyed(payload)
             claims.append(
-                ExhaustedClaim(_id(flat[i]), payload, int(flat[i + 2]), int(flat[i + 3]), key)
+                ExhaustedClaim(
+                    _id(flat[i]),
+                    payload,
+                    int(flat[i + 2]),
+                    int(flat[i + 3]),
+                    key,
+                    reason=_shown(flat[i + 4]),
+                )
             )
         return claims
 
@@ -868,12 +915,13 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
 def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
     """peek.lua's reply (lookup.lua's after the id) as a StoredMessage, or None when the
     queue does not know the message. (AsyncRedisStore reads lookup's with it too.)"""
-    state, score, payload, size, meta, unannounced, group = reply[:7]
+    state, score, payload, size, meta, unannounced, group, reason = reply[:8]
     state = _text(state)
     if not state and payload is None and meta is None:
         return None
     stored = _stored(message_id, state or "unknown", score, payload, size, meta, bool(unannounced))
-    return replace(stored, group=_optional_shown(group))
+    stored = replace(stored, group=_optional_shown(group))
+    return replace(stored, dead_reason=_shown(reason)) if reason else stored
 
 
 def _stored(

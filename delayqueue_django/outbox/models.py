@@ -45,6 +45,9 @@ class OutboxMessage(models.Model):
     # An ordered group's name (at most 256 bytes of UTF-8; None: none). Nullable, so that
     # rows written by a process that predates groups still insert.
     message_group = ExactCharField(max_length=256, null=True, blank=True)
+    # When the message expires (ms since the epoch, fixed when the row was written as its
+    # due time is), or None: relayed after it, it is dead-lettered as expired at once.
+    expires_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "delayqueue_outbox"

@@ -107,6 +107,7 @@ class OutboxRow:
     if_exists: str
     unique_ms: int
     message_group: str | None
+    expires_ms: int | None
 
     def message(self) -> NewMessage:
         """The message the row keeps, as its send prepared it."""
@@ -119,6 +120,7 @@ class OutboxRow:
             if_exists=self.if_exists,
             unique_ms=self.unique_ms,
             group=self.message_group,
+            expires_at_ms=self.expires_ms,
         )
 
 

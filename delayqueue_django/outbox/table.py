@@ -69,6 +69,16 @@ def due_ms(message: NewMessage, written_us: int) -> int:
     return -(-(written_us + message.delay_us) // 1000)
 
 
+def expires_ms(message: NewMessage, written_us: int) -> int | None:
+    """A prepared message's absolute expiry, for a row written at ``written_us`` (µs), as
+    ``due_ms`` fixes its due time; None when it does not expire."""
+    if message.expires_at_ms is not None:
+        return message.expires_at_ms
+    if message.expires_in_us > 0:
+        return -(-(written_us + message.expires_in_us) // 1000)
+    return None
+
+
 def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None) -> None:
     """Write prepared messages as outbox rows in the current transaction on ``using`` (or
     one of their own outside a transaction: all or none), in INSERTs of at most
@@ -101,6 +111,7 @@ def write(queue_name: str, messages: Sequence[NewMessage], *, using: str | None)
                         if_exists=message.if_exists,
                         unique_ms=message.unique_ms,
                         message_group=message.group,
+                        expires_ms=expires_ms(message, written_us),
                     )
                     for message in chunk
                 ]

@@ -3,6 +3,10 @@
 Status moves READY → RUNNING → SUCCESSFUL, or back to READY while retries are left, or to
 FAILED on the last attempt. The queue's own retry rules apply (RETRY_COUNT,
 NACK_REDELIVERY_DELAY); each attempt's worker and error are recorded.
+
+A task may raise ``Postpone`` (back to READY, no attempt used, no error recorded) or
+``Retry`` (a failed attempt, retried after its own delay), as any handler may. A task
+message that expires (the queue's EXPIRES) is FAILED with ``TaskExpired``.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Exhausted
 from delayqueue_django.core.registry import get_queue
 from delayqueue_django.engine import loggable
-from delayqueue_django.exceptions import Reject, TaskAbandoned
-from delayqueue_django.signals import message_exhausted
+from delayqueue_django.exceptions import Postpone, Reject, TaskAbandoned, TaskExpired
+from delayqueue_django.signals import message_exhausted, message_expired
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
 from delayqueue_django.tasks.claims import task_queue_names
@@ -88,6 +92,10 @@ def run_task(message: Message) -> None:
         # (set_rollback, an error caught inside it) is this attempt's failure; its success
         # would be recorded while nothing it wrote is committed.
         features.handler_transaction().raise_if_rolled_back(message)
+    except Postpone:
+        # Not a failure: the task waits again, and its attempt is given back.
+        records.write(message.id, {"status": TaskResultStatus.READY})
+        raise
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
         # Reject buries the message whatever retries are left: this attempt is its last.
         last = message.is_last_attempt or isinstance(error, Reject)
@@ -200,6 +208,29 @@ def fail_abandoned_task(sender: Any, queue: str, message: Exhausted, **kwargs: A
     # result says (a COMMIT that came since, or whose reply was lost: a failure recorded).
     if get_queue(queue).config.exactly_once and handler_transaction.committed(queue, message.id):
         _record_committed(backend, task, call, message.id)
+
+
+@receiver(message_expired)
+def fail_expired_task(sender: Any, queue: str, message: Exhausted, **kwargs: Any) -> None:
+    """A task whose message expired (its queue's EXPIRES) before a worker took it, or
+    before its retry was due, will not run: record it as FAILED."""
+    if queue not in task_queue_names():
+        return
+    try:
+        call, backend, task = _task_of(message.payload, queue)
+    except NOT_A_TASK:
+        return
+    if backend.records(get_queue(queue)).read(message.id).get("status") in (
+        TaskResultStatus.FAILED,
+        TaskResultStatus.SUCCESSFUL,
+    ):
+        return
+    expired = TaskExpired(
+        f"the task's message expired after attempt {message.attempt}, before it could run"
+    )
+    _record_failure(
+        backend, task, call, message.id, message.attempt, expired, last=True, with_call=True
+    )
 
 
 def _task_of(payload: Any, queue: str) -> tuple[TaskCall, DelayQueueBackend, Task[..., Any]]:

@@ -155,7 +155,9 @@ class ConsumerVerdicts(ConsumerPool):
         # would otherwise see them neither handled nor in flight, and count on them again.
         self.worker.count(
             handled=sum(o.verdict is not Verdict.RELEASE for o in committed),
-            failed=sum(o.verdict in (Verdict.NACK, Verdict.BURY) for o in committed),
+            failed=sum(
+                o.verdict in (Verdict.NACK, Verdict.BURY) and not o.postponed for o in committed
+            ),
         )
         with self._lock:
             self._in_flight -= len(committed)

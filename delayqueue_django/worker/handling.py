@@ -11,7 +11,7 @@ from delayqueue_django.core import features, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.exceptions import Reject
+from delayqueue_django.exceptions import Postpone, Reject, Retry
 from delayqueue_django.outbox import exactly_once
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -39,6 +39,11 @@ class Outcome:
     error: BaseException | None = None
     seconds: float = 0.0
     """How long the handler ran."""
+    delay_ms: int | None = None
+    """A NACK's own delay before the retry (the handler raised Retry or Postpone), instead
+    of the queue's NACK_REDELIVERY_DELAY."""
+    postponed: bool = False
+    """A NACK that is a postpone (the handler raised Postpone): no attempt is used."""
 
 
 def call_handler(
@@ -54,10 +59,12 @@ def call_handler(
     ``connections_checked`` skips the check before the call when this thread has just done it,
     after the message it handled before (back to back, with no wait in between).
 
-    Returns None/True: ack. False: nack. Raises Reject: bury now. Raises anything else: nack,
-    with the traceback logged. Nothing a handler does escapes to the worker. On an
-    EXACTLY_ONCE queue the handler runs in a transaction that records the message as
-    processed; a message processed before is acked without running it (see exactly_once).
+    Returns None/True: ack. False: nack. Raises Reject: bury now. Raises Postpone: back
+    after its delay, no attempt used. Raises Retry: nack after its delay instead of the
+    queue's. Raises anything else: nack, with the traceback logged. Nothing a handler does
+    escapes to the worker. On an EXACTLY_ONCE queue the handler runs in a transaction that
+    records the message as processed; a message processed before is acked without running
+    it (see exactly_once).
 
     ``manage_connections=False`` leaves the connections alone, as Django's test client does
     for requests: inside a test's transaction, closing them would break the test.
@@ -143,6 +150,35 @@ def _call_handler(
             message.attempt,
         )
         _processed_before(message)
+    except Postpone as error:
+        outcome = Outcome(
+            message,
+            Verdict.NACK,
+            error,
+            time.perf_counter() - started,
+            delay_ms=error.delay_ms,
+            postponed=True,
+        )
+        logger.info(
+            "handler postponed message id=%s queue=%s attempt=%s by %d ms: %s",
+            loggable(message.id),
+            message.queue,
+            message.attempt,
+            error.delay_ms,
+            error,
+        )
+    except Retry as error:
+        outcome = Outcome(
+            message, Verdict.NACK, error, time.perf_counter() - started, delay_ms=error.delay_ms
+        )
+        logger.warning(
+            "handler asked to retry message id=%s queue=%s attempt=%s in %d ms: %s",
+            loggable(message.id),
+            message.queue,
+            message.attempt,
+            error.delay_ms,
+            error,
+        )
     except Reject as error:
         outcome = Outcome(message, Verdict.BURY, error, time.perf_counter() - started)
         logger.warning(

@@ -15,7 +15,7 @@ from django.dispatch import Signal
 from delayqueue_django import signals
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import loggable
+from delayqueue_django.engine import EXPIRED, loggable
 from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.worker.handling import Outcome, Verdict
 
@@ -118,7 +118,19 @@ def commit(
                 _log_lost_lease(message, "ack")
         return False
     if verdict is Verdict.NACK:
-        results = {r.id: r for r in queue.nack(messages, fetcher=fetcher, request=request)}
+        # A Retry's or Postpone's own delay, and the postpones (see handling.Outcome).
+        delays_ms = {o.message.id: o.delay_ms for o in outcomes if o.delay_ms is not None}
+        postponed = {o.message.id for o in outcomes if o.postponed}
+        results = {
+            r.id: r
+            for r in queue.nack(
+                messages,
+                fetcher=fetcher,
+                request=request,
+                delays_ms=delays_ms,
+                postponed=postponed,
+            )
+        }
     else:
         results = {r.id: r for r in queue.bury(messages, fetcher=fetcher, request=request)}
     for outcome in outcomes:
@@ -143,6 +155,8 @@ def commit(
             error=outcome.error,
             retry_at_ms=None if result.exhausted or result.superseded else result.at_ms,
             superseded=result.superseded,
+            postponed=outcome.postponed,
+            dead_reason=result.dead_reason,
         )
     return any(result.exhausted for result in results.values())
 
@@ -159,7 +173,8 @@ def _log_lost_lease(message: Message, what: str) -> None:
 
 
 def announce_exhaustions(queue: Queue) -> None:
-    """Send ``message_exhausted`` for every exhaustion whose announcement is owed."""
+    """Send ``message_exhausted`` for every exhaustion whose announcement is owed, or
+    ``message_expired`` for a message dead-lettered because its expiry passed."""
     while True:
         # Announcing is consumed like a delivery: if this worker dies before confirming,
         # the claim lapses after MAX_CONSUME_DURATION and another worker announces it.
@@ -167,11 +182,21 @@ def announce_exhaustions(queue: Queue) -> None:
             EXHAUSTED_CLAIM_BATCH, claim_seconds=queue.config.max_consume_ms / 1000
         )
         for claim in claims:
+            if claim.reason == EXPIRED:
+                logger.warning(
+                    "message expired before it was handed out id=%s queue=%s attempts=%s",
+                    loggable(claim.id),
+                    claim.queue,
+                    claim.attempt,
+                )
+                send_robust(signals.message_expired, queue.name, message=claim)
+                continue
             logger.warning(
-                "message exhausted its retries id=%s queue=%s attempts=%s",
+                "message exhausted its retries id=%s queue=%s attempts=%s%s",
                 loggable(claim.id),
                 claim.queue,
                 claim.attempt,
+                f" ({claim.reason})" if claim.reason else "",
             )
             send_robust(signals.message_exhausted, queue.name, message=claim)
         queue.confirm_exhausted(claims)

@@ -34,6 +34,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         unique_for: float | timedelta | None = None,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -46,6 +47,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             batch=False,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -61,6 +63,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         *,
         delay: float | timedelta | None = None,
         at: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
         retry_count: int | None = None,
         on_commit: bool | None = None,
         using: str | None = None,
@@ -72,6 +75,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             batch=True,
             delay=delay,
             at=at,
+            expires=expires,
             retry_count=retry_count,
             on_commit=on_commit,
             using=using,
@@ -92,6 +96,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         outbox: bool | None,
         keyed: tuple[str | None, str, int] = UNKEYED,
         group: str | None = None,
+        expires: float | timedelta | datetime | None = None,
     ) -> list[str]:
         through_outbox = self._outbox(outbox, on_commit)
         if through_outbox or self._on_commit(on_commit):
@@ -109,9 +114,16 @@ class QueueAsync(QueueProducing, QueueOperating):
                 outbox=through_outbox,
                 keyed=keyed,
                 group=group,
+                expires=expires,
             )
         prepared = self._prepare_all(
-            messages, delay=delay, at=at, retry_count=retry_count, keyed=keyed, group=group
+            messages,
+            delay=delay,
+            at=at,
+            retry_count=retry_count,
+            keyed=keyed,
+            group=group,
+            expires=expires,
         )
         if not prepared:
             return []

@@ -4,7 +4,7 @@ messages' announcements claimed and confirmed."""
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -56,6 +56,9 @@ class Exhausted:
     claim's token, so a confirm only ever removes the claim it made."""
     key: str | None = None
     """The key the message was sent with, or None."""
+    reason: str = ""
+    """Why it died: "" (its retries ran out, or it was rejected), "expired" (announced with
+    ``message_expired``) or "postponed too often"."""
 
 
 def _payload_of(delivery: Delivery) -> Any:
@@ -121,6 +124,7 @@ class QueueConsuming(QueueBase):
                     traceparent=traceparent,
                     key=delivery.key,
                     generation=delivery.generation,
+                    tracked=delivery.tracked,
                 )
             )
         self.store.nack(undecodable)
@@ -151,7 +155,12 @@ class QueueConsuming(QueueBase):
         # Deliveries say whether their message has a key: without any, the store skips the
         # key index (an ack of plain messages costs Redis what it did before keys).
         plain = all(m.key is None for m in handled)
-        return self.store.ack(leases, fetcher=fetcher, request=request, plain=plain)
+        # Likewise whether the queue had expiries or postpone counts when they were fetched:
+        # without any, the store skips those (see "Expiry and postpones" in _prelude.lua).
+        untracked = not any(m.tracked for m in handled)
+        return self.store.ack(
+            leases, fetcher=fetcher, request=request, plain=plain, untracked=untracked
+        )
 
     @_reaching_redis
     def nack(
@@ -161,17 +170,52 @@ class QueueConsuming(QueueBase):
         delay: float | timedelta | None = None,
         fetcher: str = "",
         request: str = "",
+        delays_ms: Mapping[str, int] | None = None,
+        postponed: Collection[str] = (),
     ) -> list[NackOutcome]:
-        """Messages refused: retry each after NACK_REDELIVERY_DELAY (or ``delay``) while
-        retries are left, else bury it in garbage. ``fetcher`` and ``request``: see ack."""
+        """Messages refused: retry each after NACK_REDELIVERY_DELAY (or ``delay``, or its
+        own in ``delays_ms``, by id) while retries are left, else bury it in garbage. The
+        ids in ``postponed`` are postponed instead (see ``postpone``). A retry due at or
+        after the message's expiry buries it (its outcome's ``dead_reason`` is "expired").
+        ``fetcher`` and ``request``: see ack."""
         refusals = []
         for message in messages:
-            if delay is None:
+            if delays_ms is not None and message.id in delays_ms:
+                delay_ms = delays_ms[message.id]
+            elif delay is None:
                 delay_ms = self.config.nack_delay_ms(message.attempt)
             else:
                 delay_ms = delay_in_ms(delay)
             refusals.append((message.id, message.lease, delay_ms))
-        return self.store.nack(refusals, fetcher=fetcher, request=request)
+        return self.store.nack(
+            refusals,
+            fetcher=fetcher,
+            request=request,
+            postponed=postponed,
+            max_postpones=self.config.max_postpones,
+        )
+
+    @_reaching_redis
+    def postpone(
+        self,
+        messages: Iterable[Message],
+        *,
+        delay: float | timedelta,
+        fetcher: str = "",
+        request: str = "",
+    ) -> list[NackOutcome]:
+        """Messages not to handle yet: back after ``delay`` without using an attempt (what
+        a handler's ``raise Postpone(delay)`` does). The postpone after MAX_POSTPONES of one
+        message buries it (``dead_reason`` "postponed too often"); one due at or after its
+        expiry too ("expired"). ``fetcher`` and ``request``: see ack."""
+        listed = list(messages)
+        return self.nack(
+            listed,
+            delay=delay,
+            fetcher=fetcher,
+            request=request,
+            postponed={message.id for message in listed},
+        )
 
     @_reaching_redis
     def bury(
@@ -212,6 +256,7 @@ class QueueConsuming(QueueBase):
                     claim.attempt,
                     claim.claimed_until_ms,
                     claim.key,
+                    claim.reason,
                 )
             )
         return exhausted

@@ -29,7 +29,10 @@
                              "all:retried" (deliveries scheduled again), "all:timed_out",
                              "all:exhausted" (buried with retries used up or refused),
                              "all:superseded" (keyed messages removed on their way back
-                             to waiting, see "Keys" below)
+                             to waiting, see "Keys" below),
+                             "all:expired" (buried as their expiry passed) and
+                             "all:postponed" (deliveries a handler postponed), see
+                             "Expiry and postpones" below
 
   Keys: the keys of keyed messages (the user's own names for them, see send_keyed.lua)
   are not in KEYS: begin() derives their names from the payload key's, "<tag>:payload", so
@@ -53,6 +56,12 @@
     <tag>:flow:log    zset   "<lease>:<id>" -> when that delivery was handed out (ms), for
                              the rate limit's sliding window; trimmed by every fetch of a
                              rate-limited queue and expiring a period after its last write
+  Expiry and postpones (see "Expiry and postpones" below), derived the same way and only
+  touched where they exist, so a queue that never used them pays nothing per message:
+    <tag>:expires     zset   id -> its expiry (ms): it is never handed out from then on
+    <tag>:postpones   hash   id -> how often a handler postponed it (Postpone)
+    <tag>:dead_reason hash   id -> why a dead letter died, when it is not the default
+                             (retries used up, or a Reject): "expired", "postponed too often"
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -77,6 +86,8 @@ local now_us
 local key_index, hold_prefix
 -- The flow gates' state and hand-out log (see "Flow gates" at the end).
 local flow_state, flow_log
+-- Expiry and postpones (see "Expiry and postpones" above).
+local expiries, postpone_counts, dead_reasons
 
 local function begin(keys)
   pending, ready, unack, retry = keys[1], keys[2], keys[3], keys[4]
@@ -87,6 +98,8 @@ local function begin(keys)
   local tag = string.sub(payloads, 1, -8)
   key_index, hold_prefix = tag .. 'keys', tag .. 'hold:'
   flow_state, flow_log = tag .. 'flow', tag .. 'flow:log'
+  expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
+    tag .. 'dead_reason'
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table
@@ -409,6 +422,76 @@ local function set_aside(aside, now)
   call_chunked('ZADD', garbage, at_score(int(now), aside))
 end
 
+-- Expiry and postpones (see the header). A message with an expiry is never handed out
+-- at or after it: fetch dead-letters it as it stages or takes it, and a retry or postpone
+-- due at or after it dead-letters it at once. Such dead letters, and a message postponed
+-- more often than its queue allows, keep their reason in dead_reasons and are announced
+-- like exhausted ones (the exhausted zset), the reason telling which signal to send.
+
+-- The expiries a send's ARGV carries after its messages, from index `at` on: a count m,
+-- then m triples (the message's place in the batch, from 1; at_ms or ""; in_us). Returns
+-- place -> expiry (ms): an at_ms as given, an in_us from the clock rounded up like a delay.
+local function read_expiries(args, at, now)
+  local by_place = {}
+  for i = 1, tonumber(args[at] or '0') or 0 do
+    local base = at + (i - 1) * 3
+    if args[base + 2] ~= '' then
+      by_place[tonumber(args[base + 1])] = tonumber(args[base + 2])
+    else
+      by_place[tonumber(args[base + 1])] = due_after(now, delay_of(args[base + 3]))
+    end
+  end
+  return by_place
+end
+
+-- Whether the queue ever had a message with an expiry: the one read a queue without pays.
+local function expiry_used()
+  return redis.call('EXISTS', expiries) == 1
+end
+
+-- The ids whose expiry is at or before their time in `at` (ms, by position), as a set.
+local function expired_among(ids, at)
+  local scores, gone = gather('ZMSCORE', expiries, ids), {}
+  for i, id in ipairs(ids) do
+    if scores[i] and tonumber(scores[i]) <= at[i] then
+      gone[id] = true
+    end
+  end
+  return gone
+end
+
+-- Defined with the ordered groups below: a dead letter passes its group on.
+local release_groups
+
+-- Dead letters with a reason of their own, announced like exhausted ones; `total` names
+-- the running total they count in. A dead letter forgets its expiry: it no longer waits,
+-- and passes its ordered group on (as any burial does).
+local function bury_for(ids, now, reason, total)
+  if #ids == 0 then
+    return
+  end
+  local scored, reasons = at_score(int(now), ids), {}
+  for i, id in ipairs(ids) do
+    reasons[2 * i - 1], reasons[2 * i] = id, reason
+  end
+  call_chunked('ZADD', garbage, scored)
+  call_chunked('ZADD', exhausted, scored)
+  call_chunked('HSET', dead_reasons, reasons)
+  call_chunked('ZREM', expiries, ids)
+  count_total(total, #ids)
+  release_groups(ids, false)
+end
+
+-- Messages leaving the queue, or starting a new life (requeue): their expiry, postpone
+-- count and dead reason go with them. One EXISTS on a queue that never had any.
+local function forget_flow(ids)
+  if #ids > 0 and redis.call('EXISTS', expiries, postpone_counts, dead_reasons) > 0 then
+    call_chunked('ZREM', expiries, ids)
+    call_chunked('HDEL', postpone_counts, ids)
+    call_chunked('HDEL', dead_reasons, ids)
+  end
+end
+
 -- (The payload first: a message never handed out keeps its first record there.)
 local function damage_of(id, has_payload, lease)
   if not has_payload then
@@ -561,6 +644,7 @@ end
 local function remove_superseded(ids)
   call_chunked('HDEL', payloads, ids)
   call_chunked('HDEL', metas, ids)
+  forget_flow(ids)
   count_total('superseded', #ids)
 end
 
@@ -832,7 +916,7 @@ end
 -- queue's wake-up channel, "<tag>:wakeup", as engine/keys.py names it: ack and remove
 -- are not given it). With `forget`, they also leave group_of (they leave the queue; a
 -- buried one keeps its entry, so that a requeue waits for its group again).
-local function release_groups(ids, forget)
+function release_groups(ids, forget)  -- (the local declared before bury_for)
   if #ids == 0 or not groups_used() then
     return
   end
@@ -939,7 +1023,8 @@ local function preview(body, limit)
 end
 
 -- Where one message is and what it holds, for peek and lookup (read-only): {state, score,
--- payload, size, meta, unannounced, group, warnings} as peek.lua's header describes them; the
+-- payload, size, meta, unannounced, group, reason,
+-- warnings} as peek.lua's header describes them; the
 -- keys in `foreign` (see foreign_keys) read as empty.
 local function describe(id, preview_bytes, foreign)
   local state, score = '', -1
@@ -982,7 +1067,8 @@ local function describe(id, preview_bytes, foreign)
     local _, named = split_group(redis.call('HGET', group_of, id))
     group = named or false
   end
-  return {state, score, payload, size, meta, unannounced, group, warnings}
+  return {state, score, payload, size, meta, unannounced, group, reason,
+-- warnings}
 end
 
 -- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand

@@ -2,7 +2,8 @@
   ack: a batch of deliveries succeeded; forget those messages.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
-        and the key index (an acked keyed message that still is its key's leaves it);
+        and the key index (an acked keyed message that still is its key's leaves it),
+        expiries and postpone counts (see "Expiry and postpones" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)
@@ -10,7 +11,9 @@
   ARGV[3]  n, then n pairs: id, lease (the token handed out by fetch)
   then, optionally, "plain": the caller knows that none of these messages was sent with a
           key (each delivery says so), so the key index is not looked at: an ack of
-          plain messages costs what it did before keys existed
+          plain messages costs what it did before keys existed; and "untracked": each was
+          handed out by a fetch that found no expiry, postpone count nor ordered group in
+          the queue (see fetch.lua), so those are not looked at either
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
@@ -43,14 +46,21 @@ for i, id in ipairs(ids) do
     table.insert(acked, id)
   end
 end
-if #acked > 0 and args[4 + 2 * n] ~= 'plain' and keys_used() then
+local flags = {}
+for i = 4 + 2 * n, #args do
+  flags[args[i]] = true
+end
+if #acked > 0 and not flags.plain and keys_used() then
   forget_keys(acked, gather('HMGET', payloads, acked))
 end
--- Ordered groups: an acked holder passes its group on.
-release_groups(acked, true)
 call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)
+if not flags.untracked then
+  forget_flow(acked)
+  -- Ordered groups: an acked holder passes its group on.
+  release_groups(acked, true)
+end
 count_throughput(now, 'acked', #acked)
 record_reply(keys[11], request, acked, #acked, record_ms)
 return {acked, warnings}

@@ -13,7 +13,9 @@
   ARGV[2]  claim_ms
 
   Returns {claims, warnings}; claims is a flat list: id, payload (false if lost),
-  attempt, claimed_until (the token), for each claimed message.
+  attempt, claimed_until (the token), reason (why it died: "" when its retries ran out or
+  it was rejected, else its dead reason, such as "expired"; see "Expiry and postpones" in
+  the prelude), for each claimed message.
 ]]
 
 local count, claim_ms = tonumber(args[1]), tonumber(args[2])
@@ -34,5 +36,6 @@ for _, id in ipairs(ids) do
   end
   table.insert(claims, attempt or 0)
   table.insert(claims, claimed_until)
+  table.insert(claims, call('HGET', dead_reasons, id) or '')
 end
 return {claims, warnings}

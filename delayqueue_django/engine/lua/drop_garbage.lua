@@ -8,7 +8,8 @@
   letters never hides the announced ones behind them.
 
   KEYS: the queue's key layout (see _prelude.lua); writes garbage, payload, meta, exhausted,
-        and the key index (a dropped keyed message that still is its key's leaves it).
+        and the key index (a dropped keyed message that still is its key's leaves it),
+        with its dead reason (see "Expiry and postpones" in the prelude).
   ARGV[1]  older_than_ms: drop those buried at least this long ago, or -1 for all
   ARGV[2]  limit, the most ids examined in this call
   ARGV[3]  "1" to keep messages whose exhaustion is still unannounced, "0" to drop them too
@@ -46,6 +47,7 @@ for _, id in ipairs(ids) do
     if grouped then
       release_groups({id}, true)
     end
+    forget_flow({id})
     dropped = dropped + 1
   end
 end

@@ -9,6 +9,8 @@
        whose group another message holds is parked instead, and a free group's next
        parked message comes with them (see "Ordered groups" in the prelude);
     3. up to `count` ids are taken, retry first, and leased until now + consume_ms.
+  Expiry: in steps 2 and 3, a message whose expiry passed is dead-lettered with the reason
+  "expired" instead (see drop_expired below), on a queue that ever had one.
   Steps 1 and 2 together move at most `stage_limit` ids, and only while the staging
   lists (ready + retry) hold fewer than `stage_limit`, so every call is bounded and
   a cancel's LREM on a staging list is bounded too. What step 3 takes of the ids staged
@@ -34,7 +36,7 @@
   ARGV[6]  the RATE_LIMIT setting, "<limit>:<period ms>", or "" for none (flow gates)
   ARGV[7]  the MAX_IN_FLIGHT setting, 0 for none (flow gates)
 
-  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -45,6 +47,9 @@
                 handed out
     owed        1 if an exhaustion is waiting to be announced (see claim_exhausted)
     now_us      the microseconds past now_ms on the server's clock (0-999)
+    tracked     1 if the queue has expiries, postpone counts or ordered groups (see
+                "Expiry and postpones" and "Ordered groups" in the prelude): acks of these
+                deliveries must clean them up or pass the groups on
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -66,6 +71,38 @@ if redis.call('EXISTS', ready, retry) > 0 then
 end
 local unack_head, unack_moved = head_score(unack), false
 local pending_head, pending_read = nil, false
+
+-- Expiry (flow-expiry): of `ids`, those whose expiry passed are dead-lettered with the
+-- reason "expired"; returns the others, in order. Bounded by the step that calls it.
+-- `expiring` (the queue has expiries or postpone counts) is also handed out, so that an
+-- ack of what this call hands out skips them when it is false (see ack.lua). Read once,
+-- and only by a call that stages or hands out something: an idle fetch pays nothing.
+local expiring = nil
+local function is_expiring()
+  if expiring == nil then
+    expiring = redis.call('EXISTS', expiries, postpone_counts) > 0
+  end
+  return expiring
+end
+local function drop_expired(ids)
+  if #ids == 0 or not is_expiring() then
+    return ids
+  end
+  local at = {}
+  for i = 1, #ids do
+    at[i] = now
+  end
+  local gone = expired_among(ids, at)
+  if next(gone) == nil then
+    return ids
+  end
+  local kept, dead = {}, {}
+  for _, id in ipairs(ids) do
+    table.insert(gone[id] and dead or kept, id)
+  end
+  bury_for(dead, now, 'expired', 'expired')
+  return kept
+end
 
 -- Hands a message out under the next lease until the deadline; returns its new record.
 -- Appended by index, which costs Lua a fraction of table.insert's call: this runs for
@@ -190,6 +227,7 @@ local function take_due()
       end
     end
   end
+  staged_retry, staged_ready = drop_expired(staged_retry), drop_expired(staged_ready)
 
   -- 3. Hand out, redeliveries first: they have waited longest. From each list, those
   -- already listed first, then those staged above; the staged ones left are listed.
@@ -199,6 +237,8 @@ local function take_due()
     if want > 0 and listed > 0 then
       popped = call('LPOP', list, want) or {}
     end
+    local took = #popped
+    popped = drop_expired(popped)
     local ids, taken = {}, 0
     for i, id in ipairs(popped) do
       ids[i] = id
@@ -229,7 +269,7 @@ local function take_due()
       rest[#rest + 1] = staged[i]
     end
     call_chunked('RPUSH', list, rest)
-    return listed - #popped + #rest
+    return listed - took + #rest
   end
   retry_len = hand_out(retry, retry_len, staged_retry)
   ready_len = hand_out(ready, ready_len, staged_ready)
@@ -346,4 +386,10 @@ if next_ms < 0 then
   end
 end
 
-return {now, next_ms, expired, deliveries, owed, now_us, warnings}
+-- Whether what this call hands out may have an expiry, a postpone count or an ordered
+-- group, which its ack must then clean up or pass on (see ack.lua's "untracked").
+local tracked = 0
+if handed > 0 and (is_expiring() or groups_used()) then
+  tracked = 1
+end
+return {now, next_ms, expired, deliveries, owed, now_us, tracked, warnings}

@@ -8,7 +8,7 @@
   ARGV[1]  key
   ARGV[2]  optional preview_bytes, as peek's
 
-  Returns {id, state, score, payload, size, meta, unannounced, group, warnings}: the message's
+  Returns {id, state, score, payload, size, meta, unannounced, group, reason, warnings}: the message's
   id ("" when the key names no message) and then peek's reply for it.
 ]]
 

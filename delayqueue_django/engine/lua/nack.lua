@@ -13,13 +13,21 @@
   ARGV[4]  n, then n triples: id, lease, delay_ms before the retry (-1: bury now,
           whatever retries are left); the retry's due time is rounded up to the ms, as
           send's, so that it is not handed out before the delay has passed
+  then, optionally (Postpone, see "Expiry and postpones" in the prelude):
+  ARGV[5+3n]  max_postpones: how often one message may be postponed
+  ARGV[6+3n]  m, then m ids whose refusal is a postpone: its attempt is not counted (nor
+              is it a failure) and it is never buried for its budget; the (max_postpones
+              + 1)th postpone of a message buries it with the reason "postponed too often"
+  A retry or postpone due at or after the message's expiry buries it with the reason
+  "expired" instead.
 
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {outcomes, warnings}; outcomes is a flat list of id, code, time:
     code 1 retry scheduled, time = its due time; code 2 exhausted, time = now;
     code 3 superseded, time = now: a keyed message whose key's message is another one,
-    waiting, is removed instead of retried (see settle_keys in the prelude).
+    waiting, is removed instead of retried (see settle_keys in the prelude);
+    code 4 expired, code 5 postponed too often, time = now: buried with that reason.
   Ids whose lease did not match are left out.
   Publishes the earliest retry time when it is earlier than every pending message's.
 ]]
@@ -40,6 +48,12 @@ for i = 1, n do
   ids[i] = args[2 + i * 3]
 end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
+-- Postpones (see the header): the ids, and the bound.
+local max_postpones, postponing = tonumber(args[5 + 3 * n] or '0'), {}
+for i = 7 + 3 * n, #args do
+  postponing[args[i]] = true
+end
+local postponed = {}
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
 -- The retries, their records and due times, and where their code is in outcomes: a keyed
@@ -53,7 +67,12 @@ for i, id in ipairs(ids) do
   if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(refused, id)
-    if attempt > budget or delay_ms < 0 then
+    if postponing[id] then
+      -- Not an attempt: the one its delivery counted is given back.
+      attempt = math.max(attempt - 1, 0)
+      table.insert(postponed, id)
+    end
+    if (attempt > budget and not postponing[id]) or delay_ms < 0 then
       table.insert(records, id)
       table.insert(records, format_meta(lease + 1, attempt, budget, due))
       table.insert(to_bury, id)
@@ -73,12 +92,48 @@ for i, id in ipairs(ids) do
   end
 end
 
+-- Postpones past the bound, and retries due at or after their expiry, are buried with
+-- their reason (codes 5 and 4) instead of going back to waiting.
+local too_often, postponed_back = {}, 0
+for _, id in ipairs(postponed) do
+  if call('HINCRBY', postpone_counts, id, 1) > max_postpones then
+    too_often[id] = true
+  else
+    postponed_back = postponed_back + 1
+  end
+end
+local past_expiry = {}
+if #retrying > 0 and expiry_used() then
+  past_expiry = expired_among(retrying, retry_dues)
+end
+local dead = {['expired'] = {}, ['postponed too often'] = {}}
+local dead_ids = {}
+local kept = {ids = {}, records = {}, dues = {}, codes = {}}
+for i, id in ipairs(retrying) do
+  if too_often[id] or past_expiry[id] then
+    local reason = too_often[id] and 'postponed too often' or 'expired'
+    table.insert(dead[reason], id)
+    table.insert(dead_ids, id)
+    outcomes[retry_codes[i]] = too_often[id] and 5 or 4
+    outcomes[retry_codes[i] + 1] = now
+    table.insert(records, id)
+    table.insert(records, retry_records[i])
+  else
+    table.insert(kept.ids, id)
+    kept.records[#kept.ids], kept.dues[#kept.ids] = retry_records[i], retry_dues[i]
+    kept.codes[#kept.ids] = retry_codes[i]
+  end
+end
+retrying, retry_records, retry_dues, retry_codes = kept.ids, kept.records, kept.dues, kept.codes
+
 -- A keyed message goes back to waiting only if no other waiting message is its key's.
 local superseded, gone = {}, {}
 if #retrying > 0 and keys_used() then
   local moved = {}
-  for _, id in ipairs(to_bury) do
-    moved[id] = false
+  for _, buried in ipairs({to_bury, dead_ids}) do
+    for _, id in ipairs(buried) do
+      moved[id] = false
+    end
   end
   superseded = settle_keys(retrying, gather('HMGET', payloads, retrying), moved)
 end
@@ -101,6 +156,8 @@ end
 call_chunked('ZREM', unack, refused)
 call_chunked('HSET', metas, records)
 bury(to_bury, now)
+bury_for(dead['expired'], now, 'expired', 'expired')
+bury_for(dead['postponed too often'], now, 'postponed too often', 'exhausted')
 call_chunked('ZADD', pending, scored)
 -- Ordered groups: a buried holder passes its group on (a retried one keeps it).
 release_groups(to_bury, false)
@@ -109,6 +166,8 @@ count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
-count_throughput(now, 'failed', #outcomes / 3)
+-- A postpone is no failure.
+count_throughput(now, 'failed', #outcomes / 3 - postponed_back)
+count_total('postponed', postponed_back)
 record_reply(keys[11], request, outcomes, #outcomes, record_ms)
 return {outcomes, warnings}

@@ -27,7 +27,10 @@
                has no caller to raise it to)
     unique_ms  a keyed message's hold, as send_keyed's (0: none)
     group      an unkeyed message's ordered group (see the prelude), or "" for none
-  then the f ids to forget (their outbox rows are deleted for good).
+  then the f ids to forget (their outbox rows are deleted for good);
+  then, optionally, the messages' expiries, as send's (see send.lua): never refused, as a
+  relay has no caller to refuse to; a message relayed at or after its expiry is
+  dead-lettered as expired by the first fetch that stages it.
 
   A keyed message not relayed before is decided as send_keyed decides it (the prelude's
   send_keys), the keyed messages of a call in their order, which is the outbox's commit
@@ -68,6 +71,8 @@ local ids = {}
 for i = 0, n - 1 do
   ids[i + 1] = args[5 + i * WIDTH]
 end
+local expiring = read_expiries(args, 5 + WIDTH * n + f, now)
+local expiry_scored = {}
 local noted = gather('ZMSCORE', relayed, ids)
 local metas_found, payloads_found = gather('HMGET', metas, ids), gather('HMGET', payloads, ids)
 
@@ -103,6 +108,10 @@ for i = 0, n - 1 do
       table.insert(grouped, id)
       table.insert(grouped, args[base + 7])
     end
+    if expiring[i + 1] then
+      table.insert(expiry_scored, int(expiring[i + 1]))
+      table.insert(expiry_scored, id)
+    end
     if earliest == nil or due < earliest then
       earliest = due
     end
@@ -118,6 +127,14 @@ if #keyed > 0 then
     local code, due = outcomes[3 * j - 1], outcomes[3 * j]
     -- Created, or the key's waiting message replaced: written. Kept or held: not.
     dues[position] = (code == 1 or code == 3) and due or -1
+    -- Its expiry, or none (a replace without one drops the replaced message's).
+    local written_id = outcomes[3 * j - 2]
+    if (code == 1 or code == 3) and expiring[position] then
+      table.insert(expiry_scored, int(expiring[position]))
+      table.insert(expiry_scored, written_id)
+    elseif code == 3 and expiry_used() then
+      call('ZREM', expiries, written_id)
+    end
   end
   if keyed_earliest ~= nil and (earliest == nil or keyed_earliest < earliest) then
     earliest = keyed_earliest
@@ -127,6 +144,7 @@ call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
 record_groups(grouped)
 call_chunked('ZADD', relayed, notes)
+call_chunked('ZADD', expiries, expiry_scored)
 
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)

@@ -6,7 +6,8 @@
                    the in-flight delivery's ack then simply finds nothing).
 
   KEYS: the queue's key layout (see _prelude.lua); and the key index, which forgets a
-        removed keyed message that still is its key's (see "Keys" in the prelude).
+        removed keyed message that still is its key's (see "Keys" in the prelude), and
+        its expiry, postpone count and dead reason ("Expiry and postpones").
   ARGV[1]  id, or the key with ARGV[4] "key"
   ARGV[2]  mode, "cancel" or "delete"
   ARGV[3]  only from this state (optional, may be ""): the one an operator saw it in, so
@@ -60,4 +61,5 @@ end
 call('HDEL', payloads, id)
 call('HDEL', metas, id)
 call('ZREM', exhausted, id)
+forget_flow({id})
 return {removed, id, warnings}

@@ -1,6 +1,7 @@
 --[[
   requeue: give dead letters a new life: out of garbage, due now, with a fresh retry
-  budget (the attempt count starts again from zero).
+  budget (the attempt count starts again from zero), without the expiry it had, its
+  postpone count or its dead reason (see "Expiry and postpones" in the prelude).
 
   KEYS: the queue's key layout (see _prelude.lua); writes garbage, exhausted, pending, meta,
         and the key index (see "Keys" in the prelude).
@@ -45,6 +46,8 @@ for _, id in ipairs(candidates) do
     table.insert(requeued, id)
   end
 end
+-- A new life: no expiry (the operator chose to run it), no postpones, no dead reason.
+forget_flow(requeued)
 if #requeued > 0 then
   wake(channel, now)
 end

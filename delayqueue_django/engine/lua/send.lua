@@ -17,10 +17,14 @@
     payload    JSON text
   then m, the number of grouped messages among them, and m pairs: index (1-based, in the
   batch), group (see "Ordered groups" in the prelude; written only for a new message)
+  then, optionally, the batch's expiries: a count e, and e triples: the message's place in
+  the batch (from 1), at_ms (or "") and in_us, read as a due time is (see read_expiries in
+  the prelude); kept in <tag>:expires
 
   Returns {due_ms..., warnings}: the due time given to each message, in order.
   Errors (nothing written): "DUPLICATE <id>" if an id is already known to the queue with
-  another payload (or without one).
+  another payload (or without one); "EXPIRES_BEFORE_DUE <id>" if a message's expiry is
+  not after its due time (it could never be handed out).
   A message whose id is already stored with this very payload is a replay of a send whose
   reply was lost (clients re-send after a timeout or a cut connection): it is left as it
   is, and its due time is its pending score if it is still pending, else the time it last
@@ -37,6 +41,9 @@ local ids = {}
 for i = 0, n - 1 do
   ids[i + 1] = args[3 + i * 5]
 end
+-- (The groups' count and pairs come first, then the expiries: see the header.)
+local grouped = tonumber(args[3 + n * 5]) or 0
+local expiring = read_expiries(args, 4 + n * 5 + grouped * 2, now)
 
 -- Check the whole batch before writing anything, so a refused batch leaves no trace.
 -- The first message found known to the queue with another payload (or with a meta
@@ -72,7 +79,7 @@ local replay_scores = gather('ZMSCORE', pending, replays)
 -- the earlier entry's due time still counts for the wake-up.
 local previous_head = head_score(pending)
 local earliest = nil
-local dues, scored, stored_payloads = {}, {}, {}
+local dues, scored, stored_payloads, expiry_scored = {}, {}, {}, {}
 local replay, written = 0, 0
 for i = 0, n - 1 do
   local base = 3 + i * 5
@@ -94,6 +101,14 @@ for i = 0, n - 1 do
     else
       due = due_after(now, delay_of(args[base + 2]))
     end
+    local expiry = expiring[i + 1]
+    if expiry then
+      if expiry <= due then
+        return redis.error_reply('EXPIRES_BEFORE_DUE ' .. id)
+      end
+      table.insert(expiry_scored, int(expiry))
+      table.insert(expiry_scored, id)
+    end
     -- Appended by index, which costs Lua a fraction of table.insert's call.
     local pair = 2 * written
     scored[pair + 1], scored[pair + 2] = int(due), id
@@ -107,9 +122,9 @@ for i = 0, n - 1 do
 end
 call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
+call_chunked('ZADD', expiries, expiry_scored)
 
 -- Ordered groups: each new grouped message numbered in send order (see the prelude).
-local grouped = tonumber(args[3 + n * 5]) or 0
 if grouped > 0 then
   local entries = {}
   for j = 0, grouped - 1 do

@@ -16,6 +16,8 @@
     key         the key: 1 to 256 bytes, any characters
     if_exists   what to do when the key's message waits: keep, replace or error
     unique_ms   how long the key stays held after this send creates a message (0: not)
+  then, optionally, the batch's expiries, as send's (see send.lua): a message created or
+  replaced gets its expiry, or loses the one it had (a replace without one)
 
   Each message is decided in order, seeing the earlier ones' effect, by the prelude's
   send_keys (which lists the rules: a replay, the key's waiting message kept, replaced or
@@ -26,7 +28,7 @@
   time, -1 when it is not waiting.
   Errors (nothing written): "DUPLICATE <id>" as send's; "DUPLICATE_KEY <n> <held> <id>":
   message n (from 1) of this call met the key's waiting message <id> (held 0) or a hold
-  by <id> (held 1) with if_exists error.
+  by <id> (held 1) with if_exists error; "EXPIRES_BEFORE_DUE <id>" as send's.
   Publishes the earliest due time written when it is earlier than every pending message's.
 ]]
 
@@ -48,10 +50,35 @@ for i = 1, n do
     unique_ms = tonumber(args[base + 7])}
 end
 
+local expiring = read_expiries(args, 3 + n * WIDTH, now)
+for i, item in ipairs(items) do
+  if expiring[i] and expiring[i] <= item.due then
+    return redis.error_reply('EXPIRES_BEFORE_DUE ' .. item.id)
+  end
+end
+
 local previous_head = head_score(pending)
 local outcomes, earliest, refusal = send_keys(items, now)
 if refusal then
   return redis.error_reply(refusal)
+end
+-- Expiries of the messages created (code 1) or replaced (code 3); a replace without one
+-- drops the expiry the replaced message had.
+local expiry_scored, unexpiring = {}, {}
+for i = 1, n do
+  local id, code = outcomes[3 * i - 2], outcomes[3 * i - 1]
+  if code == 1 or code == 3 then
+    if expiring[i] then
+      table.insert(expiry_scored, int(expiring[i]))
+      table.insert(expiry_scored, id)
+    elseif code == 3 then
+      table.insert(unexpiring, id)
+    end
+  end
+end
+call_chunked('ZADD', expiries, expiry_scored)
+if #unexpiring > 0 and expiry_used() then
+  call_chunked('ZREM', expiries, unexpiring)
 end
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)

@@ -5,8 +5,8 @@
   ARGV: none.
 
   Returns {pending, ready, unack, retry, garbage, due, unannounced, now_ms,
-  next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, superseded, paused,
-  warnings}:
+  next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, superseded, expired,
+  postponed, paused, warnings}:
     due          pending messages whose time has come but not yet staged by a worker
     unannounced  exhausted messages whose message_exhausted signal is still owed
     next_due_ms  the earliest due time in pending (-1 when pending is empty)
@@ -34,10 +34,10 @@ if not foreign[pending] then
   end
 end
 
-local totals = {0, 0, 0, 0, 0, 0}
+local totals = {0, 0, 0, 0, 0, 0, 0, 0}
 if not foreign[throughput] then
   totals = redis.call('HMGET', throughput, 'all:acked', 'all:failed', 'all:retried',
-    'all:timed_out', 'all:exhausted', 'all:superseded')
+    'all:timed_out', 'all:exhausted', 'all:superseded', 'all:expired', 'all:postponed')
 end
 
 -- (One EXISTS on a queue never paused, as fetch pays.)
@@ -51,6 +51,6 @@ return {
   size(pending, 'ZCARD'), size(ready, 'LLEN'), size(unack, 'ZCARD'), size(retry, 'LLEN'),
   size(garbage, 'ZCARD'), due, size(exhausted, 'ZCARD'), now, next_due, lag,
   tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
-  tonumber(totals[4]) or 0, tonumber(totals[5]) or 0, tonumber(totals[6]) or 0, paused,
-  warnings,
+  tonumber(totals[4]) or 0, tonumber(totals[5]) or 0, tonumber(totals[6]) or 0,
+  tonumber(totals[7]) or 0, tonumber(totals[8]) or 0, paused, warnings,
 }

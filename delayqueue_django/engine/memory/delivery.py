@@ -3,16 +3,18 @@ release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.l
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import flow, groups, key_index, prelude
+from delayqueue_django.engine.memory import expiry, flow, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
+    EXPIRED,
+    POSTPONED_TOO_OFTEN,
     Delivery,
     ExhaustedClaim,
     FetchResult,
@@ -49,17 +51,24 @@ class MemoryDelivery(MemoryStoreBase):
                         f"message id {message.id!r} already exists in queue "
                         f"{self._keys.queue!r}; nothing in its batch was written"
                     )
+            expiries = expiry.refuse_early_expiries(
+                batch,
+                [
+                    None if replay else self._due_of(message, now, now_us)
+                    for message, replay in zip(batch, replayed, strict=True)
+                ],
+                now,
+                now_us,
+                self._keys.queue,
+            )
             previous_head = state.pending.head()
             dues = []
-            for message, replay in zip(batch, replayed, strict=True):
+            for message, replay, expires in zip(batch, replayed, expiries, strict=True):
                 if replay:
                     dues.append(prelude.replayed_due(state, message.id, now))
                     continue
-                if message.at_ms is None:
-                    due = prelude.due_after(now, now_us, *divmod(message.delay_us, 1000))
-                else:
-                    # A time already past is due now (see send.lua).
-                    due = max(message.at_ms, now)
+                due = self._due_of(message, now, now_us)
+                expiry.set_expiry(state, message.id, expires)
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
                 state.metas[message.id] = Meta(0, 0, message.budget, due)
@@ -72,6 +81,12 @@ class MemoryDelivery(MemoryStoreBase):
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
+
+    @staticmethod
+    def _due_of(message: NewMessage, now: int, now_us: int) -> int:
+        if message.at_ms is None:
+            return prelude.due_after(now, now_us, *divmod(message.delay_us, 1000))
+        return max(message.at_ms, now)  # a time already past is due now (see send.lua)
 
     def remove(
         self,
@@ -164,13 +179,21 @@ class MemoryDelivery(MemoryStoreBase):
             if meta.attempt > meta.budget:
                 prelude.bury(state, message_id, now)
             elif key_index.return_to_waiting(state, message_id):
-                state.retry.append(message_id)
                 prelude.count_total(state, "retried", 1)
+                if expiry.expired(state, message_id, now):
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                else:
+                    state.retry.append(message_id)
         prelude.count(state, now, "failed", expired)
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
-        due = state.pending.pop_upto(now, room())
+        due = []
+        for message_id, score in state.pending.pop_upto(now, room()):
+            if expiry.expired(state, message_id, now):
+                expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+            else:
+                due.append((message_id, score))
         # Ordered groups: what must wait for its group is parked (see memory/groups.py).
         passing = groups.pass_groups(state, due) if state.group_of else [i for i, _ in due]
         for message_id in passing:
@@ -182,6 +205,9 @@ class MemoryDelivery(MemoryStoreBase):
         for source in (state.retry, state.ready):
             while source and len(deliveries) < count:
                 message_id = source.popleft()
+                if expiry.expired(state, message_id, now):
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                    continue
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt + 1
                 state.unack.add(message_id, deadline)
@@ -253,6 +279,7 @@ class MemoryDelivery(MemoryStoreBase):
         fetcher: str = "",
         request: str = "",
         plain: bool = False,  # (nothing to save here: the key pointer is dropped by id)
+        untracked: bool = False,  # (likewise: prelude.forget drops them by id)
     ) -> set[str]:
         if not leases:
             return set()
@@ -279,6 +306,8 @@ class MemoryDelivery(MemoryStoreBase):
         *,
         fetcher: str = "",
         request: str = "",
+        postponed: Collection[str] = (),
+        max_postpones: int = 0,
     ) -> list[NackOutcome]:
         if not refusals:
             return []
@@ -290,19 +319,37 @@ class MemoryDelivery(MemoryStoreBase):
             previous_head = state.pending.head()
             earliest: int | None = None
             outcomes = []
+            postponed_back = 0
             for message_id, lease, delay_ms in refusals:
                 if not prelude.holds(state, message_id, lease):
                     continue
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
-                if meta.attempt > meta.budget or delay_ms < 0:
+                postpone = message_id in postponed
+                if postpone:
+                    # Not an attempt: the one its delivery counted is given back (nack.lua).
+                    meta.attempt = max(meta.attempt - 1, 0)
+                    state.postpones[message_id] = state.postpones.get(message_id, 0) + 1
+                due = prelude.due_after(now, now_us, delay_ms, 0)
+                if (meta.attempt > meta.budget and not postpone) or delay_ms < 0:
                     prelude.bury(state, message_id, now)
                     outcomes.append(NackOutcome(message_id, True, now))
+                elif postpone and state.postpones[message_id] > max_postpones:
+                    expiry.bury_for(state, message_id, now, POSTPONED_TOO_OFTEN, "exhausted")
+                    outcomes.append(
+                        NackOutcome(message_id, True, now, dead_reason=POSTPONED_TOO_OFTEN)
+                    )
+                elif expiry.expired(state, message_id, due):
+                    postponed_back += postpone
+                    expiry.bury_for(state, message_id, now, EXPIRED, "expired")
+                    outcomes.append(NackOutcome(message_id, True, now, dead_reason=EXPIRED))
                 elif not key_index.return_to_waiting(state, message_id):
+                    postponed_back += postpone
                     outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
-                    meta.due = prelude.due_after(now, now_us, delay_ms, 0)
+                    postponed_back += postpone
+                    meta.due = due
                     state.pending.add(message_id, meta.due)
                     prelude.count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
@@ -311,7 +358,9 @@ class MemoryDelivery(MemoryStoreBase):
                 self._wake(earliest)
             if state.group_of and any(outcome.exhausted for outcome in outcomes):
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
-            prelude.count(state, now, "failed", len(outcomes))
+            # A postpone is no failure.
+            prelude.count(state, now, "failed", len(outcomes) - postponed_back)
+            prelude.count_total(state, "postponed", postponed_back)
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
 
@@ -365,6 +414,7 @@ class MemoryDelivery(MemoryStoreBase):
                         0 if meta is None else meta.attempt,
                         claimed_until,
                         key,
+                        reason=state.dead_reasons.get(message_id, ""),
                     )
                 )
             return claims

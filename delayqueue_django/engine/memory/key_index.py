@@ -7,6 +7,7 @@ A keyed message carries its key in its stored body (``keyed.keyed_body``), so th
 stored message is read from it; an unkeyed body costs one character test."""
 
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
+from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import QueueState
 
 
@@ -61,6 +62,7 @@ def return_to_waiting(state: QueueState, message_id: str) -> bool:
         state.payloads.pop(message_id, None)
         state.metas.pop(message_id, None)
         state.exhausted.remove(message_id)
+        forget_flow(state, message_id)
         state.totals["superseded"] = state.totals.get("superseded", 0) + 1
         return False
     take_key(state, message_id)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
 from delayqueue_django.engine.keyed import keyed_body, split_keyed
-from delayqueue_django.engine.memory import key_index, prelude
+from delayqueue_django.engine.memory import expiry, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
@@ -41,18 +41,27 @@ class MemoryKeyed(MemoryStoreBase):
             return sent
 
     def _write_keyed(
-        self, state: QueueState, batch: Sequence[NewMessage], now: int, now_us: int
+        self,
+        state: QueueState,
+        batch: Sequence[NewMessage],
+        now: int,
+        now_us: int,
+        *,
+        refuse_early: bool = True,
     ) -> tuple[list[KeyedSent], int | None]:
         """Decide and write a batch of keyed messages (the lock held; send_keys in the
         prelude of the scripts); returns each one's KeyedSent and the earliest due time
         written (None when none)."""
         key_index.reclaim_holds(state, now)
         # Every decision is taken before anything is written, so that a refusal
-        # (if_exists="error") leaves no trace of its batch.
+        # (if_exists="error", an expiry before the due time) leaves no trace of its batch.
+        # (A relay refuses nothing: ``refuse_early`` False, see relay.lua.)
+        dues = [self._due(message, now, now_us) if refuse_early else None for message in batch]
+        expiries = expiry.refuse_early_expiries(batch, dues, now, now_us, self._keys.queue)
         decisions = self._decide(state, batch, now)
         earliest: int | None = None
         sent = []
-        for message, decision in zip(batch, decisions, strict=True):
+        for message, decision, expires in zip(batch, decisions, expiries, strict=True):
             due: int | None
             if decision.outcome in ("created", "replaced"):
                 due = self._due(message, now, now_us)
@@ -60,11 +69,15 @@ class MemoryKeyed(MemoryStoreBase):
                     self._create(state, message, due, now)
                 else:
                     self._replace(state, decision.message_id, message, due, now)
+                # A replace without an expiry drops the one the message had (send_keyed.lua).
+                expiry.set_expiry(state, decision.message_id, expires)
                 earliest = due if earliest is None else min(earliest, due)
                 if self.server.sent is not None:
                     record = replace(message, id=decision.message_id)
                     self.server.sent.append(SentRecord(self._keys.queue, record, due, now))
             else:
+                if decision.outcome == "replay" and expires is not None:
+                    expiry.set_expiry(state, decision.message_id, expires)
                 due = self._waiting_due(state, decision.message_id)
             outcome = "created" if decision.outcome == "replay" else decision.outcome
             sent.append(KeyedSent(decision.message_id, outcome, due))

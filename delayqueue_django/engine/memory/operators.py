@@ -8,6 +8,7 @@ from typing import Any
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.memory import key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
+from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
 from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
 
@@ -34,6 +35,8 @@ class MemoryOperators(MemoryStoreBase):
                 state.exhausted.remove(message_id)
                 state.pending.add(message_id, now)
                 key_index.take_key(state, message_id)
+                # A new life: no expiry, postpones or dead reason (requeue.lua).
+                forget_flow(state, message_id)
                 requeued.append(message_id)
             if requeued:
                 self._wake(now)
@@ -103,6 +106,7 @@ class MemoryOperators(MemoryStoreBase):
                     for name in (
                         *("acked", "failed", "retried", "timed_out", "exhausted"),
                         "superseded",
+                        *("expired", "postponed"),
                     )
                 },
                 "paused": int(state.paused),

@@ -6,6 +6,7 @@ from collections import deque
 
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.memory import groups
+from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
     Meta,
@@ -139,6 +140,7 @@ def forget(state: QueueState, message_id: str) -> None:
     state.payloads.pop(message_id, None)
     state.metas.pop(message_id, None)
     state.exhausted.remove(message_id)
+    forget_flow(state, message_id)
 
 
 def count(state: QueueState, now: int, what: str, n: int) -> None:
@@ -210,6 +212,7 @@ def stored(
         key=key,
         generation=generation,
         group=groups.group_of(state, message_id) if peeked else None,
+        dead_reason=state.dead_reasons.get(message_id, "") if where == "garbage" else "",
     )
 
 

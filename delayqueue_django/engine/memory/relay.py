@@ -5,7 +5,7 @@ decides it."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.keyed import check_relayable
-from delayqueue_django.engine.memory import groups
+from delayqueue_django.engine.memory import expiry, groups
 from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.server import Meta, SentRecord
 from delayqueue_django.engine.records import NewMessage
@@ -69,11 +69,13 @@ class MemoryRelay(MemoryKeyed):
                 state.metas[message_id] = Meta(0, 0, message.budget, due)
                 if message.group is not None:
                     groups.record(state, message_id, message.group)
+                # Never refused: one relayed too late expires as it is staged (relay.lua).
+                expiry.set_expiry(state, message_id, message.expires_at_ms)
                 dues.append(due)
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
             if keyed:
-                sent, _ = self._write_keyed(state, keyed, now, now_us)
+                sent, _ = self._write_keyed(state, keyed, now, now_us, refuse_early=False)
                 for position, outcome in zip(keyed_at, sent, strict=True):
                     # Created, or the key's waiting message replaced: written. Kept or held: not.
                     if outcome.outcome in ("created", "replaced"):

@@ -97,6 +97,11 @@ class QueueState:
     group_seq: int = 0
     group_busy: dict[str, str] = field(default_factory=dict)
     group_parked: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # Expiry and postpones (see memory/expiry.py): id -> expiry (ms) ({tag}:expires), id ->
+    # times postponed ({tag}:postpones), id -> a dead letter's reason ({tag}:dead_reason).
+    expiries: dict[str, int] = field(default_factory=dict)
+    postpones: dict[str, int] = field(default_factory=dict)
+    dead_reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
