@@ -9,6 +9,7 @@ Run on the memory store, on Redis (single, Cluster, Valkey, scripts) and on shar
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -238,3 +239,38 @@ def test_a_dead_letter_dropped_by_a_timed_out_last_attempt_frees_its_group(
     dead = store.peek(first.id)
     assert dead is not None
     assert dead.state == "garbage"
+
+
+# With expiry: a grouped message dead-lettered as expired passes its group on.
+
+
+def test_an_expired_message_passes_its_group_on(queue: Queue) -> None:
+    store = queue.store
+    now = store_time_ms(queue)
+    holder = grouped("g", 1, at_ms=now)
+    expiring = replace(grouped("g", 2, at_ms=now), expires_in_us=300_000)
+    store.send([holder, expiring])
+    [(_, lease)] = fetch_ids(store)
+    until = store_time_ms(queue) + 301
+    wait_for(lambda: store_time_ms(queue) > until, what="the expiry to pass")
+    store.ack([(holder.id, lease)])  # the group passes to the expiring one...
+    assert fetch_ids(store) == []  # ...which expires as it is staged, and passes it on
+    dead = store.peek(expiring.id)
+    assert dead is not None
+    assert (dead.state, dead.dead_reason) == ("garbage", "expired")
+    later = grouped("g", 3)
+    store.send([later])
+    assert ids_of(fetch_ids(store)) == [later.id]
+
+
+def test_a_message_postponed_too_often_passes_its_group_on(queue: Queue) -> None:
+    store = queue.store
+    first, second = grouped("g", 1), grouped("g", 2)
+    store.send([first, second])
+    [(_, lease)] = fetch_ids(store)
+    [outcome] = store.nack([(first.id, lease, 0)], postponed=[first.id], max_postpones=0)
+    assert outcome.exhausted
+    dead = store.peek(first.id)
+    assert dead is not None
+    assert (dead.state, dead.dead_reason) == ("garbage", "postponed too often")
+    assert ids_of(fetch_ids(store)) == [second.id]

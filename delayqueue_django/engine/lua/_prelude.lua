@@ -1023,9 +1023,8 @@ local function preview(body, limit)
 end
 
 -- Where one message is and what it holds, for peek and lookup (read-only): {state, score,
--- payload, size, meta, unannounced, group, reason,
--- warnings} as peek.lua's header describes them; the
--- keys in `foreign` (see foreign_keys) read as empty.
+-- payload, size, meta, unannounced, group, reason, warnings} as peek.lua's header
+-- describes them; the keys in `foreign` (see foreign_keys) read as empty.
 local function describe(id, preview_bytes, foreign)
   local state, score = '', -1
   for _, entry in ipairs({{'pending', pending}, {'unack', unack}, {'garbage', garbage}}) do
@@ -1058,6 +1057,11 @@ local function describe(id, preview_bytes, foreign)
   if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
     unannounced = 1
   end
+  -- A dead letter's reason, when not the default (see "Expiry and postpones").
+  local reason = ''
+  if state == 'garbage' and redis.call('TYPE', dead_reasons)['ok'] == 'hash' then
+    reason = redis.call('HGET', dead_reasons, id) or ''
+  end
   -- Ordered groups: a parked message shows its due time, and any grouped one its group.
   if state == 'pending' and score >= PARKED then
     score = score - PARKED
@@ -1067,8 +1071,7 @@ local function describe(id, preview_bytes, foreign)
     local _, named = split_group(redis.call('HGET', group_of, id))
     group = named or false
   end
-  return {state, score, payload, size, meta, unannounced, group, reason,
--- warnings}
+  return {state, score, payload, size, meta, unannounced, group, reason, warnings}
 end
 
 -- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand
