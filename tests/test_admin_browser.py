@@ -92,7 +92,38 @@ def test_a_staff_user_logs_in_sees_the_counts_and_requeues_a_dead_letter(
     browser.save_screenshot(str(screenshot_dir / "admin-queue.png"))
 
     browser.find_element(By.CSS_SELECTOR, f"input[name=ids][value='{dead}']").click()
-    Select(browser.find_element(By.NAME, "action")).select_by_value("requeue")
+    Select(browser.find_element(By.CSS_SELECTOR, "select[name=action]")).select_by_value("requeue")
     browser.find_element(By.CSS_SELECTOR, ".actions button[type=submit]").click()
     wait_for(lambda: "1 of 1 message(s)" in browser.page_source, what="the success message")
     assert states_of(queue, dead) == ["pending"]
+
+
+def test_a_staff_user_pauses_and_resumes_a_queue(
+    browser: Any, live_server: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pw")
+    queue = get_queue()
+    queue.send_many([{"order": n} for n in range(3)], delay=3600)
+    queue.send_many([{"order": n} for n in range(2)])  # due: they wait while paused
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(lambda: "Delay queues" in browser.page_source, what="the admin index")
+    browser.find_element(By.LINK_TEXT, "Queues").click()
+    browser.find_element(By.LINK_TEXT, "default").click()
+
+    browser.find_element(By.CSS_SELECTOR, "#flow button[value=pause]").click()
+    wait_for(lambda: "Paused: no worker" in browser.page_source, what="the paused queue")
+    assert queue.stats()["paused"] == 1
+    assert queue.fetch(10).messages == []  # nothing handed out while paused
+    screenshot_dir = Path(os.environ.get("DQ_SCREENSHOT_DIR", tmp_path))
+    browser.save_screenshot(str(screenshot_dir / "admin-queue-paused.png"))
+
+    browser.find_element(By.CSS_SELECTOR, "#flow button[value=resume]").click()
+    wait_for(lambda: "Flowing." in browser.page_source, what="the resumed queue")
+    assert queue.stats()["paused"] == 0
+    assert len(fetch_when_due(queue, 10)) == 2
