@@ -12,10 +12,22 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from delayqueue_django.core.message import Message
+
+class Delivered(Protocol):
+    """What names a running delivery: a Message (typed by what it has, so that this module
+    and core.message, which calls it, do not import each other)."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def lease(self) -> int: ...
+
 
 # Each running delivery's end (time.monotonic()), by (queue, id, lease): a Message is a
 # frozen value, so what it needs to answer time_left() lives here while its handler runs.
@@ -24,7 +36,7 @@ _lock = threading.Lock()
 
 
 @contextmanager
-def running(message: "Message", limit: float | None) -> Iterator[None]:
+def running(message: Delivered, limit: float | None) -> Iterator[None]:
     """The handler of ``message`` runs in this block, with ``limit`` seconds (None: none)."""
     if limit is None:
         yield
@@ -39,7 +51,7 @@ def running(message: "Message", limit: float | None) -> Iterator[None]:
             _ends.pop(key, None)
 
 
-def time_left(message: "Message") -> float | None:
+def time_left(message: Delivered) -> float | None:
     """Seconds its handler may still run (0 once past the limit), or None: no TIME_LIMIT,
     or not running under a worker."""
     with _lock:
