@@ -274,54 +274,31 @@ class QueueProducing(QueueBase):
                 item_group = group
             text = encode_payload(payload, max_bytes=max_bytes, queue=name)
             at_ms, delay_us, budget, expires_at_ms, expires_in_us = timing
-            if item_group is not None:
-                # A grouped message lives on its group's shard, where its group is kept.
-                message_id = with_shard(message_id, layout, key_shard(item_group, layout))
-                prepared.append(
-                    NewMessage(
-                        message_id,
-                        text,
-                        budget,
-                        at_ms,
-                        delay_us,
-                        group=item_group,
-                        expires_at_ms=expires_at_ms,
-                        expires_in_us=expires_in_us,
-                    )
-                )
-            elif key is None and expires_at_ms is None and not expires_in_us:
-                # (Positional, as before expiry: keywords cost a plain send_many ~1 µs each.)
+            if key is None and item_group is None and expires_at_ms is None and not expires_in_us:
+                # (Positional, as before the options: keywords cost a plain send_many ~1 µs each.)
                 prepared.append(NewMessage(message_id, text, budget, at_ms, delay_us))
-            elif key is None:
-                prepared.append(
-                    NewMessage(
-                        message_id,
-                        text,
-                        budget,
-                        at_ms,
-                        delay_us,
-                        expires_at_ms=expires_at_ms,
-                        expires_in_us=expires_in_us,
-                    )
+                continue
+            # A keyed or grouped message lives on its key's or group's shard, where they are
+            # decided: its id says so from the start, as an on_commit or outbox send returns
+            # it at once. (A message has a key or a group, not both: check_group.)
+            placed_by = key if key is not None else item_group
+            if placed_by is not None:
+                message_id = with_shard(message_id, layout, key_shard(placed_by, layout))
+            prepared.append(
+                NewMessage(
+                    message_id,
+                    text,
+                    budget,
+                    at_ms,
+                    delay_us,
+                    key=key,
+                    if_exists=if_exists,
+                    unique_ms=unique_ms,
+                    group=item_group,
+                    expires_at_ms=expires_at_ms,
+                    expires_in_us=expires_in_us,
                 )
-            else:
-                # A keyed message lives on its key's shard, where its key is decided: its id
-                # says so from the start, as an on_commit or outbox send returns it at once.
-                message_id = with_shard(message_id, layout, key_shard(key, layout))
-                prepared.append(
-                    NewMessage(
-                        message_id,
-                        text,
-                        budget,
-                        at_ms,
-                        delay_us,
-                        key,
-                        if_exists,
-                        unique_ms,
-                        expires_at_ms=expires_at_ms,
-                        expires_in_us=expires_in_us,
-                    )
-                )
+            )
         return prepared
 
     def _timing(
