@@ -130,6 +130,18 @@ def test_sigterm_lets_running_handlers_finish_within_the_grace(
     assert {e["id"] for e in events("acked")} == slow
 
 
+def test_sigterm_while_the_children_start_is_a_clean_stop(
+    workers: list[WorkerProcess], redis_server: RedisServer
+) -> None:
+    # Before a child has its signal handlers (it says "ready" then), SIGTERM ends it as
+    # Python's default does: it had fetched nothing, so the command still exits 0. (CI saw
+    # a --max-memory replacement, stopped while it started, fail the command's exit.)
+    worker = spawn(workers, redis_server.url, "--processes", "2")
+    worker.wait_for_line("starting 2 worker processes", timeout=20)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output
+
+
 def test_a_second_signal_stops_the_children_at_once(
     workers: list[WorkerProcess], redis_server: RedisServer, settings: Any
 ) -> None:

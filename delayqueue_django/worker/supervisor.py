@@ -18,6 +18,7 @@ that a replacement loads the code as it is on disk now).
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -188,7 +189,10 @@ class Supervisor:
                 )
             return
         if stopping:
-            if code != 0:
+            # One stopped before it was ready had taken nothing: it says "ready" once its
+            # signal handlers are in place, before its first fetch, so a SIGTERM before
+            # then ended it as Python's default action does, and that is a clean stop.
+            if code != 0 and not (code == -signal.SIGTERM and not child.ready.is_set()):
                 self._failed_exits += 1
                 logger.warning("worker process pid %d stopped: %s", child.pid, how)
             return
