@@ -73,8 +73,9 @@ else
 # the client's connection options, the benchmark script, the tracing spans (OpenTelemetry's
 # API), the schedules' failure handling and catch-ups on every store, the send fuzzer, the
 # worker's in-process tests (its threads, batches and verdicts), the demo script's
-# processes, the package's build (make dist), a test run's Ctrl-C, and the keys' engine
-# contract, Redis, memory, shard and race tests.
+# processes, the package's build (make dist), a test run's Ctrl-C, the keys' engine
+# contract, Redis, memory, shard and race tests, the supervisor's processes, and the flow
+# control's contract and worker-process tests.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -88,7 +89,11 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_interrupt.py \
 	--ignore=tests/test_schedule_worker.py --ignore=tests/test_keys_contract.py \
 	--ignore=tests/test_keys_redis.py --ignore=tests/test_keys_memory.py \
-	--ignore=tests/test_keys_shards.py --ignore=tests/test_keys_race.py
+	--ignore=tests/test_keys_shards.py --ignore=tests/test_keys_race.py \
+	--ignore=tests/test_worker_supervisor.py --ignore=tests/test_flow_gates_contract.py \
+	--ignore=tests/test_flow_gates_workers.py --ignore=tests/test_groups_contract.py \
+	--ignore=tests/test_groups_workers.py --ignore=tests/test_expiry_contract.py \
+	--ignore=tests/test_expiry_workers.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"
