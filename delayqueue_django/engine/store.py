@@ -24,7 +24,7 @@ from delayqueue_django.engine.errors import (
 )
 from delayqueue_django.engine.expiry_calls import expiry_args, postpone_args
 from delayqueue_django.engine.flow import FlowState, parse_rate_wire, rate_wire
-from delayqueue_django.engine.keyed import check_relayable, split_keyed
+from delayqueue_django.engine.keyed import KEY_MARK, check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
     cancel_key_args,
     cancelled_id,
@@ -447,27 +447,30 @@ class RedisStore:
         read_at = (sent_at + received_at) / 2
         deadline = now + limits.consume_ms
         deliveries = []
+        is_tracked = bool(tracked)
         for i in range(0, len(flat), 6):
             key, generation = None, 0
             try:
                 message_id, payload, unreadable = _text(flat[i]), _text(flat[i + 1]), ""
-                key, generation, payload = split_keyed(payload)
+                if payload[:1] == KEY_MARK:  # (a plain payload pays this test only)
+                    key, generation, payload = split_keyed(payload)
             except UnicodeDecodeError as error:
                 message_id, payload = _id(flat[i]), _shown(flat[i + 1])
                 unreadable = f"its id or payload is not UTF-8 text ({error})"
+            # Positional, in Delivery's field order: keywords cost the hot path more.
             deliveries.append(
                 Delivery(
-                    id=message_id,
-                    payload=payload,
-                    attempt=int(flat[i + 2]),
-                    lease=int(flat[i + 3]),
-                    budget=int(flat[i + 4]),
-                    deadline_ms=deadline,
-                    due_ms=int(flat[i + 5]),
-                    unreadable=unreadable,
-                    key=key,
-                    generation=generation,
-                    tracked=bool(tracked),
+                    message_id,
+                    payload,
+                    int(flat[i + 2]),
+                    int(flat[i + 3]),
+                    int(flat[i + 4]),
+                    deadline,
+                    int(flat[i + 5]),
+                    unreadable,
+                    key,
+                    generation,
+                    is_tracked,
                 )
             )
         return FetchResult(

@@ -74,6 +74,8 @@ def call_handler(
 
     ``time_limit`` (the queue's TIME_LIMIT): what ``message.time_left()`` counts down from.
     """
+    if time_limit is None:  # (the usual case: no context to enter per message)
+        return _traced_call(handler, message, manage_connections, connections_checked)
     with time_limits.running(message, time_limit):
         return _traced_call(handler, message, manage_connections, connections_checked)
 
