@@ -86,6 +86,9 @@ local now_us
 local key_index, hold_prefix
 -- The flow gates' state and hand-out log (see "Flow gates" at the end).
 local flow_state, flow_log
+-- Whether one EXISTS found none of the flow options' keys in this call (see
+-- options_unused); nil until asked.
+local options_absent
 -- Expiry and postpones (see "Expiry and postpones" above).
 local expiries, postpone_counts, dead_reasons
 
@@ -100,6 +103,7 @@ local function begin(keys)
   flow_state, flow_log = tag .. 'flow', tag .. 'flow:log'
   expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
     tag .. 'dead_reason'
+  options_absent = nil
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table
@@ -858,6 +862,18 @@ local function groups_used()
   return redis.call('EXISTS', group_of) == 1
 end
 
+-- Whether the queue uses none of the flow options that keep state of their own (a pause
+-- or a rate set at run time, expiries, postpone counts, ordered groups): one EXISTS,
+-- asked at most once per call, so that a fetch of a queue without any pays that one read
+-- instead of one per option.
+local function options_unused()
+  if options_absent == nil then
+    local group_of = group_names()
+    options_absent = redis.call('EXISTS', flow_state, expiries, postpone_counts, group_of) == 0
+  end
+  return options_absent
+end
+
 -- New grouped messages (send, relay): {id, group, id, group, ...}, in send order, each
 -- numbered after the queue's earlier grouped sends.
 local function record_groups(entries)
@@ -1087,7 +1103,7 @@ end
 -- rate in force ({limit, period}, nil for none), for flow_record.
 local function flow_gate(count, now, rate_setting, cap)
   local paused, override = false, false
-  if redis.call('EXISTS', flow_state) == 1 then
+  if not options_unused() and redis.call('EXISTS', flow_state) == 1 then
     local fields = call('HMGET', flow_state, 'paused', 'rate')
     paused, override = fields[1] == '1', fields[2]
   end

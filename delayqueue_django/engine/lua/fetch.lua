@@ -80,7 +80,7 @@ local pending_head, pending_read = nil, false
 local expiring = nil
 local function is_expiring()
   if expiring == nil then
-    expiring = redis.call('EXISTS', expiries, postpone_counts) > 0
+    expiring = not options_unused() and redis.call('EXISTS', expiries, postpone_counts) > 0
   end
   return expiring
 end
@@ -207,7 +207,7 @@ local function take_due()
     end
     if #ids > 0 then
       -- Ordered groups: what must wait for its group is parked (see pass_groups).
-      if groups_used() then
+      if not options_unused() and groups_used() then
         ids = pass_groups(ids)
       end
       call_chunked('ZREM', pending, ids)
@@ -389,7 +389,7 @@ end
 -- Whether what this call hands out may have an expiry, a postpone count or an ordered
 -- group, which its ack must then clean up or pass on (see ack.lua's "untracked").
 local tracked = 0
-if handed > 0 and (is_expiring() or groups_used()) then
+if handed > 0 and not options_unused() and (is_expiring() or groups_used()) then
   tracked = 1
 end
 return {now, next_ms, expired, deliveries, owed, now_us, tracked, warnings}
