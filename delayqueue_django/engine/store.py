@@ -82,13 +82,8 @@ def _text(value: bytes | str) -> str:
 
 
 def _id(value: bytes | str) -> str:
-    """An id as stored: bytes that are not UTF-8 become surrogate escapes (see _wire)."""
+    """An id as stored: bytes that are not UTF-8 become surrogate escapes (see keyed_calls.wire)."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-
-
-def _wire(message_id: str) -> bytes:
-    """An id as Redis stores it: an id read by _id goes back as the very same bytes."""
-    return message_id.encode("utf-8", "surrogateescape")
 
 
 def _shown(value: bytes | str) -> str:
@@ -389,7 +384,7 @@ class RedisStore:
     def lookup(self, key: str) -> StoredMessage | None:
         """The key's message (its waiting one, else the latest sent with it while still
         stored), or None when the key names nothing stored."""
-        message_id, *reply = self._run("lookup", [_wire(key)])
+        message_id, *reply = self._run("lookup", [wire(key)])
         return described(message_id, reply) if message_id else None
 
     def cancel_key(self, key: str) -> str | None:
@@ -423,7 +418,7 @@ class RedisStore:
         message in that state is removed.
         """
         mode = "delete" if include_in_flight_and_dead else "cancel"
-        return removed_state(self._run("remove", [_wire(message_id), mode, only_from or ""]))
+        return removed_state(self._run("remove", [wire(message_id), mode, only_from or ""]))
 
     # Consumers
 
@@ -638,7 +633,7 @@ class RedisStore:
         if not message_ids:
             return []
         requeued, _ = self._run(
-            "requeue", [self._channel, default_budget, *map(_wire, message_ids)]
+            "requeue", [self._channel, default_budget, *map(wire, message_ids)]
         )
         return [_id(message_id) for message_id in requeued]
 
@@ -646,7 +641,7 @@ class RedisStore:
         """Make pending messages due now."""
         if not message_ids:
             return []
-        promoted, _ = self._run("promote", [self._channel, *map(_wire, message_ids)])
+        promoted, _ = self._run("promote", [self._channel, *map(wire, message_ids)])
         return [_id(message_id) for message_id in promoted]
 
     def drop_garbage(
@@ -724,18 +719,18 @@ class RedisStore:
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
-        args = [_wire(message_id)] if preview_bytes is None else [_wire(message_id), preview_bytes]
+        args = [wire(message_id)] if preview_bytes is None else [wire(message_id), preview_bytes]
         return described(message_id, self._run("peek", args))
 
     def peek_payload(self, message_id: str) -> bytes | None:
         """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
         (only a foreign write stores them) stay those bytes, where peek shows them as
         escapes."""
-        payload = self._run("peek", [_wire(message_id)])[2]
+        payload = self._run("peek", [wire(message_id)])[2]
         if payload is None:
             return None
         body = split_keyed(_id(payload))[2]
-        return split_trace(_wire(body))[1]
+        return split_trace(wire(body))[1]
 
     def held(self, message_ids: Sequence[str]) -> set[str]:
         # Every message held, whatever its state, has its payload: ack, remove and the
@@ -745,7 +740,7 @@ class RedisStore:
         pipe: Any = self.client.pipeline(transaction=False)
         payloads = self.keys.key("payload")
         for message_id in message_ids:
-            pipe.hexists(payloads, _wire(message_id))
+            pipe.hexists(payloads, wire(message_id))
         found = pipe.execute()
         return {message_id for message_id, there in zip(message_ids, found, strict=True) if there}
 
@@ -755,7 +750,7 @@ class RedisStore:
         return self._read_schedules([])
 
     def read_schedule(self, name: str) -> ScheduleRecord | None:
-        _, records = self._read_schedules([_wire(name)])
+        _, records = self._read_schedules([wire(name)])
         return records[0] if records else None
 
     def _read_schedules(self, args: Sequence[Any]) -> ScheduleListing:
@@ -782,7 +777,7 @@ class RedisStore:
         start_ms: int = 0,
         tick: Tick | None = None,
     ) -> ScheduleReply:
-        args = [op, self._channel, _wire(name), fingerprint, definition, expect, start_ms]
+        args = [op, self._channel, wire(name), fingerprint, definition, expect, start_ms]
         args += [0, 0, ""] if tick is None else [tick.at_ms, tick.budget, tick.payload]
         status, cursor, tick_ms, previous, now, _ = self._run(
             "schedule", args, extra_keys=self.keys.schedule_keys
@@ -890,13 +885,13 @@ class RedisStore:
         ids = sorted(_id(member) for member in client.smembers(index))
         if not ids:
             return {}
-        keys = [_wire(self.keys.key(f"worker:{worker_id}")) for worker_id in ids]
+        keys = [wire(self.keys.key(f"worker:{worker_id}")) for worker_id in ids]
         live = {
             worker_id: _shown(value)
             for worker_id, value in zip(ids, client.mget(keys), strict=True)
             if value is not None
         }
-        gone = [_wire(worker_id) for worker_id in ids if worker_id not in live]
+        gone = [wire(worker_id) for worker_id in ids if worker_id not in live]
         if gone:
             client.srem(index, *gone)
         return live
@@ -907,12 +902,12 @@ def _text_dict(raw: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """``(id, ...)`` rows as one flat list of script arguments, ids as _wire sends them.
+    """``(id, ...)`` rows as one flat list of script arguments, ids as wire sends them.
     Checked first, as these are the verdicts' hot path: an ASCII id (str.isascii() reads
     a flag) goes as it is, and only a batch with another id pays for the encoding."""
     if all(row[0].isascii() for row in rows):
         return [value for row in rows for value in row]
-    return [value for row in rows for value in (_wire(row[0]), *row[1:])]
+    return [value for row in rows for value in (wire(row[0]), *row[1:])]
 
 
 def described(message_id: bytes | str, reply: Sequence[Any]) -> StoredMessage | None:
