@@ -632,9 +632,7 @@ class RedisStore:
         """Move dead letters back to pending, due now, with a fresh retry budget."""
         if not message_ids:
             return []
-        requeued, _ = self._run(
-            "requeue", [self._channel, default_budget, *map(wire, message_ids)]
-        )
+        requeued, _ = self._run("requeue", [self._channel, default_budget, *map(wire, message_ids)])
         return [_id(message_id) for message_id in requeued]
 
     def promote(self, message_ids: Sequence[str]) -> list[str]:
