@@ -19,9 +19,10 @@ from delayqueue_django.core.handlers import handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Exhausted, Fetched, Queue
+from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.core.registry import get_queue
 from delayqueue_django.exceptions import Postpone, Retry
-from delayqueue_django.schedules.api import ScheduleInfo, Schedules
+from delayqueue_django.schedules.api import Schedules
 
 __all__ = [
     "Exhausted",

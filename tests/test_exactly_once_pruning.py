@@ -12,6 +12,8 @@ import redis
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.message import Message
+from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.shards import SHARD_MARK, key_shard
 from delayqueue_django.models import OutboxMessage
 from delayqueue_django.outbox import exactly_once
 from delayqueue_django.outbox.exactly_once import prune_queues
@@ -69,6 +71,47 @@ def test_pruning_goes_on_past_records_whose_messages_the_queue_still_holds(
     assert get_queue().cancel(held[0])
     assert prune_queues(["default"]) + prune_queues(["default"]) == 1
     assert message_ids(database) == sorted(held[1:])
+
+
+def test_a_round_that_fails_leaves_the_cursor_past_the_last_statement_it_completed(
+    database: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a round took its queue's cursor on starting and put it back only on
+    finishing: a round that failed midway (a shard's Redis, the database) lost it, and the
+    next began at the oldest record again, reading again what the failed one had read."""
+    monkeypatch.setattr(exactly_once, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(exactly_once, "PRUNE_BATCHES_PER_ROUND", 2)
+    url = settings.DELAYQUEUES["default"]["URL"]
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": url,
+            "SHARDS": 2,
+            "EXACTLY_ONCE": database,
+            "EXACTLY_ONCE_RETENTION": 60,
+        }
+    }
+    queue = get_queue()
+    # Two messages the queue holds on shard 0 (their keys' shard), which stay; then the
+    # records of two messages of shard 1, and of one of shard 0, both long gone.
+    keys = [key for key in (f"k{n}" for n in range(20)) if key_shard(key, 2) == 0][:2]
+    held = [queue.send("x", key=key, delay=3600) for key in keys]
+    assert all(SHARD_MARK not in message_id for message_id in held)
+    gone = ["b1~2.1", "b2~2.1", "c"]
+    old = old_ms()
+    ProcessedMessage.objects.using(database).bulk_create(
+        ProcessedMessage(queue="default", message_id=message_id, processed_ms=old + position)
+        for position, message_id in enumerate(held + gone)
+    )
+    # Shard 1's payload hash made a string: the round's second statement fails there.
+    client = redis.Redis.from_url(url)
+    assert isinstance(queue.store, ShardedStore)
+    shard_payloads = queue.store.shard_for(gone[0]).keys.key("payload")
+    client.set(shard_payloads, "not a hash")
+    assert prune_queues(["default"]) == 0
+    client.delete(shard_payloads)
+    # The next round goes on at the statement that failed, and reaches the last record.
+    assert prune_queues(["default"]) == 3
+    assert message_ids(database) == sorted(held)
 
 
 def test_a_queue_whose_redis_fails_leaves_the_others_pruned(database: str, settings: Any) -> None:

@@ -9,7 +9,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, assert_type
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,8 +18,10 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.handlers import resolve
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue_schedules import QueueSchedules, ScheduleInfo
 from delayqueue_django.engine.records import parse_tick_id
 from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
+from delayqueue_django.schedules.api import Schedules
 from delayqueue_django.schedules.definition import RecentTicks, Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.testing import MemoryQueues, memory_queues
@@ -202,6 +204,21 @@ def test_a_due_tick_still_waiting_when_paused_fires_nothing(settings: Any) -> No
     assert handled == []
 
 
+def test_queue_schedules_is_typed_by_the_cores_protocol(settings: Any) -> None:
+    """Regression: ``Queue.schedules`` was typed Any, so mypy checked no call of it. The
+    core now types it by its protocol (apps.py plugging ``Schedules`` in is checked against
+    it), and the assert_type calls fail mypy should that be lost again."""
+    with on_memory(settings, datetime(2024, 5, 6, 12, tzinfo=UTC)):
+        schedules = get_queue().schedules
+        assert_type(schedules, QueueSchedules)
+        assert isinstance(schedules, Schedules)
+        info = assert_type(schedules.add("poll", every=60, payload=1), ScheduleInfo)
+        assert info.schedule is not None
+        assert assert_type(info.schedule.describe(), str) == "every 60 s"
+        assert assert_type(info.schedule.every_ms, int | None) == 60_000
+        assert assert_type(schedules.remove("poll"), bool)
+
+
 def test_a_resume_racing_a_change_writes_the_new_definitions_tick(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +226,7 @@ def test_a_resume_racing_a_change_writes_the_new_definitions_tick(
     with on_memory(settings, start):
         queue = get_queue()
         schedules = queue.schedules
+        assert isinstance(schedules, Schedules)  # (its _read is the wing's own)
         schedules.add("poll", every=60, payload="old")
         schedules.pause("poll")
         read = schedules._read

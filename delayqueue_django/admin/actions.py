@@ -3,6 +3,8 @@ deliver now, delete), on schedules (pause, resume, remove), on the queue's flow 
 resume, the rate limit), and purging dead letters."""
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -24,6 +26,19 @@ SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
 SCHEDULE_ACTIONS_DONE = {"pause": "paused", "resume": "resumed", "remove": "removed"}
 # The queue's flow actions (all need the change permission), and what each did.
 FLOW_ACTIONS = {"pause": "paused", "resume": "resumed", "rate": ""}
+
+
+@dataclass(frozen=True)
+class Done:
+    """What an action did: the line the user reads, and the log entry's fields after who did
+    it (each written as ``loggable`` makes it: an id or a name may come from a form)."""
+
+    said: str
+    logged: dict[str, str | int]
+
+
+class Refused(Exception):
+    """An action the admin does not take, in words for the user."""
 
 
 class Actions(ViewsBase):
@@ -54,24 +69,15 @@ class Actions(ViewsBase):
         if not ids:
             messages.warning(request, "No messages were selected.")
             return HttpResponseRedirect(back)
-        try:
+
+        def perform() -> Done:
             done = self._perform(queue, name, ids, state)
-        except RedisError as error:
-            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
-            return HttpResponseRedirect(back)
-        logger.info(
-            "admin action=%s queue=%s user=%s ids=%s done=%d",
-            name,
-            queue_name,
-            loggable(request.user.get_username()),
-            loggable(",".join(ids)),
-            done,
-        )
-        text = f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
-        if done < len(ids):
-            text += f" The others were no longer {state}."
-        messages.success(request, text)
-        return HttpResponseRedirect(back)
+            said = f"{label}: {done} of {len(ids)} message(s) in queue {queue_name!r}."
+            if done < len(ids):
+                said += f" The others were no longer {state}."
+            return Done(said, {"ids": ",".join(ids), "done": done})
+
+        return self._act(request, queue_name, name, back, perform)
 
     def _perform(self, queue: Queue, name: str, ids: list[str], state: str) -> int:
         if name == "requeue":
@@ -91,32 +97,25 @@ class Actions(ViewsBase):
             messages.error(request, "Choose a schedule to pause, resume or remove.")
             return HttpResponseRedirect(back)
         self._require(request, SCHEDULE_ACTIONS[action])
-        try:
+
+        def perform() -> Done:
             if action == "remove" and queue.schedules.get(name).unreadable is None:
-                messages.error(
-                    request,
+                raise Refused(
                     f"Schedule {name!r} of queue {queue_name!r} can be read: the admin removes "
-                    "only schedules whose definition cannot be read.",
+                    "only schedules whose definition cannot be read."
                 )
-                return HttpResponseRedirect(back)
             getattr(queue.schedules, action)(name)
-        except (UnknownSchedule, InvalidSchedule) as error:
-            messages.error(request, str(error))
-            return HttpResponseRedirect(back)
-        except RedisError as error:
-            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
-            return HttpResponseRedirect(back)
-        logger.info(
-            "admin action=schedule-%s queue=%s user=%s schedule=%s",
-            action,
+            said = f"Schedule {name!r} of queue {queue_name!r} {SCHEDULE_ACTIONS_DONE[action]}."
+            return Done(said, {"schedule": name})
+
+        return self._act(
+            request,
             queue_name,
-            loggable(request.user.get_username()),
-            loggable(name),
+            f"schedule-{action}",
+            back,
+            perform,
+            refusals=(UnknownSchedule, InvalidSchedule),
         )
-        messages.success(
-            request, f"Schedule {name!r} of queue {queue_name!r} {SCHEDULE_ACTIONS_DONE[action]}."
-        )
-        return HttpResponseRedirect(back)
 
     def flow_action(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         """Pause or resume the queue, or set its rate limit ("" back to the setting's);
@@ -130,29 +129,19 @@ class Actions(ViewsBase):
             return HttpResponseRedirect(back)
         self._require(request, "change")
         rate = request.POST.get("rate", "").strip()
-        try:
+
+        def perform() -> Done:
             if action == "rate":
                 queue.set_rate_limit(rate or None)
+                done = f"rate limit set to {rate}" if rate else "rate limit back to the setting's"
             else:
                 getattr(queue, action)()
-        except ValueError as error:
-            messages.error(request, str(error))
-            return HttpResponseRedirect(back)
-        except RedisError as error:
-            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
-            return HttpResponseRedirect(back)
-        logger.info(
-            "admin action=flow-%s queue=%s user=%s rate=%s",
-            action,
-            queue_name,
-            loggable(request.user.get_username()),
-            loggable(rate),
+                done = FLOW_ACTIONS[action]
+            return Done(f"Queue {queue_name!r}: {done}.", {"rate": rate})
+
+        return self._act(
+            request, queue_name, f"flow-{action}", back, perform, refusals=(ValueError,)
         )
-        done = FLOW_ACTIONS[action]
-        if action == "rate":
-            done = f"rate limit set to {rate}" if rate else "rate limit back to the setting's"
-        messages.success(request, f"Queue {queue_name!r}: {done}.")
-        return HttpResponseRedirect(back)
 
     def purge(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         self._require(request, "delete")
@@ -195,19 +184,40 @@ class Actions(ViewsBase):
                 request, "The form does not say which dead letters you saw. Reload the page."
             )
             return HttpResponseRedirect(self._url("purge", queue.name))
-        try:
+
+        def perform() -> Done:
             purged = queue.purge_garbage(buried_before_ms=shown_at)
+            said = f"Purged {purged} dead letter(s) from queue {queue.name!r}."
+            return Done(said, {"purged": purged})
+
+        back = self._url("detail", queue.name) + "?state=garbage"
+        return self._act(request, queue.name, "purge", back, perform)
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queue_name: str,
+        action: str,
+        back: str,
+        perform: Callable[[], Done],
+        refusals: tuple[type[Exception], ...] = (),
+    ) -> HttpResponseRedirect:
+        """Perform an action and go back to ``back``, telling the user what came of it: what
+        it did (and a log entry of who did it), or why it did nothing: a refusal (``Refused``
+        or one of the store's ``refusals``, in its own words) or a Redis it cannot reach."""
+        refused: tuple[type[Exception], ...] = (Refused, *refusals)
+        try:
+            done = perform()
+        except refused as error:
+            messages.error(request, str(error))
         except RedisError as error:
-            messages.error(request, f"Redis is unavailable for queue {queue.name!r}: {error}")
+            messages.error(request, f"Redis is unavailable for queue {queue_name!r}: {error}")
         else:
-            logger.info(
-                "admin action=purge queue=%s user=%s purged=%d",
-                queue.name,
-                loggable(request.user.get_username()),
-                purged,
-            )
-            messages.success(request, f"Purged {purged} dead letter(s) from queue {queue.name!r}.")
-        return HttpResponseRedirect(self._url("detail", queue.name) + "?state=garbage")
+            fields = " ".join(f"{key}={loggable(str(value))}" for key, value in done.logged.items())
+            user = loggable(request.user.get_username())
+            logger.info("admin action=%s queue=%s user=%s %s", action, queue_name, user, fields)
+            messages.success(request, done.said)
+        return HttpResponseRedirect(back)
 
 
 def _safe_next(request: HttpRequest, default: str) -> str:

@@ -5,6 +5,7 @@ name."""
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,7 +83,7 @@ def shard_table(shards: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
     }
 
 
-def call_arguments(args: list[Any], kwargs: dict[str, Any]) -> str:
+def call_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     shown = [json.dumps(arg) for arg in args]
     shown += [f"{key}={json.dumps(value)}" for key, value in kwargs.items()]
     text = ", ".join(shown)

@@ -19,6 +19,7 @@ from delayqueue_django.admin.message_search import SearchResult, search_messages
 from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
 from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.engine import STATES, StoredMessage, printable
 from delayqueue_django.monitoring.reports import (
     describe_running,
@@ -30,7 +31,6 @@ from delayqueue_django.monitoring.reports import (
     shard_reports,
     unreachable,
 )
-from delayqueue_django.schedules.api import ScheduleInfo
 from delayqueue_django.worker import heartbeat
 
 PREVIEW_BYTES = 300

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from delayqueue_django.core.message import Message
+from delayqueue_django.core.queue_schedules import QueueSchedules
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import QueueConfigurationError
 
@@ -171,16 +172,17 @@ def handler_transaction() -> HandlerTransaction:
     return _handler_transaction
 
 
-# Queue.schedules: the schedules wing's view of a queue.
-_schedules: Callable[[Any], Any] | None = None
+# Queue.schedules: the schedules wing's view of a queue (it takes the Queue, which this
+# module, imported by core.queue, cannot name).
+_schedules: Callable[[Any], QueueSchedules] | None = None
 
 
-def plug_schedules(view: Callable[[Any], Any]) -> None:
+def plug_schedules(view: Callable[[Any], QueueSchedules]) -> None:
     global _schedules
     _schedules = view
 
 
-def schedules_of(queue: Any) -> Any:
+def schedules_of(queue: Any) -> QueueSchedules:
     """The schedules wing's view of ``queue`` (``schedules.api.Schedules``)."""
     if _schedules is None:
         raise QueueConfigurationError(NOT_PLUGGED_IN.format(feature="schedules API"))

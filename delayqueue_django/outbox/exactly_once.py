@@ -117,8 +117,9 @@ class _Running:
 
 
 # Where each queue's pruning (by database alias and queue name) goes on at its next round:
-# the (processed_ms, id) of the last record the round before read, when it stopped short of
-# the end. Kept per process: every worker walks all the records in its own rounds.
+# the (processed_ms, id) of the last record read by the last statement that completed, when
+# that one stopped short of the end (also when the round failed after it). Kept per process:
+# every worker walks all the records in its own rounds.
 _prune_cursors: dict[tuple[str, str], tuple[int, int]] = {}
 
 # Set while call_once runs a handler, for raise_if_rolled_back and on_rollback.
@@ -339,7 +340,8 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
     store per statement tells which are.
 
     Those kept may be many (dead letters kept for good): a round goes on from where the
-    last one stopped (``_prune_cursors``), so each in turn reads the next of them, and
+    last one stopped (``_prune_cursors``; a failed one, after its last statement that
+    completed), so each in turn reads the next of them, and
     after the newest ones the oldest again. A round that reaches the end with statements
     to spare goes on from the oldest, so the records behind a cursor wait no round more.
     """
@@ -348,7 +350,8 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
 
     cutoff = time.time_ns() // 1_000_000 - retention_ms
     records = ProcessedMessage.objects.using(using)
-    after = _prune_cursors.pop((using, queue), None)
+    cursor_key = (using, queue)
+    after = _prune_cursors.get(cursor_key)
     # From the cursor to the end, then from the oldest: two ends at the most.
     ends_left = 1 if after is None else 2
     deleted = 0
@@ -372,13 +375,17 @@ def prune(queue: str, using: str, retention_ms: int) -> int:
                 deleted += len(gone)
         if len(old) == PRUNE_BATCH:
             after = (old[-1][2], old[-1][0])
-            continue
-        after = None
-        ends_left -= 1
+        else:
+            after = None
+            ends_left -= 1
+        # Kept at once, not at the round's end: a round that fails at a later statement (a
+        # shard's Redis, the database) leaves the next to go on past this one.
+        if after is None:
+            _prune_cursors.pop(cursor_key, None)
+        else:
+            _prune_cursors[cursor_key] = after
         if not ends_left:
             break
-    if after is not None:
-        _prune_cursors[(using, queue)] = after
     return deleted
 
 

@@ -9,13 +9,13 @@ at once (and every worker reads all schedules every 30 seconds).
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.engine.records import ScheduleRecord, ScheduleReply, Tick, tick_id
 from delayqueue_django.exceptions import InvalidSchedule, UnknownSchedule
 from delayqueue_django.schedules.definition import (
@@ -27,34 +27,6 @@ from delayqueue_django.schedules.definition import (
     build,
 )
 from delayqueue_django.schedules.runner import tick_payload
-
-
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """A schedule and where it stands (times on the store's clock, UTC)."""
-
-    name: str
-    # None when its stored definition cannot be read (see unreadable).
-    schedule: Schedule | None
-    paused: bool
-    # The next tick to fire (None while paused), its message's id once it is written, and
-    # the last tick that fell due (None if none did since it was defined).
-    next_run: datetime | None
-    next_id: str | None
-    last_run: datetime | None
-    # Why a worker cannot write its ticks (its task's queue has no Tasks backend, say), and
-    # since when; None while it fires. Cleared once a tick of it is written, or it is changed.
-    failure: str | None = None
-    failing_since: datetime | None = None
-    # Why its stored definition cannot be read (written by hand or by another program),
-    # None when it can. Such a schedule fires nothing: remove it, and add it again.
-    unreadable: str | None = None
-
-    @property
-    def source(self) -> str | None:
-        """ "settings" (declared in SCHEDULES) or "api" (added at run time); None when its
-        definition cannot be read."""
-        return None if self.schedule is None else self.schedule.source
 
 
 def _as_datetime(ms: int | None) -> datetime | None:
@@ -97,10 +69,10 @@ class Schedules:
         (Settings' schedules are stored when a worker starts.) One whose stored definition
         cannot be read is listed too, with ``unreadable`` saying why."""
         now, records = self.queue.store.read_schedules()
-        return [info for record in records if (info := self._info(record, now)) is not None]
+        return [found[1] for record in records if (found := self._info(record, now)) is not None]
 
     def get(self, name: str) -> ScheduleInfo:
-        return self._find(name)[2]
+        return self._find(name)[3]
 
     def add(
         self,
@@ -235,32 +207,38 @@ class Schedules:
         payload = tick_payload(schedule, self.queue.name, at, now)
         return Tick(at, self.queue.config.retry_count, payload)
 
-    def _find(self, name: str) -> tuple[int, ScheduleRecord, ScheduleInfo]:
+    def _find(self, name: str) -> tuple[int, ScheduleRecord, Schedule | None, ScheduleInfo]:
         now, records = self.queue.store.read_schedules()
         for record in records:
-            info = self._info(record, now) if record.name == name else None
-            if info is not None:
-                return now, record, info
+            found = self._info(record, now) if record.name == name else None
+            if found is not None:
+                return now, record, *found
         raise UnknownSchedule(f"queue {self.queue.name!r} has no schedule named {name!r}")
 
     def _read(self, name: str) -> tuple[int, ScheduleRecord, Schedule]:
         """The schedule to act on; InvalidSchedule if its definition cannot be read."""
-        now, record, info = self._find(name)
-        if info.schedule is None:
+        now, record, schedule, info = self._find(name)
+        if schedule is None:
             raise InvalidSchedule(f"{info.unreadable}; remove() it, then add() it again")
-        return now, record, info.schedule
+        return now, record, schedule
 
-    def _info(self, record: ScheduleRecord, now: int) -> ScheduleInfo | None:
-        """Where the schedule of ``record`` stands; None if it is none: a record of ticks
-        left without its definition, or a readable definition without its record of ticks
-        (damage a worker repairs as it reads it)."""
+    def _info(
+        self, record: ScheduleRecord, now: int
+    ) -> tuple[Schedule | None, ScheduleInfo] | None:
+        """The definition of the schedule of ``record`` (None if it cannot be read) and
+        where the schedule stands; None if it is none: a record of ticks left without its
+        definition, or a readable definition without its record of ticks (damage a worker
+        repairs as it reads it). (The definition comes apart from the info, which the core
+        types by what users read of a definition, for the calls that act on it.)"""
         if record.definition is None:
             return None
         try:
             schedule = Schedule.from_json(record.name, record.definition)
         except InvalidSchedule as error:
-            return describe(record, None, now, unreadable=str(error))
-        return None if record.fingerprint is None else describe(record, schedule, now)
+            return None, describe(record, None, now, unreadable=str(error))
+        if record.fingerprint is None:
+            return None
+        return schedule, describe(record, schedule, now)
 
     def _expect(self, reply: ScheduleReply, name: str) -> None:
         if reply.status == "missing":

@@ -15,6 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayqueue_django.core import connections, features, stores
 from delayqueue_django.core.key_options import check_key
 from delayqueue_django.core.queue_config import QueueConfig
+from delayqueue_django.core.queue_schedules import QueueSchedules
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.errors import QueueTimedOut, QueueUnavailable
@@ -138,7 +139,7 @@ class QueueBase:
         )
 
     @property
-    def schedules(self) -> Any:
+    def schedules(self) -> QueueSchedules:
         """The queue's recurring messages: list, add, change, pause, resume, remove (a
-        ``delayqueue_django.schedules.api.Schedules``, which the schedules wing plugs in)."""
+        ``delayqueue_django.Schedules``, which the schedules wing plugs in)."""
         return features.schedules_of(self)
