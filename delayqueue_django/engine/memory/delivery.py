@@ -417,6 +417,7 @@ class MemoryDelivery(MemoryStoreBase):
                         claimed_until,
                         key,
                         reason=state.dead_reasons.get(message_id, ""),
+                        group=groups.group_of(state, message_id),
                     )
                 )
             return claims
