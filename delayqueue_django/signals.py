@@ -2,7 +2,7 @@
 name) and ``message``; a receiver that raises is logged and never breaks the worker.
 
 - ``message_acked``: after the ack is committed in Redis. ``message`` is the
-  ``delayqueue_django.Message`` that was handled (its ``key`` too).
+  ``delayqueue_django.Message`` that was handled (its ``key`` and ``group`` too).
 - ``message_nacked``: after a refusal is committed; also ``error`` (the exception the handler
   raised, or None when it returned False), ``retry_at_ms`` (when the retry is due, on the
   Redis clock, or None when the message was buried or superseded) and ``superseded`` (True
@@ -12,7 +12,7 @@ name) and ``message``; a receiver that raises is logged and never breaks the wor
   often" when this refusal dead-lettered it for that reason, else "").
 - ``message_exhausted``: at least once for every message whose retries are used up, even if
   a worker died in between (another worker announces it). ``message`` has ``id``, ``queue``,
-  ``payload``, ``attempt``, ``key`` and ``reason`` ("" when its retries ran out or it was
+  ``payload``, ``attempt``, ``key``, ``group`` and ``reason`` ("" when its retries ran out or it was
   rejected, "postponed too often" when a handler postponed it more than MAX_POSTPONES
   times).
 - ``message_expired``: at least once for every message dead-lettered because its expiry

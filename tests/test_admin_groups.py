@@ -55,3 +55,16 @@ def test_the_message_page_shows_the_group_escaped() -> None:
 def test_the_message_page_of_a_message_without_group_shows_none() -> None:
     message_id = get_queue().send({"plain": True}, delay=600)
     assert group_cell(message_page(message_id)) == "—"
+
+
+def test_the_message_page_of_a_keyed_grouped_message_shows_both() -> None:
+    queue = get_queue()
+    holder = queue.send({"n": 1}, group="g")
+    parked = queue.send({"n": 2}, key="order:42", group="g")
+    [delivery] = fetch_when_due(queue, 10)
+    assert delivery.id == holder
+    page = message_page(parked)
+    assert group_cell(page) == "g"
+    key = re.search(r'<td class="dq-key">(.*?)</td>', page, re.S)
+    assert key is not None
+    assert html.unescape(key.group(1)) == "order:42"

@@ -13,12 +13,12 @@ import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing
 from delayqueue_django.core.group_options import GROUP_MAX_BYTES
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import BURY
+from delayqueue_django.engine import BURY, NewMessage
 from delayqueue_django.engine.shards import key_shard, shard_of
 from delayqueue_django.exceptions import ConflictingOptions, InvalidGroup
 from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
-from tests.backends import REDIS_BACKENDS
+from tests.backends import REDIS_BACKENDS, one_shard
 from tests.helpers import redis_store
 
 LATER = 60  # seconds: a message that stays pending for the whole test
@@ -63,12 +63,52 @@ def test_the_longest_group_is_taken(queue: Queue) -> None:
     assert group_of(queue, message_id) == group
 
 
-def test_a_key_and_a_group_together_are_refused(queue: Queue) -> None:
-    with pytest.raises(ConflictingOptions, match="a key or a group, not both"):
+@one_shard
+def test_a_key_and_a_group_together_are_taken(queue: Queue) -> None:
+    first = queue.send({"n": 1}, key="k", group="g")
+    second, third = queue.send_many(
+        [Outgoing({"n": 2}, group="g"), Outgoing({"n": 3}, key="k", if_exists="replace")]
+    )
+    assert third == first  # the key's waiting message, replaced (and taken out of group g)
+    found = queue.lookup("k")
+    assert found is not None
+    assert (found.id, found.group) == (first, None)
+    assert group_of(queue, second) == "g"
+    assert queue.cancel(key="k")
+
+
+@one_shard
+def test_a_keyed_replace_moves_its_message_to_the_group_it_names(queue: Queue) -> None:
+    holder = queue.send({"n": 1}, group="a")
+    keyed = queue.send({"n": 2}, key="k", group="a")
+    assert handed_out(queue) == [holder]
+    assert queue.send({"n": 3}, key="k", if_exists="replace", group="b") == keyed
+    assert group_of(queue, keyed) == "b"
+    assert handed_out(queue) == [keyed]
+
+
+@pytest.mark.parametrize("backend_url", ["sharded-memory"], indirect=True)
+def test_a_sharded_queue_refuses_a_key_with_a_group(queue: Queue) -> None:
+    with pytest.raises(ConflictingOptions, match="has a key or a group, not both"):
         queue.send("x", key="k", group="g")
+    with pytest.raises(ConflictingOptions, match="SHARDS=4"):
+        queue.send_many(["ok", Outgoing("x", key="k", group="g")])
     with pytest.raises(ConflictingOptions):
-        queue.send_many([Outgoing("x", key="k", group="g")])
+        queue.send("x", key="k", group="g", outbox=True)
     assert queue.stats()["pending"] == 0
+    # Either alone is taken, each on its shard.
+    assert queue.lookup("k") is None
+    keyed, grouped = queue.send("x", key="k"), queue.send("y", group="g")
+    layout = queue.config.shards
+    assert shard_of(keyed)[1] == key_shard("k", layout)
+    assert shard_of(grouped)[1] == key_shard("g", layout)
+
+
+@pytest.mark.parametrize("backend_url", ["sharded-memory"], indirect=True)
+def test_a_sharded_store_refuses_a_keyed_grouped_message(queue: Queue) -> None:
+    message = NewMessage("m", "{}", 2, key="k", group="g")
+    with pytest.raises(ValueError, match="a key and a group"):
+        queue.store.send_keyed([message])
 
 
 def test_send_and_send_many_order_a_group(queue: Queue) -> None:
@@ -150,3 +190,15 @@ def test_on_redis_a_drained_group_leaves_nothing_but_its_counter(queue: Queue) -
     queue.purge_garbage()
     assert store.client.hgetall(names.key("group_of")) == {b"": b"3"}
     assert store.client.exists(names.key("group_busy"), names.key("group:g")) == 0
+
+
+def test_the_outbox_relays_a_keyed_message_into_its_group(database: str) -> None:
+    queue = delayqueue.get_queue()
+    holder = queue.send({"n": 0}, group="g")
+    with transaction.atomic(using=database):
+        keyed = queue.send({"n": 1}, key="k", group="g", outbox=True, using=database)
+        queue.send({"n": 2}, key="k", if_exists="replace", group="h", outbox=True, using=database)
+    OutboxRelay([queue], databases=[database]).drain()
+    # Relayed in commit order: created in group g, then replaced into group h.
+    assert group_of(queue, keyed) == "h"
+    assert sorted(handed_out(queue)) == sorted([holder, keyed])

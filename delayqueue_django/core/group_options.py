@@ -9,11 +9,9 @@ from delayqueue_django.exceptions import ConflictingOptions, InvalidGroup
 GROUP_MAX_BYTES = 256
 
 
-def check_group(group: Any, key: str | None) -> str | None:
+def check_group(group: Any) -> str | None:
     """The group (None: none), or InvalidGroup saying why it cannot be one: a str of 1 to
-    GROUP_MAX_BYTES bytes in UTF-8 (any characters, but lone surrogates). A message with
-    a key cannot have a group (ConflictingOptions): a replace would move a message of one
-    group in the order of another, and a superseded one would leave its group's order."""
+    GROUP_MAX_BYTES bytes in UTF-8 (any characters, but lone surrogates)."""
     if group is None:
         return None
     if not isinstance(group, str):
@@ -29,9 +27,18 @@ def check_group(group: Any, key: str | None) -> str | None:
         ) from None
     if size > GROUP_MAX_BYTES:
         raise InvalidGroup(f"group is {size} bytes in UTF-8; a group is at most {GROUP_MAX_BYTES}")
-    if key is not None:
-        raise ConflictingOptions(
-            "a message has a key or a group, not both: a keyed message may be replaced or "
-            "superseded, which an ordered group's sequence cannot follow"
-        )
     return group
+
+
+def check_key_and_group(queue: str, shards: int) -> None:
+    """A message with both a key and a group, on a queue of ``shards`` shards: refused
+    (ConflictingOptions) on more than one. A group lives on its group's shard, so that one
+    shard orders it; a key is found on its key's shard (lookup, cancel and reschedule by
+    key, and the send that keeps or replaces its message go there), which is another one
+    for most pairs of key and group."""
+    if shards > 1:
+        raise ConflictingOptions(
+            f"queue {queue!r} has SHARDS={shards}: a message there has a key or a group, not "
+            "both. A group's messages live on its group's shard and a key's on its key's, "
+            "which differ; keep keyed grouped messages on a queue of one shard"
+        )

@@ -36,6 +36,8 @@ class Message:
     generation: int = 0
     """Which content of a keyed message this is: the queue's clock (ms) when it was sent or
     last replaced, so a replaced message tells its new content from the old; 0 unkeyed."""
+    group: str | None = None
+    """The ordered group it was sent with (``send(group=...)``), or None."""
     tracked: bool = field(default=True, repr=False, compare=False)
     """Whether the queue had expiries, postpone counts or ordered groups when this was
     fetched, so that its ack must clean them up (see Queue.ack); True when not known."""

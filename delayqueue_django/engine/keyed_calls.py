@@ -28,13 +28,17 @@ def send_keyed_calls(
     for start in range(0, len(messages), batch_size):
         chunk = messages[start : start + batch_size]
         args: list[Any] = [channel, len(chunk)]
-        for message in chunk:
+        grouped: list[Any] = []
+        for index, message in enumerate(chunk, start=1):
             if message.key is None:
                 raise ValueError(f"send_keyed was given message {message.id!r} without a key")
             at = "" if message.at_ms is None else message.at_ms
             args += [wire(message.id), at, message.delay_us, message.budget, message.payload]
             args += [wire(message.key), message.if_exists, message.unique_ms]
-        yield chunk, args + expiry_args(chunk)
+            if message.group is not None:
+                grouped += [index, wire(message.group)]
+        # The groups' count and pairs, then the expiries (see send_keyed.lua).
+        yield chunk, [*args, len(grouped) // 2, *grouped, *expiry_args(chunk)]
 
 
 def keyed_sent(flat: Sequence[Any]) -> list[KeyedSent]:

@@ -149,6 +149,8 @@ class Delivery:
     # The user's key and the message's generation (engine/keyed.py); None and 0 unkeyed.
     key: str | None = None
     generation: int = 0
+    # Its ordered group (see "Ordered groups" in _prelude.lua); None for none.
+    group: str | None = None
     # False when the fetch found no expiry, postpone count nor ordered group in the queue:
     # its ack need not look for them ("untracked" in ack.lua). True when not known.
     tracked: bool = True
@@ -201,6 +203,8 @@ class ExhaustedClaim:
     key: str | None = None
     # Why it died: "" (retries used up, or rejected), EXPIRED or POSTPONED_TOO_OFTEN.
     reason: str = ""
+    # Its ordered group (None: none).
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

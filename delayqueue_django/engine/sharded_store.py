@@ -239,6 +239,12 @@ class ShardedStore(ShardFetching, ShardReads):
         for message in messages:
             if message.key is None:
                 raise ValueError(f"send_keyed: message {message.id!r} has no key")
+            if message.group is not None and self.layout > 1:
+                # Its key's shard is not its group's (Queue refuses it: check_key_and_group).
+                raise ValueError(
+                    f"send_keyed: message {message.id!r} has a key and a group, which a "
+                    f"layout of {self.layout} shards cannot keep on one shard"
+                )
             named = shard_of(message.id)
             # An id of shard 0 names no layout in particular (shard 0 is every layout's).
             layout = self.layout if named == (1, 0) else named[0]

@@ -429,7 +429,7 @@ class RedisStore:
         the repeat hands out again what that fetch took (see fetch.lua)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, next_ms, expired, flat, owed, now_us, tracked, _ = self._run(
+        now, next_ms, expired, flat, owed, now_us, tracked, groups, _ = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
@@ -444,11 +444,13 @@ class RedisStore:
         deliveries = []
         is_tracked = bool(tracked)
         for i in range(0, len(flat), 6):
-            key, generation = None, 0
+            key, generation, group = None, 0, None
             try:
                 message_id, payload, unreadable = _text(flat[i]), _text(flat[i + 1]), ""
                 if payload[:1] == KEY_MARK:  # (a plain payload pays this test only)
                     key, generation, payload = split_keyed(payload)
+                if groups and groups[i // 6]:  # (empty unless the queue has had groups)
+                    group = _text(groups[i // 6])
             except UnicodeDecodeError as error:
                 message_id, payload = _id(flat[i]), _shown(flat[i + 1])
                 unreadable = f"its id or payload is not UTF-8 text ({error})"
@@ -465,6 +467,7 @@ class RedisStore:
                     unreadable,
                     key,
                     generation,
+                    group,
                     is_tracked,
                 )
             )
@@ -579,7 +582,7 @@ class RedisStore:
         """Claim exhausted messages whose announcement is owed (see confirm_exhausted)."""
         flat, _ = self._run("claim_exhausted", [count, claim_ms])
         claims = []
-        for i in range(0, len(flat), 5):
+        for i in range(0, len(flat), 6):
             key, payload = None, _payload_text(flat[i + 1])
             if payload is not None:
                 key, _, payload = split_keyed(payload)
@@ -591,6 +594,7 @@ class RedisStore:
                     int(flat[i + 3]),
                     key,
                     reason=_shown(flat[i + 4]),
+                    group=_optional_shown(flat[i + 5]),
                 )
             )
         return claims

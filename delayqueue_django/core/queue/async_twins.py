@@ -53,7 +53,7 @@ class QueueAsync(QueueProducing, QueueOperating):
             using=using,
             outbox=outbox,
             keyed=key_fields(key, if_exists, unique_for),
-            group=check_group(group, key),
+            group=check_group(group),
         )
         return ids[0]
 

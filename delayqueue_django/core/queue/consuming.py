@@ -59,6 +59,8 @@ class Exhausted:
     reason: str = ""
     """Why it died: "" (its retries ran out, or it was rejected), "expired" (announced with
     ``message_expired``) or "postponed too often"."""
+    group: str | None = None
+    """The ordered group it was sent with, or None."""
 
 
 def _payload_of(delivery: Delivery) -> Any:
@@ -125,6 +127,7 @@ class QueueConsuming(QueueBase):
                     traceparent,
                     delivery.key,
                     delivery.generation,
+                    delivery.group,
                     delivery.tracked,
                 )
             )
@@ -258,6 +261,7 @@ class QueueConsuming(QueueBase):
                     claim.claimed_until_ms,
                     claim.key,
                     claim.reason,
+                    claim.group,
                 )
             )
         return exhausted

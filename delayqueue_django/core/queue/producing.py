@@ -11,7 +11,7 @@ from django.db import transaction
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
 from delayqueue_django.core.expiry import expiry_spec
-from delayqueue_django.core.group_options import check_group
+from delayqueue_django.core.group_options import check_group, check_key_and_group
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
 from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
@@ -77,8 +77,12 @@ class QueueProducing(QueueBase):
         at a time, in due-time order (equal due times in send order), each only once the one
         before is acked or dead-lettered. A failing message holds its group through its
         retries, as in SQS FIFO: the next waits until it succeeds or is dead-lettered.
-        Other groups and ungrouped messages are never held up. A message has a key or a
-        group, not both (ConflictingOptions); a bad group raises InvalidGroup.
+        Other groups and ungrouped messages are never held up. A bad group raises
+        InvalidGroup. With a key too, the message joins its group as any send does; a
+        replace gives the key's waiting message this group (leaving the one it had, which
+        passes on if it held it) and a place by its new due time, as the latest send; a
+        keyed message superseded while it held its group passes the group on. A queue of
+        more than one shard refuses a key with a group (ConflictingOptions).
         ``expires`` (seconds or a timedelta counted from the send on Redis's clock, as a
         delay is, or a datetime; default: the queue's EXPIRES, counted from the due time):
         a message not handed out by then is never handed out. It is dead-lettered with the
@@ -97,7 +101,7 @@ class QueueProducing(QueueBase):
             using=using,
             outbox=outbox,
             keyed=key_fields(key, if_exists, unique_for),
-            group=check_group(group, key),
+            group=check_group(group),
         )[0]
 
     def send_many(
@@ -264,7 +268,7 @@ class QueueProducing(QueueBase):
                 timing = self._timing(item.delay, item.at, item.retry_count, item.expires)
                 payload = item.payload
                 key, if_exists, unique_ms = key_fields(item.key, item.if_exists, item.unique_for)
-                item_group = check_group(item.group, key)
+                item_group = check_group(item.group)
             else:
                 if shared is None:
                     shared = self._timing(delay, at, retry_count, expires)
@@ -280,7 +284,9 @@ class QueueProducing(QueueBase):
                 continue
             # A keyed or grouped message lives on its key's or group's shard, where they are
             # decided: its id says so from the start, as an on_commit or outbox send returns
-            # it at once. (A message has a key or a group, not both: check_group.)
+            # it at once. (A message with both is on a queue of one shard: there is no choice.)
+            if key is not None and item_group is not None:
+                check_key_and_group(name, layout)
             placed_by = key if key is not None else item_group
             if placed_by is not None:
                 message_id = with_shard(message_id, layout, key_shard(placed_by, layout))

@@ -644,8 +644,11 @@ local function settle_keys(ids, stored, moved)
   return superseded
 end
 
--- Superseded messages leave the queue (payload and meta record), counted as such.
+-- Superseded messages leave the queue (payload and meta record), counted as such. One
+-- that held its ordered group (it was in flight: only a holder is handed out) passes it
+-- on, so that the group's next message, perhaps the newer one of its key, runs.
 local function remove_superseded(ids)
+  release_groups(ids, true)
   call_chunked('HDEL', payloads, ids)
   call_chunked('HDEL', metas, ids)
   forget_flow(ids)
@@ -664,10 +667,13 @@ local function forget_keys(ids, stored)
   end
 end
 
+-- Defined with the ordered groups below: a keyed send's messages join (or leave) theirs.
+local regroup
+
 -- Keyed sends, decided and written (send_keyed.lua, and relay.lua's keyed rows): `items`,
--- in order, each {id, key, mode, due, budget, payload, unique_ms} as send_keyed.lua's
--- header describes them (`due` already worked out: ms, not in the past). Each is decided
--- seeing the earlier ones' effect:
+-- in order, each {id, key, mode, due, budget, payload, unique_ms, group} as send_keyed.lua's
+-- header describes them (`due` already worked out: ms, not in the past; `group` nil for
+-- none). Each is decided seeing the earlier ones' effect:
 --   1. its id is stored with this key: a replay of a send whose reply was lost; nothing
 --      written, outcome created (with another key, or none: refused as send refuses it);
 --   2. else the key's message waits: keep leaves it; replace gives it this payload, due
@@ -678,6 +684,8 @@ end
 --   4. else a new message with the key, which becomes the key's message; with unique_ms a
 --      hold on the key starts, until now + unique_ms (only here: a kept, held or replaced
 --      send never extends one).
+-- A created message joins its item's ordered group, if any, as a new send does; a replaced
+-- one leaves the group it had and joins its item's (see regroup), a kept one keeps its own.
 -- A message's generation is the server's ms when it was created or last replaced (a
 -- replace within the same ms adds 1), stored with its key at the start of its body.
 -- Returns {id, code, due_ms, ...} (per item: the id the key names, code 1 created, 2 kept,
@@ -763,6 +771,7 @@ local function send_keys(items, now)
         end
         entry.key, entry.generation = key, math.max(now, entry.generation + 1)
         entry.due, entry.budget, entry.payload = item.due, item.budget, item.payload
+        entry.group = item.group
         answer(holder, 3, entry.due)
       else
         answer(holder, 2, due_if_waiting(holder))
@@ -779,7 +788,8 @@ local function send_keys(items, now)
         answer(hold, 4, due_if_waiting(hold))
       else
         fresh[id] = {key = key, generation = now, due = item.due, budget = item.budget,
-          payload = item.payload, created = true, unique_ms = item.unique_ms}
+          payload = item.payload, created = true, unique_ms = item.unique_ms,
+          group = item.group}
         table.insert(order, id)
         pointer[key] = id
         if item.unique_ms > 0 then
@@ -793,8 +803,16 @@ local function send_keys(items, now)
   -- Then the writes: each message in one ZADD and one HSET, the key index in one HSET.
   local earliest = nil
   local scored, bodies, records, index = {}, {}, {}, {'', '1'}
+  local leaving, joining = {}, {}
   for _, id in ipairs(order) do
     local entry = fresh[id]
+    if not entry.created then
+      table.insert(leaving, id)
+    end
+    if entry.group then
+      table.insert(joining, id)
+      table.insert(joining, entry.group)
+    end
     if entry.staged and call('LREM', ready, 1, id) == 0 then
       call('LREM', retry, 1, id)
     end
@@ -824,6 +842,7 @@ local function send_keys(items, now)
   if #index > 2 then
     call_chunked('HSET', key_index, index)
   end
+  regroup(leaving, joining)
   return outcomes, earliest
 end
 
@@ -969,6 +988,25 @@ local function unpark(id)
   if group then
     call('ZREM', prefix .. group, parked_member(seq, id))
   end
+end
+
+-- Keyed sends (send_keys): the waiting messages a replace rewrote (`leaving`) leave the
+-- group they had: a parked one leaves its group's zset, a holder passes its group on. Then
+-- the created and replaced ones with a group (`joining`, {id, group, ...} in send order)
+-- join it as any grouped send does, numbered after every earlier one: a replace is the
+-- latest send of its key, so among equal due times it goes after those sent before it,
+-- and its place follows its new due time. (It waits in pending, not parked: a fetch parks
+-- it once due if its group is held. Its due time is never before now, and every parked
+-- message's is, so it could not have gone before them anyway.) A replace within the same
+-- group leaves and joins it again, as one that names another group or none.
+function regroup(leaving, joining)  -- (the local declared before send_keys)
+  if #leaving > 0 and groups_used() then
+    for _, id in ipairs(leaving) do
+      unpark(id)
+    end
+    release_groups(leaving, true)
+  end
+  record_groups(joining)
 end
 
 -- fetch's gate: of the due pending ids about to be staged, in order, those that may go (no

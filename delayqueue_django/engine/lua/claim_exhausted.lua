@@ -15,7 +15,8 @@
   Returns {claims, warnings}; claims is a flat list: id, payload (false if lost),
   attempt, claimed_until (the token), reason (why it died: "" when its retries ran out or
   it was rejected, else its dead reason, such as "expired"; see "Expiry and postpones" in
-  the prelude), for each claimed message.
+  the prelude), group (its ordered group, false for none: a dead letter keeps its entry),
+  for each claimed message.
 ]]
 
 local count, claim_ms = tonumber(args[1]), tonumber(args[2])
@@ -23,6 +24,7 @@ local now = now_ms()
 local claimed_until = int(now + claim_ms)
 local claims = {}
 local ids = call('ZRANGE', exhausted, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, count)
+local group_of = #ids > 0 and groups_used() and group_names()
 for _, id in ipairs(ids) do
   call('ZADD', exhausted, 'XX', claimed_until, id)
   local _, attempt = read_meta(id)
@@ -37,5 +39,7 @@ for _, id in ipairs(ids) do
   table.insert(claims, attempt or 0)
   table.insert(claims, claimed_until)
   table.insert(claims, call('HGET', dead_reasons, id) or '')
+  local _, group = split_group(group_of and call('HGET', group_of, id))
+  table.insert(claims, group or false)
 end
 return {claims, warnings}

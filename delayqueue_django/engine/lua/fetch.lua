@@ -36,7 +36,7 @@
   ARGV[6]  the RATE_LIMIT setting, "<limit>:<period ms>", or "" for none (flow gates)
   ARGV[7]  the MAX_IN_FLIGHT setting, 0 for none (flow gates)
 
-  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -50,6 +50,8 @@
     tracked     1 if the queue has expiries, postpone counts or ordered groups (see
                 "Expiry and postpones" and "Ordered groups" in the prelude): acks of these
                 deliveries must clean them up or pass the groups on
+    groups      on a queue that has had ordered groups, each delivery's group, in order
+                (false for none); else empty, so that other queues pay nothing for it
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -388,8 +390,22 @@ end
 
 -- Whether what this call hands out may have an expiry, a postpone count or an ordered
 -- group, which its ack must then clean up or pass on (see ack.lua's "untracked").
-local tracked = 0
-if handed > 0 and not options_unused() and (is_expiring() or groups_used()) then
-  tracked = 1
+local tracked, groups = 0, {}
+if handed > 0 and not options_unused() then
+  if groups_used() then
+    -- Each delivery's group, for the handler (Message.group).
+    tracked = 1
+    local ids = {}
+    for i = 0, handed - 1 do
+      ids[i + 1] = deliveries[6 * i + 1]
+    end
+    local group_of = group_names()
+    for i, entry in ipairs(gather('HMGET', group_of, ids)) do
+      local _, group = split_group(entry)
+      groups[i] = group or false
+    end
+  elseif is_expiring() then
+    tracked = 1
+  end
 end
-return {now, next_ms, expired, deliveries, owed, now_us, tracked, warnings}
+return {now, next_ms, expired, deliveries, owed, now_us, tracked, groups, warnings}

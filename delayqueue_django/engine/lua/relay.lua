@@ -26,7 +26,8 @@
     if_exists  a keyed message's: keep or replace (error is refused at the send: a relay
                has no caller to raise it to)
     unique_ms  a keyed message's hold, as send_keyed's (0: none)
-    group      an unkeyed message's ordered group (see the prelude), or "" for none
+    group      the message's ordered group (see the prelude), or "" for none; a keyed
+               one's as send_keyed's (see regroup in the prelude)
   then the f ids to forget (their outbox rows are deleted for good);
   then, optionally, the messages' expiries, as send's (see send.lua): never refused, as a
   relay has no caller to refuse to; a message relayed at or after its expiry is
@@ -94,7 +95,8 @@ for i = 0, n - 1 do
     taken[id] = true
     table.insert(keyed, {id = id, key = key, mode = args[base + 5],
       due = math.max(tonumber(args[base + 1]), now), budget = tonumber(args[base + 2]),
-      payload = args[base + 3], unique_ms = tonumber(args[base + 6])})
+      payload = args[base + 3], unique_ms = tonumber(args[base + 6]),
+      group = args[base + 7] ~= '' and args[base + 7] or nil})
     table.insert(keyed_at, i + 1)
   else
     taken[id] = true
@@ -142,6 +144,7 @@ if #keyed > 0 then
 end
 call_chunked('ZADD', pending, scored)
 call_chunked('HSET', payloads, stored_payloads)
+-- (After send_keys: a call's keyed grouped messages are numbered before its unkeyed ones.)
 record_groups(grouped)
 call_chunked('ZADD', relayed, notes)
 call_chunked('ZADD', expiries, expiry_scored)

@@ -16,6 +16,9 @@
     key         the key: 1 to 256 bytes, any characters
     if_exists   what to do when the key's message waits: keep, replace or error
     unique_ms   how long the key stays held after this send creates a message (0: not)
+  then m, the number of grouped messages among them, and m pairs: index (1-based, in the
+  batch), group (see "Ordered groups" in the prelude): a message created joins its group,
+  one replaced leaves the group it had and joins this one (see regroup in the prelude)
   then, optionally, the batch's expiries, as send's (see send.lua): a message created or
   replaced gets its expiry, or loses the one it had (a replace without one)
 
@@ -50,7 +53,12 @@ for i = 1, n do
     unique_ms = tonumber(args[base + 7])}
 end
 
-local expiring = read_expiries(args, 3 + n * WIDTH, now)
+-- (The groups' count and pairs come first, then the expiries: see the header.)
+local grouped = tonumber(args[3 + n * WIDTH]) or 0
+for j = 0, grouped - 1 do
+  items[tonumber(args[4 + n * WIDTH + j * 2])].group = args[5 + n * WIDTH + j * 2]
+end
+local expiring = read_expiries(args, 4 + n * WIDTH + grouped * 2, now)
 for i, item in ipairs(items) do
   if expiring[i] and expiring[i] <= item.due then
     return redis.error_reply('EXPIRES_BEFORE_DUE ' .. item.id)

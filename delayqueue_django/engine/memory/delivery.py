@@ -356,7 +356,7 @@ class MemoryDelivery(MemoryStoreBase):
                     outcomes.append(NackOutcome(message_id, False, meta.due))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
-            if state.group_of and any(outcome.exhausted for outcome in outcomes):
+            if state.group_of and any(o.exhausted or o.superseded for o in outcomes):
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
             # A postpone is no failure.
             prelude.count(state, now, "failed", len(outcomes) - postponed_back)
@@ -370,6 +370,7 @@ class MemoryDelivery(MemoryStoreBase):
         with self.server.lock:
             state = self._state()
             released: deque[str] = deque()
+            superseded = False
             # Walk backwards and push to the front, so the first id given ends up first.
             for message_id, lease in reversed(leases):
                 if not prelude.holds(state, message_id, lease):
@@ -378,10 +379,11 @@ class MemoryDelivery(MemoryStoreBase):
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
                 if not key_index.return_to_waiting(state, message_id):
-                    continue  # superseded: gone, so not handed back
+                    superseded = True  # gone, so not handed back (its group passed on)
+                    continue
                 (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)
                 released.appendleft(message_id)
-            if released:
+            if released or (superseded and state.group_of):
                 self._wake(self._now())
             return list(released)
 
@@ -415,6 +417,7 @@ class MemoryDelivery(MemoryStoreBase):
                         claimed_until,
                         key,
                         reason=state.dead_reasons.get(message_id, ""),
+                        group=groups.group_of(state, message_id),
                     )
                 )
             return claims

@@ -7,6 +7,7 @@ A keyed message carries its key in its stored body (``keyed.keyed_body``), so th
 stored message is read from it; an unkeyed body costs one character test."""
 
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
+from delayqueue_django.engine.memory import groups
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import QueueState
 
@@ -56,9 +57,11 @@ def superseded(state: QueueState, message_id: str) -> bool:
 def return_to_waiting(state: QueueState, message_id: str) -> bool:
     """Decide for a message taken out of unack that would wait again: True when it may (it
     becomes its key's message again, if it has a key; the caller puts it back in its list);
-    False when it is superseded, and then removed here, counted as ``superseded``."""
+    False when it is superseded, and then removed here, counted as ``superseded``: one that
+    held its ordered group passes it on (remove_superseded in _prelude.lua)."""
     if superseded(state, message_id):
         # Its key names the other, waiting message: no pointer to drop.
+        groups.leave(state, message_id)
         state.payloads.pop(message_id, None)
         state.metas.pop(message_id, None)
         state.exhausted.remove(message_id)

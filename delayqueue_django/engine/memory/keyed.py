@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
 from delayqueue_django.engine.keyed import keyed_body, split_keyed
-from delayqueue_django.engine.memory import expiry, key_index, prelude
+from delayqueue_django.engine.memory import expiry, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
@@ -67,8 +67,8 @@ class MemoryKeyed(MemoryStoreBase):
                 due = self._due(message, now, now_us)
                 if decision.outcome == "created":
                     self._create(state, message, due, now)
-                else:
-                    self._replace(state, decision.message_id, message, due, now)
+                elif self._replace(state, decision.message_id, message, due, now):
+                    self._wake(now)  # its old group passed on: its next message is due
                 # A replace without an expiry drops the one the message had (send_keyed.lua).
                 expiry.set_expiry(state, decision.message_id, expires)
                 earliest = due if earliest is None else min(earliest, due)
@@ -134,14 +134,18 @@ class MemoryKeyed(MemoryStoreBase):
         state.keys[key] = message.id
         if message.unique_ms > 0:
             key_index.start_hold(state, key, message.id, now + message.unique_ms)
+        if message.group is not None:
+            groups.record(state, message.id, message.group)
 
     @staticmethod
     def _replace(
         state: QueueState, message_id: str, message: NewMessage, due: int, now: int
-    ) -> None:
+    ) -> bool:
         """The waiting message gets the new payload, due time and budget, and a new
         generation; its attempts start again (its lease stays: a stale verdict of an older
-        delivery never matches it); taken out of a staging list back to pending."""
+        delivery never matches it); taken out of a staging list back to pending. It leaves
+        its ordered group and joins the send's, as the latest send (regroup in
+        _prelude.lua); True when it held its old group, which passed on."""
         key, generation, _ = split_keyed(state.payloads[message_id])
         assert key is not None  # only a keyed message is a key's
         state.payloads[message_id] = keyed_body(key, max(now, generation + 1), message.payload)
@@ -149,6 +153,12 @@ class MemoryKeyed(MemoryStoreBase):
         meta.attempt, meta.budget, meta.due = 0, message.budget, due
         prelude.take_out_of_waiting(state, message_id)
         state.pending.add(message_id, due)
+        old_group = groups.group_of(state, message_id)
+        held = old_group is not None and state.group_busy.get(old_group) == message_id
+        groups.leave(state, message_id)
+        if message.group is not None:
+            groups.record(state, message_id, message.group)
+        return held
 
     @staticmethod
     def _waiting_due(state: QueueState, message_id: str) -> int | None:
@@ -171,8 +181,11 @@ class MemoryKeyed(MemoryStoreBase):
             message_id = key_index.waiting_message(state, key)
             if message_id is None:
                 return None
+            grouped = message_id in state.group_of
             prelude.take_out_of_waiting(state, message_id)
             prelude.forget(state, message_id)
+            if grouped:
+                self._wake(self._now())  # its group may have passed on (groups.py)
             return message_id
 
     def reschedule(

@@ -130,6 +130,7 @@ def delivery(state: QueueState, message_id: str, meta: Meta, deadline: int) -> D
         due_ms=meta.due,
         key=key,
         generation=generation,
+        group=groups.group_of(state, message_id),
     )
 
 

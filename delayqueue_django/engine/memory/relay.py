@@ -44,6 +44,7 @@ class MemoryRelay(MemoryKeyed):
             previous_head = state.pending.head()
             dues: list[int | None] = []
             taken: set[str] = set()
+            grouped: list[tuple[str, str]] = []
             # The keyed messages to decide, in order, and each one's place in the reply.
             keyed: list[NewMessage] = []
             keyed_at: list[int] = []
@@ -68,7 +69,7 @@ class MemoryRelay(MemoryKeyed):
                 state.payloads[message_id] = message.payload
                 state.metas[message_id] = Meta(0, 0, message.budget, due)
                 if message.group is not None:
-                    groups.record(state, message_id, message.group)
+                    grouped.append((message_id, message.group))
                 # Never refused: one relayed too late expires as it is staged (relay.lua).
                 expiry.set_expiry(state, message_id, message.expires_at_ms)
                 dues.append(due)
@@ -80,6 +81,9 @@ class MemoryRelay(MemoryKeyed):
                     # Created, or the key's waiting message replaced: written. Kept or held: not.
                     if outcome.outcome in ("created", "replaced"):
                         dues[position] = outcome.due_ms
+            # After the keyed ones, as relay.lua numbers them.
+            for message_id, group in grouped:
+                groups.record(state, message_id, group)
             written = [due for due in dues if due is not None]
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
