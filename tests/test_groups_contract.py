@@ -197,6 +197,31 @@ def test_promote_of_a_parked_message_still_waits_for_its_group(queue: Queue) -> 
     assert ids_of(fetch_ids(store)) == [second.id]
 
 
+def test_a_parked_message_rescheduled_later_takes_its_new_place_in_the_group(
+    queue: Queue,
+) -> None:
+    # Parked, then rescheduled past a message due after its old time: once due again and
+    # parked again, it goes after that one (its old place is gone, not kept beside the new).
+    store = queue.store
+    now = store_time_ms(queue)
+    holder, moved = grouped("g", 1, at_ms=now - 2000), grouped("g", 2, at_ms=now - 1000)
+    store.send([holder, moved])
+    [(_, lease)] = fetch_ids(store)
+    assert fetch_ids(store) == []  # moved is parked behind the holder
+    between = grouped("g", 3, at_ms=now - 500)
+    store.send([between])
+    assert fetch_ids(store) == []  # parked too
+    assert store.reschedule(message_id=moved.id, at_ms=now + 300) is not None
+    wait_for(lambda: store_time_ms(queue) > now + 300)
+    assert fetch_ids(store) == []  # due again, parked again
+    store.ack([(holder.id, lease)])
+    order: list[str] = []
+    while handed := fetch_ids(store):
+        order += ids_of(handed)
+        store.ack(handed)
+    assert order == [between.id, moved.id]
+
+
 def test_plain_messages_carry_no_group(queue: Queue) -> None:
     store = queue.store
     plain = NewMessage(uuid.uuid4().hex, "{}", 2)

@@ -57,12 +57,26 @@ def leave(state: QueueState, message_id: str) -> None:
     entry = state.group_of.get(message_id)
     if entry is None:
         return
-    _, group = entry
+    _drop_parked(state, entry[1], message_id)
+    release(state, message_id)
+    del state.group_of[message_id]
+
+
+def unpark(state: QueueState, message_id: str) -> None:
+    """A parked message leaves its group's parked ones before it moves in pending
+    (rescheduled, delivered now, taken out): parked again by a later fetch, it takes its
+    place by its new due time, where an entry left behind would keep its old one (Redis
+    keeps one entry per message, which the next park moves)."""
+    score = state.pending.score(message_id)
+    entry = state.group_of.get(message_id)
+    if score is not None and score >= PARKED and entry is not None:
+        _drop_parked(state, entry[1], message_id)
+
+
+def _drop_parked(state: QueueState, group: str, message_id: str) -> None:
     parked = state.group_parked.get(group)
     if parked is not None:
         parked[:] = [item for item in parked if item[2] != message_id]
-    release(state, message_id)
-    del state.group_of[message_id]
 
 
 def pass_groups(state: QueueState, due: Iterable[tuple[str, int]]) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import key_index, prelude
+from delayqueue_django.engine.memory import groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
@@ -50,6 +50,7 @@ class MemoryOperators(MemoryStoreBase):
             promoted = []
             for message_id in message_ids:
                 if message_id in state.pending:
+                    groups.unpark(state, message_id)
                     state.pending.add(message_id, now)
                     state.metas[message_id].due = now
                     promoted.append(message_id)

@@ -168,6 +168,7 @@ def remove_first(staged: deque[str], message_id: str) -> bool:
 
 def take_out_of_waiting(state: QueueState, message_id: str) -> bool:
     """Take a message out of pending, ready or retry; True if it was in one of them."""
+    groups.unpark(state, message_id)
     return (
         state.pending.remove(message_id)
         or remove_first(state.ready, message_id)
