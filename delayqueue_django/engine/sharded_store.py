@@ -234,6 +234,17 @@ class ShardedStore(ShardFetching, ShardReads):
     def _homed(self, messages: Sequence[NewMessage]) -> list[NewMessage]:
         """``messages``, those whose id names another shard than their key's home with the
         id rewritten to name it (each key's home looked for once)."""
+        self.refresh_layouts()
+        # One shard and no other layout: every key's home is shard 0, whose ids name no shard
+        # (the common case, spared a home looked for per key).
+        if (
+            self.layout == 1
+            and not self._draining
+            and all(
+                message.key is not None and SHARD_MARK not in message.id for message in messages
+            )
+        ):
+            return list(messages)
         homes: dict[tuple[str, int], str] = {}
         homed = []
         for message in messages:
