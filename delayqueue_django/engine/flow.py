@@ -23,6 +23,10 @@ A rate set at run time lives in shard 0's flow hash, where the reservations read
 as "queue_rate" on every shard: a fetch of a shard without a reservation (GATES_SHARD) that
 finds it takes nothing and says so (``FetchResult.unreserved``), and the sharded store
 reserves from then on, until a reservation finds no rate in force.
+
+On one shard the cap counts the unack zset; on several, the slots: deliveries handed out
+before a queue goes from one to several shards (or back) do not count against the cap
+after it until their leases run out. The rate's log is the same for both.
 """
 
 from dataclasses import dataclass
