@@ -44,7 +44,7 @@ def drain(count: int, probe_client: Any, *, poll: float = 0.002, lead: float = 1
     if acked != count or failed:
         raise RuntimeError(f"drain acked {acked} of {count} messages, {failed} failed")
     for name, per_poll in probes.POLL_COMMANDS.items():
-        counts[name] -= per_poll * polls
+        counts[name] -= per_poll * polls * probes.polled_shards(queue)
     del counts["config|resetstat"]
     seconds = finished - due_ms / 1000
     return Drain(

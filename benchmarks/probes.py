@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine.sharded_store import parts
 
 # Every way a client runs server-side Lua: scripts (EVALSHA and kin) and functions (FCALL).
 SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
@@ -82,19 +83,26 @@ def used_memory(client: Any) -> int:
 
 
 def in_queue(queue: Queue) -> int:
-    """Messages not yet acked: pending, staged (ready, retry) and in flight (unack).
+    """Messages not yet acked: pending, staged (ready, retry) and in flight (unack), over
+    every shard of the queue (one, unless it is sharded: see polled_shards).
 
-    One pipelined round trip of four plain commands (ZCARD, LLEN, LLEN, ZCARD), so the
-    caller can subtract exactly what its polling cost from the command counts.
+    One pipelined round trip of four plain commands a shard (ZCARD, LLEN, LLEN, ZCARD), so
+    the caller can subtract exactly what its polling cost from the command counts.
     """
-    keys = queue.store.keys
-    store: Any = queue.store  # always a RedisStore here: the benchmarks run on Redis
+    store: Any = queue.store  # always on one Redis here: the benchmarks run on one server
     pipe: Any = store.client.pipeline(transaction=False)
-    pipe.zcard(keys.key("pending"))
-    pipe.llen(keys.key("ready"))
-    pipe.llen(keys.key("retry"))
-    pipe.zcard(keys.key("unack"))
+    for shard in parts(store).values():
+        keys = shard.keys
+        pipe.zcard(keys.key("pending"))
+        pipe.llen(keys.key("ready"))
+        pipe.llen(keys.key("retry"))
+        pipe.zcard(keys.key("unack"))
     return sum(int(n) for n in pipe.execute())
+
+
+def polled_shards(queue: Queue) -> int:
+    """How many shards in_queue polls (POLL_COMMANDS each)."""
+    return len(parts(queue.store))
 
 
 POLL_COMMANDS = Counter({"zcard": 2, "llen": 2})

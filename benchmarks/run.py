@@ -343,7 +343,12 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
     for run in range(args.runs):
         # Interleaved within each run: the rows compare runs made side by side.
         for name, options in flow.COST_OPTIONS.items():
-            with WorkerProcesses(1, server.url, NOOP, **flow.queue_env(options)):
+            # The sender spreads its messages over the workers' shards.
+            sending = {**settings.DELAYQUEUES["default"], "SHARDS": options.get("SHARDS", 1)}
+            with (
+                WorkerProcesses(1, server.url, NOOP, **flow.queue_env(options)),
+                override_settings(DELAYQUEUES={"default": sending}),
+            ):
                 costs[name].append(drain.drain(args.drain_messages, probe))
         progress(f"  run {run + 1}/{args.runs} done")
     for name, measured in costs.items():
@@ -352,7 +357,7 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
                 f"Redis time per handled message, {name} (1 process)",
                 [d.redis_us_per_message for d in measured],
                 "µs",
-                "" if name == flow.PLAIN else "the plain queue's, or a little more",
+                "" if name == flow.baseline(name) else f"{flow.baseline(name)}'s, or a little more",
                 digits=1,
             )
         )
@@ -363,6 +368,15 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
                 "",
                 "",
                 digits=2,
+            )
+        )
+        rows.append(
+            Row(
+                f"script calls (round trips) per handled message, {name} (1 process)",
+                [d.scripts_per_message for d in measured],
+                "",
+                "",
+                digits=3,
             )
         )
     return rows

@@ -1,7 +1,7 @@
 """Flow gates (issue #27: pause, RATE_LIMIT, MAX_IN_FLIGHT), the engine's contract: every
 store answers these alike, through the Queue and Store API. A sharded queue holds the
-limits for the whole queue (each shard its share, see engine.flow): the tests count over
-all shards, and let a fetch take less than the whole allowance (its shards' shares)."""
+limits for the whole queue (one budget on shard 0, see engine.flow): the tests count over
+all shards, and let a fetch take less than the whole allowance (it asks the shards due)."""
 
 import time
 from collections.abc import Callable

@@ -4,6 +4,8 @@ flight never above the cap, and a pause that holds with messages due, all of the
 within a second of the resume. Small here (seconds); tests/chaos/test_flow_gates.py runs
 them longer, and kills workers under the cap."""
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,8 @@ from tests.flow_gates.scenario import (
     most_at_once,
     worker_settings,
 )
-from tests.helpers import store_time_ms
-from tests.redis_servers import RedisServer
+from tests.helpers import store_time_ms, wait_for
+from tests.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,3 +87,71 @@ def test_a_pause_holds_due_messages_until_the_resume(
     finally:
         fleet.close()
     assert max(record["handed_out_ms"] for record in records) - resumed_ms <= 1000
+
+
+# A sharded queue: one budget for the whole queue on shard 0 (engine.flow), over the
+# three masters of a Redis Cluster (six shards, two a master).
+
+
+def test_three_workers_hold_a_sharded_queue_on_a_cluster_to_the_rate_limit(
+    redis_cluster: RedisClusterServers, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(settings, redis_cluster.url, SHARDS=6, RATE_LIMIT="20/s")
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(50)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
+    try:
+        fleet.start()
+        records = drain(queue, fleet, 50, timeout=60)
+    finally:
+        fleet.close()
+    handed_out = [record["handed_out_ms"] for record in records]
+    assert busiest_window(handed_out, 1000) <= 20
+    # 50 at 20 a second: the third window's hand-outs come two seconds after the first.
+    assert max(handed_out) - min(handed_out) >= 2000
+
+
+def test_three_workers_run_a_sharded_queue_on_a_cluster_within_the_cap(
+    redis_cluster: RedisClusterServers, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(settings, redis_cluster.url, SHARDS=6, MAX_IN_FLIGHT=3)
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(40)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
+    try:
+        fleet.start()
+        records = drain(queue, fleet, 40, timeout=60)
+    finally:
+        fleet.close()
+    assert 2 <= most_at_once(records) <= 3
+
+
+def test_a_killed_workers_slots_of_a_sharded_cap_come_back_when_its_leases_run_out(
+    redis_server: RedisServer, settings: Any, tmp_path: Path
+) -> None:
+    chosen = configured(
+        settings,
+        redis_server.url,
+        SHARDS=4,
+        MAX_IN_FLIGHT=3,
+        MAX_CONSUME_DURATION=3,
+        HANDLER="tests.flow_gates.handler.hold",
+    )
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(10)])
+    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=1)
+    try:
+        fleet.start()
+        wait_for(lambda: queue.stats()["unack"] == 3, timeout=30, what="the cap taken")
+        taken_at = time.monotonic()
+        (worker,) = fleet.running
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        # Its slots are held by shard 0 for the whole queue until its leases run out.
+        assert queue.fetch(10).messages == []
+        back = wait_for(lambda: queue.fetch(10).messages, timeout=8, what="the slots back")
+        came_back_after = time.monotonic() - taken_at
+    finally:
+        fleet.close()
+    assert len(back) == 3
+    assert 2.0 <= came_back_after <= 5.0

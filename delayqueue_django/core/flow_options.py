@@ -42,9 +42,8 @@ def rate_problem(where: str, value: Any) -> str:
 
 def check_flow_options(name: str, options: Mapping[str, Any], problems: list[Problem]) -> None:
     where = f"{SETTING}[{name!r}]"
-    rate, cap, shards = options["RATE_LIMIT"], options["MAX_IN_FLIGHT"], options["SHARDS"]
-    parsed = None if rate is None else parse_rate(rate)
-    if rate is not None and parsed is None:
+    rate, cap = options["RATE_LIMIT"], options["MAX_IN_FLIGHT"]
+    if rate is not None and parse_rate(rate) is None:
         problems.append(
             Problem("delayqueue_django.E050", rate_problem(f"{where}['RATE_LIMIT']", rate))
         )
@@ -59,21 +58,3 @@ def check_flow_options(name: str, options: Mapping[str, Any], problems: list[Pro
                 f"for no cap; not {cap!r}.",
             )
         )
-    if not isinstance(shards, int) or shards < 2:
-        return
-    # Each shard enforces its share (see engine.flow): every shard needs one at least.
-    totals = {
-        "RATE_LIMIT": parsed[0] if parsed else None,
-        "MAX_IN_FLIGHT": cap if valid_cap else None,
-    }
-    for option, total in totals.items():
-        if total is not None and total < shards:
-            problems.append(
-                Problem(
-                    "delayqueue_django.E052",
-                    f"{where}['{option}'] ({total}) is less than its SHARDS ({shards}): each "
-                    "shard enforces a share of it, and a shard with none would never "
-                    "hand anything out.",
-                    hint="Raise the limit to SHARDS or more, or shard the queue less.",
-                )
-            )

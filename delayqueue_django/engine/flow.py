@@ -1,19 +1,41 @@
 """The flow gates' values as the engine carries them (issue #27): a queue's state as the
-``flow`` script reads it, and the share of a whole queue's rate limit or cap that each
-shard of a sharded queue enforces.
+``flow`` script reads it, and the reservations of a sharded queue's budget.
 
-A sharded queue's gates hold for the whole queue by giving each shard a fixed share: shard
-``index`` of a layout of ``shards`` enforces ``total // shards``, plus one for the first
-``total % shards`` shards, so the shares add up to the total exactly. This costs no round
-trip at all (each shard's fetch decides alone, as on one shard), at the price that a shard
-with no work leaves its share unused; messages are spread evenly over the shards, so the
-shares are used evenly under load. (A reserve call on shard 0 before each fetch would share
-one budget instead, at one more round trip per fetch, and for the cap one more per ack.)
+A queue of one shard enforces its gates inside its fetch (fetch.lua's flow_gate): no round
+trip of their own. A sharded queue keeps one budget for the whole queue on shard 0, whose
+keys belong to every layout (so a reshard, two layouts drained side by side, cannot double
+it), judged by shard 0's clock; its shards hold no share of it and enforce neither gate.
+A sharded fetch that has shards due first reserves up to its count from shard 0
+(flow_reserve.lua): the sliding window's room under the rate limit, logged at once, and
+free slots under the cap, held at once; then asks the shards for at most what it was
+granted (GATES_RESERVED), and settles the reservation (flow_settle.lua): the hand-outs not
+used go back to the window, and the slots become the deliveries'. Under the cap, acks,
+refusals and releases free their slots, and lease extensions extend them (flow_slots.lua),
+one call to shard 0 per batch; a slot whose lease ran out frees itself, so a killed
+worker's come back when its leases run out.
+
+The cost, in round trips: a plain sharded queue none. Under a rate limit, one more per
+fetch (the reservation) and one more when the shards handed out less than it granted (the
+give-back). Under a cap, one more per fetch and one to settle every reservation, and one
+more per ack, nack, release and lease extension batch.
+
+A rate set at run time lives in shard 0's flow hash, where the reservations read it, and
+as "queue_rate" on every shard: a fetch of a shard without a reservation (GATES_SHARD) that
+finds it takes nothing and says so (``FetchResult.unreserved``), and the sharded store
+reserves from then on, until a reservation finds no rate in force.
+
+On one shard the cap counts the unack zset; on several, the slots: deliveries handed out
+before a queue goes from one to several shards (or back) do not count against the cap
+after it until their leases run out. The rate's log is the same for both.
 """
 
 from dataclasses import dataclass
 
-from delayqueue_django.engine.keys import QueueKeys
+# fetch.lua's flow gates' mode (ARGV[8]): a queue of one shard enforces its gates itself;
+# a shard of a sharded queue is asked within a reservation, or without one (see above).
+GATES_OWN = ""
+GATES_RESERVED = "reserved"
+GATES_SHARD = "shard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +45,23 @@ class FlowState:
     paused: bool
     # A rate limit set at run time, overriding the setting: (limit, period_ms), or None.
     rate: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What flow_reserve.lua granted a sharded fetch from the whole queue's budget."""
+
+    # Shard 0's clock (ms) when it granted them.
+    now_ms: int
+    granted: int
+    # When a fetch held back by the gates should look again (shard 0's clock), or None.
+    again_ms: int | None
+    # The rate in force (the run-time one, else the setting's), or None.
+    rate: tuple[int, int] | None
+    # When (time.monotonic()) shard 0's clock was read, as best this process can tell,
+    # and how far that may be off (s), as in FetchResult.
+    read_at: float = 0.0
+    read_within: float = 0.0
 
 
 def rate_wire(rate: tuple[int, int] | None) -> str:
@@ -35,35 +74,3 @@ def parse_rate_wire(text: str) -> tuple[int, int] | None:
     if not (limit.isdigit() and period.isdigit()):
         return None
     return int(limit), int(period)
-
-
-def shard_share(total: int, shards: int, index: int) -> int:
-    """Shard ``index``'s share of ``total`` over ``shards`` shards (see above)."""
-    return total // shards + (1 if index < total % shards else 0)
-
-
-def shard_position(keys: QueueKeys, layout: int) -> tuple[int, int]:
-    """``(shards, index)`` of a shard's keys: shard 0 belongs to every layout, and takes its
-    share of the queue's own ``layout``."""
-    if not keys.shard:
-        return layout, 0
-    shards, index, _ = keys.shard.split(".")
-    return int(shards), int(index)
-
-
-def rate_share(
-    rate: tuple[int, int] | None, keys: QueueKeys, layout: int
-) -> tuple[int, int] | None:
-    """The part of a queue's rate limit that one shard enforces."""
-    if rate is None:
-        return None
-    shards, index = shard_position(keys, layout)
-    return shard_share(rate[0], shards, index), rate[1]
-
-
-def cap_share(cap: int, keys: QueueKeys, layout: int) -> int:
-    """The part of a queue's MAX_IN_FLIGHT (0: none) that one shard enforces."""
-    if cap == 0:
-        return 0
-    shards, index = shard_position(keys, layout)
-    return shard_share(cap, shards, index)

@@ -9,7 +9,7 @@ which run against both.
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from delayqueue_django.engine.flow import FlowState
+from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
     ExhaustedClaim,
@@ -122,17 +122,14 @@ class Store(Protocol):
         """
 
     def flow(
-        self,
-        action: str = "read",
-        rate: tuple[int, int] | None = None,
-        *,
-        share: tuple[int, int] | None = None,
+        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
     ) -> FlowState:
         """The queue's flow state (see engine.flow), after ``action``: "read" changes
         nothing; "pause" has fetches hand out nothing until "resume", which wakes the
         workers; "rate" sets the rate limit ``(limit, period_ms)`` that overrides the
-        store's limits, or with None goes back to them (``share``: the part of it one shard
-        enforces; a sharded store works the shares out itself)."""
+        store's limits, or with None goes back to them (``enforce`` False: a shard of a
+        sharded queue but shard 0, which keeps the whole queue's budget, only notes that
+        the queue has one; a sharded store tells its shards itself)."""
 
     def ack(
         self,
@@ -331,6 +328,40 @@ class Store(Protocol):
 class ShardStore(Store, Protocol):
     """A store that holds one set of keys (a queue, or one shard of a sharded queue): what
     the invariant checker reads, and what a sharded store is made of."""
+
+    def fetch(
+        self,
+        count: int,
+        *,
+        fetcher: str = "",
+        request: str = "",
+        gates: str = GATES_OWN,
+        leased_from: int | None = None,
+    ) -> FetchResult:
+        """As ``Store.fetch``; ``gates``: how the flow gates apply, on a shard of a sharded
+        queue (engine.flow's GATES_*), and ``leased_from``: from when the leases run (ms),
+        a reservation's time, if not now."""
+        ...
+
+    # A sharded queue's budget for the whole queue, on shard 0 (see engine.flow)
+
+    def reserve(self, count: int, name: str) -> Reservation:
+        """Reserve up to ``count`` hand-outs, as entries named after ``name``: a repeat of
+        a call whose reply was lost reserves the same ones again."""
+        ...
+
+    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
+        """After the shards answered: give back the ``reserved - used`` hand-outs not used,
+        and turn the reserved slots into those of ``ids`` (the deliveries, under a cap)."""
+        ...
+
+    def free_slots(self, ids: Sequence[str]) -> int:
+        """Free the slots of deliveries acked, refused or released; returns how many."""
+        ...
+
+    def extend_slots(self, ids: Sequence[str]) -> int:
+        """Hold the slots of deliveries whose leases were extended until now + consume_ms."""
+        ...
 
     def snapshot(self) -> list[Any]:
         """Every id the queue holds, read atomically, for the invariant checker."""

@@ -64,9 +64,10 @@ class StoreLimits:
     stage_limit: int = 1000
     # Messages per send script call; a bulk send is cut into calls of this size.
     send_batch_size: int = 1000
-    # The flow gates this store enforces (a shard's share of the queue's, see engine.flow):
-    # at most rate_limit[0] hand-outs per rate_limit[1] ms, and at most max_in_flight
-    # deliveries in flight (0: no cap).
+    # The queue's flow gates: at most rate_limit[0] hand-outs per rate_limit[1] ms, and at
+    # most max_in_flight deliveries in flight (0: no cap). Every shard of a sharded queue
+    # has the whole queue's: its fetches enforce them on one shard, its reservations on
+    # shard 0 on several (see engine.flow).
     rate_limit: tuple[int, int] | None = None
     max_in_flight: int = 0
 
@@ -172,6 +173,9 @@ class FetchResult:
     read_at: float = 0.0
     # How far read_at may be off (s): half the round trip in which the clock was read.
     read_within: float = 0.0
+    # A shard of a sharded queue fetched without a reservation took nothing: the queue has
+    # a rate set at run time, and its fetches must reserve (see engine.flow).
+    unreserved: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,9 @@ SCRIPT_NAMES = (
     "extend",
     "fetch",
     "flow",
+    "flow_reserve",
+    "flow_settle",
+    "flow_slots",
     "list",
     "lookup",
     "nack",
@@ -83,6 +86,8 @@ READ_ONLY = frozenset(
 ALLOWED_OUT_OF_MEMORY = frozenset(
     {"ack", "confirm_exhausted", "drop_garbage", "fetch", "nack", "prune_throughput"}
     | {"release", "remove"}
+    # A sharded queue's budget (flow_reserve.lua): its fetches drain a full Redis too.
+    | {"flow_reserve", "flow_settle", "flow_slots"}
 )
 
 # A call that finds the library missing loads it and tries again; on a cluster whose layout

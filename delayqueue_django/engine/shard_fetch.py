@@ -26,6 +26,7 @@ late, one behind by as much early, which its script answers with the due time ag
 import logging
 import math
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -33,8 +34,9 @@ from functools import partial
 from redis.exceptions import RedisError
 
 from delayqueue_django.engine.errors import QueueTimedOut, timed_out
+from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, Reservation
 from delayqueue_django.engine.protocol import ChannelSubscription
-from delayqueue_django.engine.records import ExhaustedClaim, FetchResult
+from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult
 from delayqueue_django.engine.shard_hangs import (
     FETCH_PATIENCE_SECONDS,
     Hang,
@@ -56,6 +58,9 @@ IDLE_LOOK_SHARDS = 30
 # empty, and a later send there publishes nothing behind its older head. The consumer's
 # idle look (worker.consumer.IDLE_RECHECK_SECONDS) covers a queue with nothing due.
 LOOK_AGAIN_SECONDS = 30.0
+# A fetch held back by the flow gates with no time to look again (paused) looks again
+# within this long (ms), as a fetch of one shard does (flow_gate in the prelude).
+LOOK_AGAIN_MS = 1000
 
 
 class ShardFetching(ShardLayouts):
@@ -68,7 +73,25 @@ class ShardFetching(ShardLayouts):
             # One shard (SHARDS 1, nothing to drain): the plan would only echo its reply.
             return self.base.fetch(count, fetcher=fetcher, request=request)
         self._probe_hung(time.monotonic())
-        visits, repeating = self._visits(time.monotonic(), fetcher, request)
+        visits, repeating, idle = self._visits(time.monotonic(), fetcher, request)
+        # The flow gates: the whole queue's budget is reserved on shard 0 first (see
+        # engine.flow), unless no shard is due (an idle look takes nothing) or the fetch
+        # repeats a lost one (its shards hand out again what they took, reserved then).
+        budgeted = self._budgeted()
+        gates = GATES_RESERVED if budgeted else GATES_SHARD
+        reservation, entries, wanted, leased_from = None, "", count, None
+        if budgeted and idle:
+            count = 0
+        elif budgeted and not repeating:
+            # (A request is named within its fetcher's; a fetch without one, by a uuid.)
+            entries = f"{fetcher}:{request}" if request else uuid.uuid4().hex
+            reservation = self.base.reserve(count, entries)
+            if reservation.rate is None and self.limits.rate_limit is None:
+                self._run_time_rate = False
+            if reservation.granted == 0:
+                return self._held_back(reservation)
+            # The leases run from the reservation: a delivery's hand-out time is its entry's.
+            count, leased_from = reservation.granted, reservation.now_ms
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
         failures: list[Exception] = []
@@ -85,7 +108,9 @@ class ShardFetching(ShardLayouts):
                     continue
                 asked.append(name)
                 # (A fetch of none still has each shard it asks retry what expired.)
-                result = self._fetch_shard(name, max(remaining, 0), fetcher, request, failures)
+                result = self._fetch_shard(
+                    name, max(remaining, 0), fetcher, request, gates, leased_from, failures
+                )
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
@@ -106,6 +131,9 @@ class ShardFetching(ShardLayouts):
                     and self._plans[name].retry_at <= now
                 ]
             ask(others, to_the_end=False)
+        handed = [delivery for _, result in taken for delivery in result.deliveries]
+        if budgeted and (reservation is not None or repeating):
+            self._settle(entries, reservation.granted if reservation else 0, handed)
         if not taken and not failures:
             # Every shard's server is held as hung: none asked.
             raise QueueTimedOut(
@@ -117,22 +145,70 @@ class ShardFetching(ShardLayouts):
             # that failed replay it, see _repeats; asking only those would wait out their
             # outage.)
             raise failures[0]
+        if any(result.unreserved for _, result in taken):
+            # A rate set at run time, which this process had not heard of: reserve.
+            self._run_time_rate = True
         if request:
             self._last_fetch[fetcher] = (request, asked)
         with self._lock:
             if asked[-1] in self._order:
                 self._cursor = (self._order.index(asked[-1]) + 1) % len(self._order)
-        return self._merged(taken, more=len(asked) < len(visits))
+        merged = self._merged(taken, more=len(asked) < len(visits))
+        if reservation is not None and reservation.granted < wanted:
+            return _gated(merged, reservation)
+        return merged
 
-    def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool]:
+    def _budgeted(self) -> bool:
+        """Whether this queue's fetches reserve from its budget on shard 0 (engine.flow):
+        it has a rate limit or a cap, set or (as last heard) a rate set at run time."""
+        limits = self.limits
+        return limits.rate_limit is not None or limits.max_in_flight > 0 or self._run_time_rate
+
+    def _settle(self, entries: str, reserved: int, handed: list[Delivery]) -> None:
+        """Settle a reservation on shard 0 once the shards answered (one call, only when
+        there is something to settle): give back what they did not use, and under a cap
+        hold the slots of what they handed out. If shard 0 cannot be reached, the
+        deliveries still go out: the hand-outs not given back count against the rate until
+        they leave its window, the reserved slots hold until their lease would run out."""
+        capped = self.limits.max_in_flight > 0
+        if not capped and len(handed) >= reserved:
+            return
+        ids = [delivery.id for delivery in handed] if capped else []
+        try:
+            self.base.settle(entries, reserved, min(len(handed), reserved), ids)
+        except (RedisError, OSError) as error:
+            logger.warning(
+                "queue %s: settling a reservation on shard 0 failed (%s); what it did not "
+                "use is given back as its entries run out",
+                self.keys.queue,
+                error,
+            )
+
+    def _held_back(self, reservation: Reservation) -> FetchResult:
+        """A fetch the gates granted nothing: no shard is asked; look again when shard 0
+        said (or within LOOK_AGAIN_MS, as a paused fetch does)."""
+        with self._lock:
+            owed = any(plan.owed for plan in self._plans.values())
+        again = reservation.again_ms
+        return FetchResult(
+            now_ms=reservation.now_ms,
+            next_ms=reservation.now_ms + LOOK_AGAIN_MS if again is None else again,
+            expired=0,
+            deliveries=[],
+            exhaustions_owed=owed,
+            read_at=reservation.read_at,
+            read_within=reservation.read_within,
+        )
+
+    def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool, bool]:
         """The shards a fetch asks, in turn from the cursor: those due by the plan, or all
         of them when no one listens, or IDLE_LOOK_SHARDS of them when none is due, but for
         those whose Redis failed and whose retry has not come (unless every shard's failed);
-        and whether it repeats a lost fetch, which asks exactly the shards that one asked
-        (they hand out again what they took)."""
+        whether it repeats a lost fetch, which asks exactly the shards that one asked
+        (they hand out again what they took); and whether it is an idle look (none due)."""
         repeated, names = self._last_fetch.get(fetcher, ("", []))
         if request and request == repeated:
-            return names, True
+            return names, True, False
         with self._lock:
             # (Under the lock: another thread following the register replaces both.)
             order = self._order[self._cursor :] + self._order[: self._cursor]
@@ -142,7 +218,7 @@ class ShardFetching(ShardLayouts):
             unheld = [name for name in order if not self._plans[name].held]
             reachable = [name for name in unheld if self._plans[name].retry_at <= now] or unheld
             if not self._listening:
-                return reachable, False
+                return reachable, False, False
             due = [name for name in unheld if self._local_due(name) <= now + DUE_SLACK_SECONDS]
             if due:
                 overlooked = next(
@@ -155,13 +231,20 @@ class ShardFetching(ShardLayouts):
                     None,
                 )
                 # First, so that the due shards filling the count do not leave it out.
-                return ([overlooked] if overlooked else []) + due, False
+                return ([overlooked] if overlooked else []) + due, False, False
         # With none due, a look in case a wake-up was lost: a slice of them in turn, so that
         # an idle worker's looks (every 30 s) cost at most 1 request a second.
-        return reachable[:IDLE_LOOK_SHARDS], False
+        return reachable[:IDLE_LOOK_SHARDS], False, True
 
     def _fetch_shard(
-        self, name: str, count: int, fetcher: str, request: str, failures: list[Exception]
+        self,
+        name: str,
+        count: int,
+        fetcher: str,
+        request: str,
+        gates: str,
+        leased_from: int | None,
+        failures: list[Exception],
     ) -> FetchResult | None:
         """One shard's fetch, the plan updated from it; None (and the error kept) if its
         Redis failed, which repeats the same request next time."""
@@ -177,7 +260,10 @@ class ShardFetching(ShardLayouts):
             # OSError. The call may take its deliveries after: the repeat hands them out.)
             store = self._store(name)
             result = self._calls.call(
-                lambda: store.fetch(count, fetcher=fetcher, request=sent), FETCH_PATIENCE_SECONDS
+                lambda: store.fetch(
+                    count, fetcher=fetcher, request=sent, gates=gates, leased_from=leased_from
+                ),
+                FETCH_PATIENCE_SECONDS,
             )
         except (RedisError, OSError) as error:
             if sent:
@@ -422,6 +508,23 @@ class ShardFetching(ShardLayouts):
         # subscription follows the new list at once.
         self.refresh_layouts(due=True)
         return generation, subscription, channels
+
+
+def _gated(result: FetchResult, reservation: Reservation) -> FetchResult:
+    """A fetch the gates granted less than it asked for: the work they held back waits for
+    them (look again when shard 0 said, never at once: no spin), and what went out is due
+    from its release for the lateness figures (the wait was the gates', not a worker's)."""
+    next_ms = result.next_ms
+    if reservation.again_ms is not None and next_ms is not None and next_ms <= result.now_ms:
+        next_ms = reservation.again_ms
+    deliveries = result.deliveries
+    if len(deliveries) == reservation.granted:
+        # (By the later of shard 0's clock and the reply's: on a Redis Cluster, two masters.)
+        released_ms = max(reservation.now_ms, result.now_ms)
+        deliveries = [
+            replace(delivery, due_ms=max(delivery.due_ms, released_ms)) for delivery in deliveries
+        ]
+    return replace(result, next_ms=next_ms, deliveries=deliveries)
 
 
 def _clock_offset(result: FetchResult) -> float:

@@ -97,6 +97,8 @@ class ShardLayouts:
         self._last_fetch: dict[str, tuple[str, list[str]]] = {}
         # How many wake-up subscriptions of this store listen: the plan is trusted only then.
         self._listening = 0
+        # The queue has a rate set at run time, as a fetch last heard (see engine.flow).
+        self._run_time_rate = False
         # The servers that did not answer a fetch in time, and the threads fetches run in.
         self._hung = HungServers()
         self._calls = PatientCalls("delayqueue-shard-fetch")

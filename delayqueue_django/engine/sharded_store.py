@@ -50,10 +50,13 @@ the shards up (engine.shard_reads); what stays here routes each call by the ids 
 """
 
 import dataclasses
+import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from delayqueue_django.engine.flow import FlowState, rate_share
+from redis.exceptions import RedisError
+
+from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
@@ -82,6 +85,8 @@ from delayqueue_django.engine.shards import (
 )
 
 T = TypeVar("T")
+
+logger = logging.getLogger("delayqueue_django.engine")
 
 
 class ShardedStore(ShardFetching, ShardReads):
@@ -309,6 +314,7 @@ class ShardedStore(ShardFetching, ShardReads):
             acked |= self._store(name).ack(
                 part, fetcher=fetcher, request=request, plain=plain, untracked=untracked
             )
+        self._free_slots(acked)
         return acked
 
     def nack(
@@ -331,6 +337,7 @@ class ShardedStore(ShardFetching, ShardReads):
                 max_postpones=max_postpones,
             ),
         )
+        self._free_slots([outcome.id for outcome in outcomes if outcome is not None])
         self._look_again(
             shard_name(*shard_of(refusal[0])) for refusal in refusals if refusal[2] != BURY
         )
@@ -349,6 +356,7 @@ class ShardedStore(ShardFetching, ShardReads):
         groups = self._group(message_id for message_id, _ in leases)
         for name, positions in groups.items():
             released += self._store(name).release([leases[i] for i in positions])
+        self._free_slots(released)
         self._look_again(groups)
         return released
 
@@ -360,8 +368,34 @@ class ShardedStore(ShardFetching, ShardReads):
             deadline, ids = self._store(name).extend([leases[i] for i in positions])
             deadlines.append(deadline)
             extended += ids
+        if self._capped() and extended:
+            self._on_shard_0("extending the slots of", lambda: self.base.extend_slots(extended))
         # The earliest: no delivery is told it holds longer than its shard keeps it.
         return min(deadlines), extended
+
+    # A sharded queue's cap (see engine.flow): its slots on shard 0 follow the deliveries.
+
+    def _capped(self) -> bool:
+        return self.limits.max_in_flight > 0 and len(self._order) > 1
+
+    def _free_slots(self, ids: Collection[str]) -> None:
+        """The slots of deliveries their shards acked, refused or released: freed."""
+        if self._capped() and ids:
+            self._on_shard_0("freeing the slots of", lambda: self.base.free_slots(list(ids)))
+
+    def _on_shard_0(self, what: str, call: Callable[[], int]) -> None:
+        """A call on the slots, after the shards did their part: shard 0 not answering
+        fails it alone (the slots then hold until their leases would run out)."""
+        try:
+            call()
+        except (RedisError, OSError) as error:
+            logger.warning(
+                "queue %s: %s deliveries on shard 0 failed (%s); their slots free "
+                "themselves when their leases run out",
+                self.keys.queue,
+                what,
+                error,
+            )
 
     def confirm_exhausted(self, claims: Sequence[tuple[str, int]]) -> int:
         confirmed = 0
@@ -370,22 +404,20 @@ class ShardedStore(ShardFetching, ShardReads):
         return confirmed
 
     def flow(
-        self,
-        action: str = "read",
-        rate: tuple[int, int] | None = None,
-        *,
-        share: tuple[int, int] | None = None,
+        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
     ) -> FlowState:
-        """Every shard's flow state changed alike (a rate as each shard's share of it, see
-        engine.flow; ``share`` is each shard's own to work out), one round trip per shard;
-        answers shard 0's. A read asks shard 0 only."""
+        """Every shard's flow state changed alike, one round trip per shard (a pause
+        holds every shard's fetches), but a rate: kept on shard 0, which holds the whole
+        queue's budget, and noted on the others, whose fetches then know to reserve (see
+        engine.flow); answers shard 0's. A read asks shard 0 only."""
         if action == "read":
             return self.base.flow()
         state = None
-        for store in self.consumed().values():
-            share = rate_share(rate, store.keys, self.layout)
-            changed = store.flow(action, rate, share=share)
+        for name, store in self.consumed().items():
+            changed = store.flow(action, rate, enforce=name == "0")
             state = state or changed
+        if action == "rate":
+            self._run_time_rate = rate is not None
         assert state is not None  # (shard 0 is always consumed)
         return state
 

@@ -23,7 +23,13 @@ from delayqueue_django.engine.errors import (
     expiry_refusal,
 )
 from delayqueue_django.engine.expiry_calls import expiry_args, postpone_args
-from delayqueue_django.engine.flow import FlowState, parse_rate_wire, rate_wire
+from delayqueue_django.engine.flow import (
+    GATES_OWN,
+    FlowState,
+    Reservation,
+    parse_rate_wire,
+    rate_wire,
+)
 from delayqueue_django.engine.keyed import KEY_MARK, check_relayable, split_keyed
 from delayqueue_django.engine.keyed_calls import (
     cancel_key_args,
@@ -422,25 +428,36 @@ class RedisStore:
 
     # Consumers
 
-    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+    def fetch(
+        self,
+        count: int,
+        *,
+        fetcher: str = "",
+        request: str = "",
+        gates: str = GATES_OWN,
+        leased_from: int | None = None,
+    ) -> FetchResult:
         """Hand out up to ``count`` due messages, leased until now + consume_ms.
 
         A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
-        the repeat hands out again what that fetch took (see fetch.lua)."""
+        the repeat hands out again what that fetch took (see fetch.lua). ``gates``: how
+        the flow gates apply, and ``leased_from``: from when the leases run, if not now
+        (see engine.flow)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, next_ms, expired, flat, owed, now_us, tracked, groups, _ = self._run(
+        now, next_ms, expired, flat, owed, now_us, tracked, groups, unreserved, _ = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
-                *(rate_wire(limits.rate_limit), limits.max_in_flight),
+                *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
+                *(() if leased_from is None else (leased_from,)),
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
         # Redis read its clock between sending and receiving: the middle is the best guess.
         received_at = time.monotonic()
         read_at = (sent_at + received_at) / 2
-        deadline = now + limits.consume_ms
+        deadline = (now if leased_from is None else leased_from) + limits.consume_ms
         deliveries = []
         is_tracked = bool(tracked)
         for i in range(0, len(flat), 6):
@@ -480,21 +497,59 @@ class RedisStore:
             now_us=int(now_us),
             read_at=read_at,
             read_within=(received_at - sent_at) / 2,
+            unreserved=bool(unreserved),
         )
 
     def flow(
-        self,
-        action: str = "read",
-        rate: tuple[int, int] | None = None,
-        *,
-        share: tuple[int, int] | None = None,
+        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
     ) -> FlowState:
         """Read the flow state, or change it first: "pause", "resume", or "rate" (set
-        ``rate``, or None to go back to the setting's; ``share``: the part of it this shard
-        enforces, all of it by default); see flow.lua."""
-        enforced = rate_wire(rate if share is None else share)
+        ``rate``, or None to go back to the setting's; ``enforce`` False: a shard of a
+        sharded queue but shard 0, which only notes that the queue has it); see flow.lua."""
+        enforced = rate_wire(rate if enforce else None)
         paused, rate_text, _ = self._run("flow", [self._channel, action, enforced, rate_wire(rate)])
         return FlowState(bool(int(paused)), parse_rate_wire(_text(rate_text)))
+
+    def reserve(self, count: int, name: str) -> Reservation:
+        """Reserve up to ``count`` hand-outs from a sharded queue's budget, on shard 0,
+        as entries named after ``name`` (see flow_reserve.lua)."""
+        limits = self.limits
+        sent_at = time.monotonic()
+        now, granted, again, rate_text, _ = self._run(
+            "flow_reserve",
+            [count, name, rate_wire(limits.rate_limit), limits.max_in_flight, limits.consume_ms],
+        )
+        received_at = time.monotonic()
+        return Reservation(
+            int(now),
+            int(granted),
+            None if int(again) < 0 else int(again),
+            parse_rate_wire(_text(rate_text)),
+            read_at=(sent_at + received_at) / 2,
+            read_within=(received_at - sent_at) / 2,
+        )
+
+    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
+        """Give back what a reservation did not use, and hold the slots of ``ids``, the
+        deliveries handed out under a cap (see flow_settle.lua)."""
+        self._run(
+            "flow_settle",
+            [name, reserved, used, self.limits.consume_ms, len(ids), *map(wire, ids)],
+        )
+
+    def free_slots(self, ids: Sequence[str]) -> int:
+        """Free the cap's slots of these deliveries (see flow_slots.lua)."""
+        return self._slots("free", ids)
+
+    def extend_slots(self, ids: Sequence[str]) -> int:
+        """Hold the cap's slots of these deliveries until now + consume_ms."""
+        return self._slots("extend", ids)
+
+    def _slots(self, action: str, ids: Sequence[str]) -> int:
+        changed, _ = self._run(
+            "flow_slots", [action, self.limits.consume_ms, len(ids), *map(wire, ids)]
+        )
+        return int(changed)
 
     def _commit_record(self, fetcher: str, request: str) -> list[str]:
         """The extra key of a named ack or nack request: its caller's record (see ack.lua)."""

@@ -51,11 +51,18 @@
   keys begin() derives the same way, both absent on a queue that never used them:
     <tag>:flow        hash   "paused" -> "1" while the queue is paused; "rate" ->
                              "<count>:<period ms>", a rate limit set at run time that
-                             overrides the setting's (a shard's share of it: see
-                             engine/flow.py); "queue_rate" -> the whole queue's, as set
-    <tag>:flow:log    zset   "<lease>:<id>" -> when that delivery was handed out (ms), for
-                             the rate limit's sliding window; trimmed by every fetch of a
-                             rate-limited queue and expiring a period after its last write
+                             overrides the setting's (on shard 0 only, of a sharded queue);
+                             "queue_rate" -> the whole queue's, as set (on every shard: it
+                             tells a fetch of any shard that the queue has one)
+    <tag>:flow:log    zset   "<lease>:<id>" (a fetch of one shard) or "<name>:<n>" (the
+                             n-th hand-out reserved by a sharded fetch, see
+                             flow_reserve.lua) -> when it was handed out (ms), for the rate
+                             limit's sliding window; trimmed by every fetch or reservation
+                             of a rate-limited queue, expiring a period after its last write
+    <tag>:flow:slots  zset   a sharded queue's MAX_IN_FLIGHT, on shard 0: the id of each
+                             delivery in flight on any shard, or "<name>:<n>" for a slot
+                             reserved and not yet settled -> its lease deadline (ms, shard
+                             0's clock); those past it free their slot
   Expiry and postpones (see "Expiry and postpones" below), derived the same way and only
   touched where they exist, so a queue that never used them pays nothing per message:
     <tag>:expires     zset   id -> its expiry (ms): it is never handed out from then on
@@ -85,7 +92,7 @@ local now_us
 -- The key index and the start of the holds' names (see "Keys" above).
 local key_index, hold_prefix
 -- The flow gates' state and hand-out log (see "Flow gates" at the end).
-local flow_state, flow_log
+local flow_state, flow_log, flow_slots
 -- Whether one EXISTS found none of the flow options' keys in this call (see
 -- options_unused); nil until asked.
 local options_absent
@@ -100,7 +107,7 @@ local function begin(keys)
   -- "<tag>:" from "<tag>:payload".
   local tag = string.sub(payloads, 1, -8)
   key_index, hold_prefix = tag .. 'keys', tag .. 'hold:'
-  flow_state, flow_log = tag .. 'flow', tag .. 'flow:log'
+  flow_state, flow_log, flow_slots = tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots'
   expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
     tag .. 'dead_reason'
   options_absent = nil
@@ -1128,43 +1135,77 @@ local function describe(id, preview_bytes, foreign)
   return {state, score, payload, size, meta, unannounced, group, reason, warnings}
 end
 
--- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand
--- out. While the queue is paused, none. Under a rate limit of `limit` per `period` ms, no
--- more than the sliding window has room for: the log holds the time of every hand-out of
--- the last period, so any period-long window holds at most `limit` (no burst over it,
--- unlike a fixed window; a log rather than GCRA so that a batch fetch takes what the
--- window allows at once). Under a cap, no more than `cap` minus the deliveries in flight:
--- the unack zset is the set in flight, less those whose lease already ran out (the
--- fetch's step 1 takes them back). `rate_setting` is "<limit>:<period ms>" or "", `cap` 0
--- for none; a rate kept in the flow hash overrides the setting. Returns the allowance,
--- when a held-back fetch should look again (ms, nil when nothing held it back), and the
--- rate in force ({limit, period}, nil for none), for flow_record.
-local function flow_gate(count, now, rate_setting, cap)
-  local paused, override = false, false
+-- The flow hash's fields {paused, rate set at run time on this store, the whole queue's
+-- rate set at run time}, all false when it does not exist (read only where the queue uses
+-- a flow option: one EXISTS tells a queue that uses none).
+local function flow_fields()
   if not options_unused() and redis.call('EXISTS', flow_state) == 1 then
-    local fields = call('HMGET', flow_state, 'paused', 'rate')
-    paused, override = fields[1] == '1', fields[2]
+    return call('HMGET', flow_state, 'paused', 'rate', 'queue_rate')
   end
-  if paused then
-    -- A paused fetch looks again within a second: resume's wake-up may be lost.
-    return 0, now + 1000, nil
+  return {false, false, false}
+end
+
+-- The rate limit's sliding window (issue #27): how many of `count` hand-outs the log has
+-- room for at `now` under `limit` per `period` ms, and when a held-back fetch should look
+-- again (nil when it held nothing back). The log holds the time of every hand-out of the
+-- last period, so any period-long window holds at most `limit` (no burst over it, unlike a
+-- fixed window; a log rather than GCRA so that a batch fetch takes what the window allows
+-- at once).
+local function window_room(count, now, limit, period)
+  call('ZREMRANGEBYSCORE', flow_log, '-inf', int(now - period))
+  local used = call('ZCARD', flow_log)
+  if used >= limit then
+    -- The slot frees when the hand-out `limit` places from the newest leaves the window.
+    local oldest = call('ZRANGE', flow_log, used - limit, used - limit, 'WITHSCORES')
+    return 0, tonumber(oldest[2]) + period
+  elseif limit - used < count then
+    local head = call('ZRANGE', flow_log, 0, 0, 'WITHSCORES')
+    return limit - used, head[2] and tonumber(head[2]) + period or now + period
   end
-  local allowance, again, rate = count, nil, nil
+  return count, nil
+end
+
+-- The rate in force: "<limit>:<period ms>" set at run time (`override`, false for none)
+-- or the setting's (`rate_setting`, "" for none), as {limit, period}, or nil for none.
+local function rate_in_force(override, rate_setting)
   local limit, period = string.match(override or rate_setting, '^(%d+):(%d+)$')
-  if limit then
-    limit, period = tonumber(limit), tonumber(period)
-    rate = {limit, period}
-    call('ZREMRANGEBYSCORE', flow_log, '-inf', int(now - period))
-    local used = call('ZCARD', flow_log)
-    if used >= limit then
-      -- The slot frees when the hand-out `limit` places from the newest leaves the window.
-      local oldest = call('ZRANGE', flow_log, used - limit, used - limit, 'WITHSCORES')
-      allowance, again = 0, tonumber(oldest[2]) + period
-    elseif limit - used < allowance then
-      allowance = limit - used
-      local head = call('ZRANGE', flow_log, 0, 0, 'WITHSCORES')
-      again = head[2] and tonumber(head[2]) + period or now + period
+  if not limit then
+    return nil
+  end
+  return {tonumber(limit), tonumber(period)}
+end
+
+-- Flow gates (issue #27): how many of the `count` messages a fetch asked for it may hand
+-- out. While the queue is paused, none. `mode` "" (a queue of one shard): under a rate
+-- limit no more than the sliding window has room for (see window_room); under a cap no
+-- more than `cap` minus the deliveries in flight: the unack zset is the set in flight, less
+-- those whose lease already ran out (the fetch's step 1 takes them back). `rate_setting` is
+-- "<limit>:<period ms>" or "", `cap` 0 for none; a rate kept in the flow hash overrides the
+-- setting. A shard of a sharded queue holds no share of either: the budget for the whole
+-- queue is on shard 0 (see flow_reserve.lua). Its fetches come in `mode` "reserved" (the
+-- count already within the budget) or "shard" (a queue whose budget the caller did not
+-- know of: with a rate set at run time on the queue, the fetch takes nothing and says so,
+-- and the caller reserves from then on). Returns the allowance, when a held-back fetch
+-- should look again (ms, nil when nothing held it back), the rate in force ({limit,
+-- period}, nil for none) for flow_record, and 1 when the fetch needs a reservation, else 0.
+local function flow_gate(count, now, rate_setting, cap, mode)
+  local fields = flow_fields()
+  if fields[1] == '1' then
+    -- A paused fetch looks again within a second: resume's wake-up may be lost.
+    return 0, now + 1000, nil, 0
+  end
+  if mode == 'reserved' then
+    return count, nil, nil, 0
+  elseif mode == 'shard' then
+    if fields[3] then
+      return 0, now, nil, 1
     end
+    return count, nil, nil, 0
+  end
+  local allowance, again = count, nil
+  local rate = rate_in_force(fields[2], rate_setting)
+  if rate then
+    allowance, again = window_room(count, now, rate[1], rate[2])
   end
   if cap > 0 then
     local in_flight = call('ZCARD', unack) - call('ZCOUNT', unack, '-inf', int(now))
@@ -1174,7 +1215,7 @@ local function flow_gate(count, now, rate_setting, cap)
       allowance, again = room, math.min(again or now + 1000, now + 1000)
     end
   end
-  return allowance, again, rate
+  return allowance, again, rate, 0
 end
 
 -- Logs the deliveries a rate-limited fetch handed out (flat, six fields each: see

@@ -35,8 +35,14 @@
   ARGV[5]  request, this fetch's id ("": no replay record)
   ARGV[6]  the RATE_LIMIT setting, "<limit>:<period ms>", or "" for none (flow gates)
   ARGV[7]  the MAX_IN_FLIGHT setting, 0 for none (flow gates)
+  ARGV[8]  the flow gates' mode (see flow_gate in the prelude): "" on a queue of one shard;
+           "reserved" or "shard" on a shard of a sharded queue, asked within a reservation
+           of the whole queue's budget (flow_reserve.lua) or without one
+  ARGV[9]  for "reserved": when the reservation was made (ms, shard 0's clock), from which
+           the leases run: a delivery's hand-out time is the one its reservation logged
 
-  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, warnings}:
+  Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
+  warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -52,6 +58,8 @@
                 deliveries must clean them up or pass the groups on
     groups      on a queue that has had ordered groups, each delivery's group, in order
                 (false for none); else empty, so that other queues pay nothing for it
+    unreserved  1 if a fetch of mode "shard" took nothing because the queue has a rate set
+                at run time: its fetches must reserve (flow_reserve.lua) from now on
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
 ]]
 
@@ -59,7 +67,7 @@ local channel, count = args[1], tonumber(args[2])
 local consume_ms, stage_limit = tonumber(args[3]), tonumber(args[4])
 local record_key, request = keys[11], args[5]
 local now = now_ms()
-local deadline = int(now + consume_ms)
+local deadline = int((tonumber(args[9] or '') or now) + consume_ms)
 local expired, handed, deliveries = 0, 0, {}
 -- The new meta records and unack entries of the deliveries, written once at the end.
 local records, leased = {}, {}
@@ -314,9 +322,10 @@ if request ~= '' then
 end
 -- Flow gates (issue #27: pause, RATE_LIMIT, MAX_IN_FLIGHT; see flow_gate in the prelude):
 -- a new request takes no more than they allow (a repeat hands out what it took before).
-local asked, flow_again, flow_rate = count, nil, nil
+local asked, flow_again, flow_rate, unreserved = count, nil, nil, 0
 if not recorded then
-  count, flow_again, flow_rate = flow_gate(count, now, args[6] or '', tonumber(args[7]) or 0)
+  count, flow_again, flow_rate, unreserved = flow_gate(count, now, args[6] or '',
+    tonumber(args[7]) or 0, args[8] or '')
 end
 if recorded then
   hand_out_again(recorded)
@@ -408,4 +417,4 @@ if handed > 0 and not options_unused() then
     tracked = 1
   end
 end
-return {now, next_ms, expired, deliveries, owed, now_us, tracked, groups, warnings}
+return {now, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved, warnings}

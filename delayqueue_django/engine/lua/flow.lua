@@ -7,8 +7,10 @@
   ARGV[1]  wake-up channel
   ARGV[2]  what to do: "read", "pause", "resume", or "rate" (set ARGV[3] as the rate)
   ARGV[3]  for "rate": "<limit>:<period ms>", or "" to go back to the setting: the rate
-           this queue (or this shard: its share of a sharded queue's) enforces
-  ARGV[4]  for "rate": the whole queue's rate, as ARGV[3], which reads answer
+           this queue enforces ("" on a shard of a sharded queue other than shard 0, where
+           the whole queue's budget is kept: see flow_reserve.lua)
+  ARGV[4]  for "rate": the whole queue's rate, as ARGV[3], which reads answer and which
+           tells a fetch of a shard that the queue has one
 
   Returns {paused, rate, warnings}: paused 1 or 0, and the whole queue's rate set at run
   time ("" for none), as this call leaves them. Resume publishes the server's time on the wake-up
@@ -23,10 +25,12 @@ elseif action == 'resume' then
     wake(channel, now_ms())
   end
 elseif action == 'rate' then
-  if args[3] == '' then
-    call('HDEL', flow_state, 'rate', 'queue_rate')
-  else
-    call('HSET', flow_state, 'rate', args[3], 'queue_rate', args[4])
+  for _, field in ipairs({{'rate', args[3]}, {'queue_rate', args[4]}}) do
+    if field[2] == '' then
+      call('HDEL', flow_state, field[1])
+    else
+      call('HSET', flow_state, field[1], field[2])
+    end
   end
   -- A new rate may let held-back work go now.
   wake(channel, now_ms())

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
+from delayqueue_django.engine.flow import GATES_OWN
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.memory import expiry, flow, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
@@ -122,27 +123,37 @@ class MemoryDelivery(MemoryStoreBase):
 
     # Consumers
 
-    def fetch(self, count: int, *, fetcher: str = "", request: str = "") -> FetchResult:
+    def fetch(
+        self,
+        count: int,
+        *,
+        fetcher: str = "",
+        request: str = "",
+        gates: str = GATES_OWN,
+        leased_from: int | None = None,
+    ) -> FetchResult:
         with self.server.lock:
             state, (now, now_us) = self._state(), self._now_with_us()
             read_at = time.monotonic()
-            deadline = now + self._limits.consume_ms
+            deadline = (now if leased_from is None else leased_from) + self._limits.consume_ms
             last = state.fetches.pop(fetcher, None) if request else None
-            again = None
+            again, unreserved = None, False
             if last is not None and last[0] == request and last[2] > now:
                 deliveries = self._hand_out_again(state, last[1], deadline)
                 expired = 0
             else:
                 # The flow gates (see fetch.lua and memory/flow.py).
-                allowed, again = flow.gate(state, self._limits, count, now)
+                allowed, again, unreserved = flow.gate(state, self._limits, count, now, gates)
                 deliveries, expired = self._take_due(state, now, allowed, deadline)
-                flow.record(state, self._limits, len(deliveries), now)
+                flow.record(state, self._limits, len(deliveries), now, gates)
                 if allowed < count and len(deliveries) == allowed:
                     deliveries = [replace(d, due_ms=max(d.due_ms, now)) for d in deliveries]
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
             result = self._fetched(state, now, now_us, read_at, count, deliveries, expired)
+            if unreserved:
+                result = replace(result, unreserved=True)
             if again is not None and result.next_ms == now:
                 return replace(result, next_ms=again)
             return result

@@ -1,7 +1,12 @@
 """The flow gates of a memory queue, as fetch.lua's flow_gate and flow.lua do them: pause,
-the rate limit's sliding window of hand-outs, and the cap on deliveries in flight."""
+the rate limit's sliding window of hand-outs, and the cap on deliveries in flight; and a
+sharded queue's budget on shard 0, as flow_reserve.lua, flow_settle.lua and flow_slots.lua
+keep it (see engine.flow)."""
 
-from delayqueue_django.engine.flow import FlowState
+import time
+from collections.abc import Sequence
+
+from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, FlowState, Reservation
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import QueueState
 from delayqueue_django.engine.records import StoreLimits
@@ -10,48 +15,61 @@ from delayqueue_django.engine.records import StoreLimits
 LOOK_AGAIN_MS = 1000
 
 
-def gate(state: QueueState, limits: StoreLimits, count: int, now: int) -> tuple[int, int | None]:
-    """How many of ``count`` a fetch may hand out, and when to look again if the gates
-    held work back (None when they did not)."""
+def window_room(
+    state: QueueState, count: int, now: int, rate: tuple[int, int]
+) -> tuple[int, int | None]:
+    """How many of ``count`` hand-outs the sliding window has room for, and when to look
+    again if fewer (window_room in the prelude)."""
+    limit, period = rate
+    window = state.handed_out
+    while window and window[0][0] <= now - period:
+        window.popleft()
+    used = len(window)
+    if used >= limit:
+        return 0, window[used - limit][0] + period
+    if limit - used < count:
+        return limit - used, (window[0][0] if window else now) + period
+    return count, None
+
+
+def gate(
+    state: QueueState, limits: StoreLimits, count: int, now: int, gates: str
+) -> tuple[int, int | None, bool]:
+    """How many of ``count`` a fetch may hand out, when to look again if the gates held
+    work back (None when they did not), and whether the fetch needs a reservation."""
     if state.paused:
-        return 0, now + LOOK_AGAIN_MS
+        return 0, now + LOOK_AGAIN_MS, False
+    if gates == GATES_RESERVED:
+        return count, None, False
+    if gates == GATES_SHARD:
+        if state.queue_rate is not None:
+            return 0, now, True
+        return count, None, False
     allowance, again = count, None
     rate = state.rate or limits.rate_limit
     if rate is not None:
-        limit, period = rate
-        window = state.handed_out
-        while window and window[0] <= now - period:
-            window.popleft()
-        used = len(window)
-        if used >= limit:
-            allowance, again = 0, window[used - limit] + period
-        elif limit - used < allowance:
-            allowance = limit - used
-            again = (window[0] if window else now) + period
+        allowance, again = window_room(state, count, now, rate)
     if limits.max_in_flight:
         in_flight = len(state.unack) - len(state.unack.upto(now, len(state.unack)))
         room = max(limits.max_in_flight - in_flight, 0)
         if room < allowance:
             allowance = room
             again = min(again or now + LOOK_AGAIN_MS, now + LOOK_AGAIN_MS)
-    return allowance, again
+    return allowance, again, False
 
 
-def record(state: QueueState, limits: StoreLimits, handed: int, now: int) -> None:
-    """Log ``handed`` hand-outs at ``now`` in the rate limit's window."""
-    if state.rate or limits.rate_limit:
-        state.handed_out.extend([now] * handed)
+def record(state: QueueState, limits: StoreLimits, handed: int, now: int, gates: str) -> None:
+    """Log ``handed`` hand-outs at ``now`` in the rate limit's window (a fetch of one shard;
+    a sharded queue's are logged by its reservations)."""
+    if gates not in (GATES_RESERVED, GATES_SHARD) and (state.rate or limits.rate_limit):
+        state.handed_out.extend([(now, "")] * handed)
 
 
 class MemoryFlow(MemoryStoreBase):
-    """Reading and changing the flow state (flow.lua)."""
+    """Reading and changing the flow state (flow.lua), and a sharded queue's budget."""
 
     def flow(
-        self,
-        action: str = "read",
-        rate: tuple[int, int] | None = None,
-        *,
-        share: tuple[int, int] | None = None,
+        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
     ) -> FlowState:
         with self.server.lock:
             state = self._state()
@@ -62,7 +80,62 @@ class MemoryFlow(MemoryStoreBase):
                     state.paused = False
                     self._wake(self._now())
             elif action == "rate":
-                state.rate = rate if share is None else share
+                state.rate = rate if enforce else None
                 state.queue_rate = rate
                 self._wake(self._now())
             return FlowState(state.paused, state.queue_rate)
+
+    def reserve(self, count: int, name: str) -> Reservation:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            limits = self._limits
+            rate = state.rate or limits.rate_limit
+            read_at = time.monotonic()
+            if state.paused:
+                return Reservation(now, 0, now + LOOK_AGAIN_MS, rate, read_at=read_at)
+            granted, again = count, None
+            if rate is not None:
+                granted, again = window_room(state, count, now, rate)
+            if limits.max_in_flight:
+                state.flow_slots.pop_upto(now, len(state.flow_slots))
+                room = max(limits.max_in_flight - len(state.flow_slots), 0)
+                if room < granted:
+                    granted = room
+                    again = min(again or now + LOOK_AGAIN_MS, now + LOOK_AGAIN_MS)
+            entries = [f"{name}:{n}" for n in range(1, granted + 1)]
+            if rate is not None:
+                # (A repeated name replaces its entries, as ZADD does.)
+                named = set(entries)
+                kept = [entry for entry in state.handed_out if entry[1] not in named]
+                state.handed_out.clear()
+                state.handed_out.extend(kept + [(now, entry) for entry in entries])
+            if limits.max_in_flight:
+                for entry in entries:
+                    state.flow_slots.add(entry, now + limits.consume_ms)
+            return Reservation(now, granted, again, rate, read_at=read_at)
+
+    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            unused = {f"{name}:{n}" for n in range(used + 1, reserved + 1)}
+            if unused:
+                kept = [entry for entry in state.handed_out if entry[1] not in unused]
+                state.handed_out.clear()
+                state.handed_out.extend(kept)
+            for n in range(1, reserved + 1):
+                state.flow_slots.remove(f"{name}:{n}")
+            for message_id in ids:
+                state.flow_slots.add(message_id, now + self._limits.consume_ms)
+
+    def free_slots(self, ids: Sequence[str]) -> int:
+        with self.server.lock:
+            state = self._state()
+            return sum(state.flow_slots.remove(message_id) for message_id in ids)
+
+    def extend_slots(self, ids: Sequence[str]) -> int:
+        with self.server.lock:
+            state, now = self._state(), self._now()
+            held = [message_id for message_id in ids if message_id in state.flow_slots]
+            for message_id in held:
+                state.flow_slots.add(message_id, now + self._limits.consume_ms)
+            return len(held)

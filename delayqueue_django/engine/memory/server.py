@@ -83,14 +83,16 @@ class QueueState:
     # (ms), by which the ended ones are reclaimed as Redis expires the keys.
     holders: dict[str, str] = field(default_factory=dict)
     hold_ends: ScoredSet = field(default_factory=ScoredSet)
-    # The flow gates ({tag}:flow and {tag}:flow:log, see memory/flow.py): paused, the rate
-    # set at run time ((limit, period ms) or None) that this queue or shard enforces and
-    # the whole queue's, and the times of the hand-outs in the rate limit's window, oldest
-    # first.
+    # The flow gates ({tag}:flow, {tag}:flow:log and {tag}:flow:slots, see memory/flow.py):
+    # paused, the rate set at run time ((limit, period ms) or None) that this queue (shard
+    # 0 of a sharded one) enforces and the whole queue's, the hand-outs in the rate limit's
+    # window ((time, name): a reservation's entries are named, a fetch's ""), oldest first,
+    # and a sharded queue's slots in flight under its cap: id or entry -> deadline.
     paused: bool = False
     rate: tuple[int, int] | None = None
     queue_rate: tuple[int, int] | None = None
-    handed_out: deque[int] = field(default_factory=deque)
+    handed_out: deque[tuple[int, str]] = field(default_factory=deque)
+    flow_slots: ScoredSet = field(default_factory=ScoredSet)
     # Ordered groups (see memory/groups.py): id -> (send number, group), the last send
     # number, group -> id of its holder, group -> its parked (due, send number, id), sorted.
     group_of: dict[str, tuple[int, str]] = field(default_factory=dict)
