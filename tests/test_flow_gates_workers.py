@@ -22,7 +22,7 @@ from tests.flow_gates.scenario import (
     worker_settings,
 )
 from tests.helpers import store_time_ms, wait_for
-from tests.redis_servers import RedisClusterServers, RedisServer
+from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,36 +34,53 @@ def configured(settings: Any, url: str, **options: Any) -> dict[str, Any]:
     return chosen
 
 
-def test_three_workers_never_hand_out_more_than_the_rate_limit(
-    redis_server: RedisServer, settings: Any, tmp_path: Path
-) -> None:
-    chosen = configured(settings, redis_server.url, RATE_LIMIT="20/s")
+# Each gate on one Redis, and on a sharded queue (one budget for the whole queue on shard 0,
+# see engine.flow) over the three masters of a Redis Cluster, six shards, two a master.
+PLACES = {
+    "one server": ("redis_server", {}),
+    "sharded on a cluster": ("redis_cluster", {"SHARDS": 6}),
+}
+
+
+def drained(
+    request: pytest.FixtureRequest,
+    place: str,
+    settings: Any,
+    tmp_path: Path,
+    count: int,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """``count`` messages drained by three workers with these queue options, at ``place``:
+    the ledger of their handler."""
+    fixture, sharding = PLACES[place]
+    server = request.getfixturevalue(fixture)
+    chosen = configured(settings, server.url, **sharding, **options)
     queue = get_queue()
-    queue.send_many([{"n": n} for n in range(70)])
+    queue.send_many([{"n": n} for n in range(count)])
     fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
     try:
         fleet.start()
-        records = drain(queue, fleet, 70, timeout=60)
+        return drain(queue, fleet, count, timeout=60)
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_three_workers_never_hand_out_more_than_the_rate_limit(
+    request: pytest.FixtureRequest, place: str, settings: Any, tmp_path: Path
+) -> None:
+    records = drained(request, place, settings, tmp_path, 70, RATE_LIMIT="20/s")
     handed_out = [record["handed_out_ms"] for record in records]
     assert busiest_window(handed_out, 1000) <= 20
     # The limit did hold them back: 70 at 20 a second take three seconds and more.
     assert max(handed_out) - min(handed_out) >= 3000
 
 
+@pytest.mark.parametrize("place", PLACES)
 def test_three_workers_never_run_more_than_the_cap_at_once(
-    redis_server: RedisServer, settings: Any, tmp_path: Path
+    request: pytest.FixtureRequest, place: str, settings: Any, tmp_path: Path
 ) -> None:
-    chosen = configured(settings, redis_server.url, MAX_IN_FLIGHT=3)
-    queue = get_queue()
-    queue.send_many([{"n": n} for n in range(60)])
-    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
-    try:
-        fleet.start()
-        records = drain(queue, fleet, 60, timeout=60)
-    finally:
-        fleet.close()
+    records = drained(request, place, settings, tmp_path, 60, MAX_IN_FLIGHT=3)
     assert 2 <= most_at_once(records) <= 3
 
 
@@ -90,43 +107,6 @@ def test_a_pause_holds_due_messages_until_the_resume(
     finally:
         fleet.close()
     assert max(record["handed_out_ms"] for record in records) - resumed_ms <= 1000
-
-
-# A sharded queue: one budget for the whole queue on shard 0 (engine.flow), over the
-# three masters of a Redis Cluster (six shards, two a master).
-
-
-def test_three_workers_hold_a_sharded_queue_on_a_cluster_to_the_rate_limit(
-    redis_cluster: RedisClusterServers, settings: Any, tmp_path: Path
-) -> None:
-    chosen = configured(settings, redis_cluster.url, SHARDS=6, RATE_LIMIT="20/s")
-    queue = get_queue()
-    queue.send_many([{"n": n} for n in range(50)])
-    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
-    try:
-        fleet.start()
-        records = drain(queue, fleet, 50, timeout=60)
-    finally:
-        fleet.close()
-    handed_out = [record["handed_out_ms"] for record in records]
-    assert busiest_window(handed_out, 1000) <= 20
-    # 50 at 20 a second: the third window's hand-outs come two seconds after the first.
-    assert max(handed_out) - min(handed_out) >= 2000
-
-
-def test_three_workers_run_a_sharded_queue_on_a_cluster_within_the_cap(
-    redis_cluster: RedisClusterServers, settings: Any, tmp_path: Path
-) -> None:
-    chosen = configured(settings, redis_cluster.url, SHARDS=6, MAX_IN_FLIGHT=3)
-    queue = get_queue()
-    queue.send_many([{"n": n} for n in range(40)])
-    fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
-    try:
-        fleet.start()
-        records = drain(queue, fleet, 40, timeout=60)
-    finally:
-        fleet.close()
-    assert 2 <= most_at_once(records) <= 3
 
 
 def test_a_killed_workers_slots_of_a_sharded_cap_come_back_when_its_leases_run_out(
