@@ -1,11 +1,14 @@
-"""Ordered groups (issue #27) in the admin: a message's page shows its group (escaped), and
-a parked message (waiting for its group) shows as pending at its due time."""
+"""Ordered groups (issue #27) in the admin: a message's page shows its group (escaped), a
+parked message (waiting for its group) shows as pending at its due time, and a queue whose
+pending messages are all parked still shows its page and its stats."""
 
 import html
 import re
+from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -17,15 +20,19 @@ pytestmark = pytest.mark.django_db
 XSS_GROUP = '<b>customer "42"</b>'
 
 
-def message_page(message_id: str) -> str:
+def viewer() -> Client:
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(
         Permission.objects.get(content_type__app_label="delayqueue_django", codename="view_queue")
     )
     client = Client()
     client.force_login(user)
+    return client
+
+
+def message_page(message_id: str) -> str:
     address = reverse("admin:delayqueue_django_queue_message", args=["default", message_id])
-    return client.get(address).content.decode()
+    return viewer().get(address).content.decode()
 
 
 def group_cell(page: str) -> str:
@@ -68,3 +75,18 @@ def test_the_message_page_of_a_keyed_grouped_message_shows_both() -> None:
     key = re.search(r'<td class="dq-key">(.*?)</td>', page, re.S)
     assert key is not None
     assert html.unescape(key.group(1)) == "order:42"
+
+
+def test_a_queue_whose_pending_messages_are_all_parked_shows_its_page_and_stats() -> None:
+    # Parked messages are scored far beyond any due time: taken for the next due time, they
+    # made the queue page and delayqueue_stats fail on a date in the year 144,740.
+    queue = get_queue()
+    for n in range(3):
+        queue.send({"n": n}, group="g")
+    assert len(fetch_when_due(queue, 10)) == 1
+    assert queue.fetch(10).messages == []  # the other two parked
+    response = viewer().get(reverse("admin:delayqueue_django_queue_detail", args=["default"]))
+    assert response.status_code == 200
+    out = StringIO()
+    call_command("delayqueue_stats", stdout=out)
+    assert "default" in out.getvalue()

@@ -222,6 +222,25 @@ def test_a_parked_message_rescheduled_later_takes_its_new_place_in_the_group(
     assert order == [between.id, moved.id]
 
 
+def test_stats_count_parked_messages_as_due_but_no_next_due_time_nor_lag(
+    queue: Queue,
+) -> None:
+    # Parked (scored far beyond any due time), they once made next_due_ms a date in the
+    # year 144,740, which the admin and delayqueue_stats could not show.
+    store = queue.store
+    now = store_time_ms(queue)
+    store.send([grouped("g", n, at_ms=now - 1000) for n in range(3)])
+    assert len(fetch_ids(store)) == 1
+    assert fetch_ids(store) == []  # the other two parked behind the holder
+    stats = store.stats()
+    assert stats["pending"] == stats["due"] == 2
+    assert stats["next_due_ms"] == -1
+    assert stats["lag_ms"] == 0
+    later = grouped("h", 9, at_ms=now + 60_000)
+    store.send([later])
+    assert store.stats()["next_due_ms"] == later.at_ms
+
+
 def test_plain_messages_carry_no_group(queue: Queue) -> None:
     store = queue.store
     plain = NewMessage(uuid.uuid4().hex, "{}", 2)

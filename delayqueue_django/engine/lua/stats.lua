@@ -7,10 +7,13 @@
   Returns {pending, ready, unack, retry, garbage, due, unannounced, now_ms,
   next_due_ms, lag_ms, acked, failed, retried, timed_out, exhausted, superseded, expired,
   postponed, paused, warnings}:
-    due          pending messages whose time has come but not yet staged by a worker
+    due          pending messages whose time has come but not yet staged by a worker,
+                 parked ones of ordered groups included (they wait for their group)
     unannounced  exhausted messages whose message_exhausted signal is still owed
-    next_due_ms  the earliest due time in pending (-1 when pending is empty)
-    lag_ms       how long the oldest due pending message has been waiting (0 if none)
+    next_due_ms  the earliest due time in pending, parked messages left out (-1 when
+                 none is left)
+    lag_ms       how long the oldest due pending message has been waiting (0 if none),
+                 parked ones left out
     acked …      the running totals kept in throughput (see _prelude.lua)
     paused       1 while the queue is paused (see "Flow gates" in the prelude), else 0
 ]]
@@ -25,10 +28,17 @@ local function size(key, command)
   return redis.call(command, key)
 end
 
+-- A parked message (scored PARKED + its due time: see "Ordered groups" in the prelude) is
+-- due and waits for its group, not for a worker: it counts as due, but neither the next
+-- due time nor the lag is its (with only parked ones pending, there is no next due time).
 local next_due, due, lag = -1, 0, 0
 if not foreign[pending] then
   next_due = head_score(pending) or -1
+  if next_due >= PARKED then
+    next_due = -1
+  end
   due = redis.call('ZCOUNT', pending, '-inf', int(now))
+    + redis.call('ZCOUNT', pending, int(PARKED), '+inf')
   if next_due >= 0 and next_due <= now then
     lag = now - next_due
   end

@@ -89,15 +89,18 @@ class MemoryOperators(MemoryStoreBase):
     def stats(self) -> dict[str, int]:
         with self.server.lock:
             state, now = self._state(), self._now()
+            # (Parked messages count as due, but are no one's next due time nor lag: see
+            # stats.lua.)
             head = state.pending.head()
-            next_due = -1 if head is None else head[1]
+            next_due = -1 if head is None or head[1] >= groups.PARKED else head[1]
+            parked = len(state.pending) - state.pending.count_upto(groups.PARKED - 1)
             return {
                 "pending": len(state.pending),
                 "ready": len(state.ready),
                 "unack": len(state.unack),
                 "retry": len(state.retry),
                 "garbage": len(state.garbage),
-                "due": state.pending.count_upto(now),
+                "due": state.pending.count_upto(now) + parked,
                 "unannounced": len(state.exhausted),
                 "server_time_ms": now,
                 "next_due_ms": next_due,
