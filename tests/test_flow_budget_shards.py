@@ -129,3 +129,16 @@ def test_an_idle_sharded_worker_reserves_nothing(
         assert reserved == [100]
     finally:
         subscription.close()
+
+
+def test_a_rate_below_one_per_shard_can_be_set_and_binds(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(SHARDS=4, MAX_CONSUME_DURATION=60)
+    queue.set_rate_limit("2/s")
+    assert queue.flow().rate_limit == "2/s"
+    send_to_one_shard(queue, 6, 4, shard=3)
+    got: list[Message] = []
+    for _ in range(4):
+        got += queue.fetch(10).messages
+    assert len(got) == 2
