@@ -142,3 +142,20 @@ def test_a_rate_below_one_per_shard_can_be_set_and_binds(
     for _ in range(4):
         got += queue.fetch(10).messages
     assert len(got) == 2
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_deleting_an_in_flight_message_frees_its_slot(
+    configure: Callable[..., Queue], shards: int
+) -> None:
+    queue = configure(SHARDS=shards, MAX_IN_FLIGHT=2, MAX_CONSUME_DURATION=60)
+    queue.send_many([{"n": n} for n in range(6)])
+    held: list[Message] = []
+    for _ in range(4):
+        held += queue.fetch(10).messages
+    assert len(held) == 2
+    assert queue.delete(held[0].id) == "unack"
+    more: list[Message] = []
+    for _ in range(4):
+        more += queue.fetch(10).messages
+    assert len(more) == 1
