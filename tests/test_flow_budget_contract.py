@@ -53,6 +53,29 @@ def test_settling_gives_back_what_the_shards_did_not_hand_out(
     assert store.reserve(5, "c").granted == 0
 
 
+def test_settling_keeps_what_a_lost_reply_may_have_handed_out(
+    configure: Callable[..., Queue],
+) -> None:
+    store = shard_0(configure(RATE_LIMIT="5/m", MAX_IN_FLIGHT=4))
+    assert store.reserve(4, "a").granted == 4
+    # One went out; two more were asked of a shard whose reply was lost: 3 stay used,
+    # under the cap as x's slot and two of the reservation's.
+    store.settle("a", 4, 3, ["x"])
+    assert store.reserve(5, "b").granted == 1
+    assert store.free_slots(["x"]) == 1
+    assert store.reserve(5, "c").granted == 1  # the rate's window: 3 + 1 + 1 of 5
+
+
+def test_settling_logs_what_went_out_beyond_the_reservation(
+    configure: Callable[..., Queue],
+) -> None:
+    store = shard_0(configure(RATE_LIMIT="5/m", MAX_IN_FLIGHT=9))
+    # A repeat, reserving nothing, handed out again three its shard had recorded.
+    store.settle("a", 0, 0, ["x", "y", "z"], 3)
+    assert store.reserve(5, "b").granted == 2
+    assert store.free_slots(["x", "y", "z"]) == 3
+
+
 def test_the_rate_in_force_is_the_run_time_one(configure: Callable[..., Queue]) -> None:
     queue = configure(RATE_LIMIT="5/m")
     queue.set_rate_limit("2/h")

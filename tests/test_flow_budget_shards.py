@@ -129,3 +129,33 @@ def test_an_idle_sharded_worker_reserves_nothing(
         assert reserved == [100]
     finally:
         subscription.close()
+
+
+def test_a_rate_below_one_per_shard_can_be_set_and_binds(
+    configure: Callable[..., Queue],
+) -> None:
+    queue = configure(SHARDS=4, MAX_CONSUME_DURATION=60)
+    queue.set_rate_limit("2/s")
+    assert queue.flow().rate_limit == "2/s"
+    send_to_one_shard(queue, 6, 4, shard=3)
+    got: list[Message] = []
+    for _ in range(4):
+        got += queue.fetch(10).messages
+    assert len(got) == 2
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_deleting_an_in_flight_message_frees_its_slot(
+    configure: Callable[..., Queue], shards: int
+) -> None:
+    queue = configure(SHARDS=shards, MAX_IN_FLIGHT=2, MAX_CONSUME_DURATION=60)
+    queue.send_many([{"n": n} for n in range(6)])
+    held: list[Message] = []
+    for _ in range(4):
+        held += queue.fetch(10).messages
+    assert len(held) == 2
+    assert queue.delete(held[0].id) == "unack"
+    more: list[Message] = []
+    for _ in range(4):
+        more += queue.fetch(10).messages
+    assert len(more) == 1

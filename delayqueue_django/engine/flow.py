@@ -9,15 +9,21 @@ A sharded fetch that has shards due first reserves up to its count from shard 0
 (flow_reserve.lua): the sliding window's room under the rate limit, logged at once, and
 free slots under the cap, held at once; then asks the shards for at most what it was
 granted (GATES_RESERVED), and settles the reservation (flow_settle.lua): the hand-outs not
-used go back to the window, and the slots become the deliveries'. Under the cap, acks,
-refusals and releases free their slots, and lease extensions extend them (flow_slots.lua),
-one call to shard 0 per batch; a slot whose lease ran out frees itself, so a killed
-worker's come back when its leases run out.
+used go back to the window, and the slots become the deliveries'. What was asked of a shard
+that failed is not given back (its reply may have been lost after it handed them out), and
+what a shard repeating a lost request hands out beyond the grant is logged and holds slots:
+counted twice at worst, never not at all. A repeated request reserves nothing and asks for
+nothing new (only the shards' records are handed out again). A fetch granted nothing asks
+one shard, in turn, for nothing: its housekeeping keeps up while the gates stay shut.
+Under the cap, acks, refusals, releases and deletes in flight free their slots, and lease
+extensions extend them (flow_slots.lua), one call to shard 0 per batch; a slot whose lease
+ran out frees itself, so a killed worker's come back when its leases run out.
 
 The cost, in round trips: a plain sharded queue none. Under a rate limit, one more per
-fetch (the reservation) and one more when the shards handed out less than it granted (the
+fetch (the reservation) and one more when the shards handed out other than it granted (the
 give-back). Under a cap, one more per fetch and one to settle every reservation, and one
-more per ack, nack, release and lease extension batch.
+more per ack, nack, release, lease extension batch and delete in flight. A fetch held back
+asks one shard.
 
 A rate set at run time lives in shard 0's flow hash, where the reservations read it, and
 as "queue_rate" on every shard: a fetch of a shard without a reservation (GATES_SHARD) that

@@ -337,10 +337,12 @@ class ShardStore(Store, Protocol):
         request: str = "",
         gates: str = GATES_OWN,
         leased_from: int | None = None,
+        gated: bool = False,
     ) -> FetchResult:
         """As ``Store.fetch``; ``gates``: how the flow gates apply, on a shard of a sharded
-        queue (engine.flow's GATES_*), and ``leased_from``: from when the leases run (ms),
-        a reservation's time, if not now."""
+        queue (engine.flow's GATES_*), ``leased_from``: from when the leases run (ms),
+        a reservation's time, if not now, and ``gated``: the reservation bound ``count``
+        (handing all of it out then wakes no idle peer: the rest waits for the gates)."""
         ...
 
     # A sharded queue's budget for the whole queue, on shard 0 (see engine.flow)
@@ -350,9 +352,14 @@ class ShardStore(Store, Protocol):
         a call whose reply was lost reserves the same ones again."""
         ...
 
-    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
-        """After the shards answered: give back the ``reserved - used`` hand-outs not used,
-        and turn the reserved slots into those of ``ids`` (the deliveries, under a cap)."""
+    def settle(
+        self, name: str, reserved: int, used: int, ids: Sequence[str], beyond: int = 0
+    ) -> None:
+        """After the shards answered: give back the ``reserved - used`` hand-outs not used
+        (``used`` counts those a shard whose reply was lost may have handed out), log the
+        ``beyond`` handed out past the reservation (a repeat's), and turn the first
+        ``len(ids)`` reserved slots into those of ``ids`` (the deliveries, under a cap),
+        the rest of the ``used`` ones kept (see flow_settle.lua)."""
         ...
 
     def free_slots(self, ids: Sequence[str]) -> int:

@@ -76,46 +76,66 @@ class ShardFetching(ShardLayouts):
         visits, repeating, idle = self._visits(time.monotonic(), fetcher, request)
         # The flow gates: the whole queue's budget is reserved on shard 0 first (see
         # engine.flow), unless no shard is due (an idle look takes nothing) or the fetch
-        # repeats a lost one (its shards hand out again what they took, reserved then).
+        # repeats one (its shards are asked for none: those with a record of it hand out
+        # again what they took, whatever the count, and the settling counts that).
         budgeted = self._budgeted()
         gates = GATES_RESERVED if budgeted else GATES_SHARD
         reservation, entries, wanted, leased_from = None, "", count, None
-        if budgeted and idle:
-            count = 0
-        elif budgeted and not repeating:
+        if budgeted:
             # (A request is named within its fetcher's; a fetch without one, by a uuid.)
             entries = f"{fetcher}:{request}" if request else uuid.uuid4().hex
+        if budgeted and (idle or repeating):
+            count = 0
+        elif budgeted:
             reservation = self.base.reserve(count, entries)
             if reservation.rate is None and self.limits.rate_limit is None:
                 self._run_time_rate = False
             if reservation.granted == 0:
-                return self._held_back(reservation)
+                return self._held_back(reservation, visits, fetcher, request, entries)
             # The leases run from the reservation: a delivery's hand-out time is its entry's.
             count, leased_from = reservation.granted, reservation.now_ms
+        # Whether the gates, not the work, bound what the shards are asked for: a shard
+        # handing out all it was asked then wakes no idle peer (the rest waits for them).
+        gated = budgeted and count < wanted
         taken: list[tuple[str, FetchResult]] = []
         asked: list[str] = []
         failures: list[Exception] = []
         held_back: set[str] = set()
+        # How many of the reservation the shards that failed were asked for: they may have
+        # handed them out (their reply lost after their script ran).
+        lost = 0
 
         def ask(names: Iterable[str], *, to_the_end: bool) -> None:
             """Fetch from each shard in turn until ``count`` (or from every one, if told),
             but for those held back meanwhile (a shard on their server timed out)."""
-            remaining = count - sum(len(result.deliveries) for _, result in taken)
+            nonlocal lost
+            remaining = count - lost - sum(len(result.deliveries) for _, result in taken)
             for name in names:
-                if remaining <= 0 < count and not to_the_end:
+                # (With all of it lost to shards that failed, one more is asked, for none:
+                # the fetch answers, with the clock, rather than fail for one shard.)
+                if remaining <= 0 < count and not to_the_end and taken:
                     return
                 if not to_the_end and name in held_back:
                     continue
                 asked.append(name)
-                # (A fetch of none still has each shard it asks retry what expired.)
+                # (A fetch of none still has each shard it asks retry what expired.) Under
+                # a reservation, a shard that failed last time is asked for none until it
+                # answers again: each failure holds what it was asked for (see below).
+                share = max(remaining, 0)
+                if reservation is not None and self._failing(name):
+                    share = 0
                 result = self._fetch_shard(
-                    name, max(remaining, 0), fetcher, request, gates, leased_from, failures
+                    name, share, fetcher, request, gates, leased_from, failures, gated
                 )
                 if result is not None:
                     taken.append((name, result))
                     remaining -= len(result.deliveries)
                 elif timed_out(failures[-1]):
                     held_back.update(self.hold_siblings(name))
+                if result is None and reservation is not None:
+                    # It may have handed its share out: not given back, nor asked of others.
+                    lost += share
+                    remaining -= share
 
         ask(visits, to_the_end=repeating)
         if not taken and not repeating:
@@ -132,8 +152,8 @@ class ShardFetching(ShardLayouts):
                 ]
             ask(others, to_the_end=False)
         handed = [delivery for _, result in taken for delivery in result.deliveries]
-        if budgeted and (reservation is not None or repeating):
-            self._settle(entries, reservation.granted if reservation else 0, handed)
+        if budgeted and (reservation is not None or handed):
+            self._settle(entries, reservation.granted if reservation else 0, handed, lost)
         if not taken and not failures:
             # Every shard's server is held as hung: none asked.
             raise QueueTimedOut(
@@ -164,18 +184,28 @@ class ShardFetching(ShardLayouts):
         limits = self.limits
         return limits.rate_limit is not None or limits.max_in_flight > 0 or self._run_time_rate
 
-    def _settle(self, entries: str, reserved: int, handed: list[Delivery]) -> None:
+    def _failing(self, name: str) -> bool:
+        with self._lock:
+            plan = self._plans.get(name)
+            return plan is not None and plan.failing_since is not None
+
+    def _settle(self, entries: str, reserved: int, handed: list[Delivery], lost: int) -> None:
         """Settle a reservation on shard 0 once the shards answered (one call, only when
-        there is something to settle): give back what they did not use, and under a cap
-        hold the slots of what they handed out. If shard 0 cannot be reached, the
-        deliveries still go out: the hand-outs not given back count against the rate until
-        they leave its window, the reserved slots hold until their lease would run out."""
+        there is something to settle): give back what they did not use, but the ``lost``
+        part (asked of shards that failed: their script may have run, its reply lost),
+        log what they handed out beyond it (a shard repeating a lost request hands out
+        again all it recorded), and under a cap hold the slots of all they handed out.
+        If shard 0 cannot be reached, the deliveries still go out: the hand-outs not given
+        back count against the rate until they leave its window, the reserved slots hold
+        until their lease would run out."""
         capped = self.limits.max_in_flight > 0
-        if not capped and len(handed) >= reserved:
+        if not capped and len(handed) == reserved:
             return
         ids = [delivery.id for delivery in handed] if capped else []
+        used = min(len(handed) + lost, reserved)
+        beyond = max(len(handed) - reserved, 0)
         try:
-            self.base.settle(entries, reserved, min(len(handed), reserved), ids)
+            self.base.settle(entries, reserved, used, ids, beyond)
         except (RedisError, OSError) as error:
             logger.warning(
                 "queue %s: settling a reservation on shard 0 failed (%s); what it did not "
@@ -184,17 +214,43 @@ class ShardFetching(ShardLayouts):
                 error,
             )
 
-    def _held_back(self, reservation: Reservation) -> FetchResult:
-        """A fetch the gates granted nothing: no shard is asked; look again when shard 0
-        said (or within LOOK_AGAIN_MS, as a paused fetch does)."""
+    def _held_back(
+        self,
+        reservation: Reservation,
+        visits: list[str],
+        fetcher: str,
+        request: str,
+        entries: str,
+    ) -> FetchResult:
+        """A fetch the gates granted nothing: look again when shard 0 said (or within
+        LOOK_AGAIN_MS, as a paused fetch does). One shard, the first of those due in turn,
+        is asked for none, which runs its housekeeping (expiries, leases run out), so that
+        a queue held back for long (paused) keeps it up: one round trip more, however many
+        shards, each taking its turn. If it repeats a lost request, what it hands out again
+        goes out, settled like a repeat's."""
+        expired, deliveries = 0, []
+        if visits:
+            failures: list[Exception] = []
+            name = visits[0]
+            result = self._fetch_shard(name, 0, fetcher, request, GATES_RESERVED, None, failures)
+            with self._lock:
+                if name in self._order:
+                    self._cursor = (self._order.index(name) + 1) % len(self._order)
+            if result is None:
+                if timed_out(failures[-1]):
+                    self.hold_siblings(name)
+            else:
+                expired, deliveries = result.expired, result.deliveries
+                if deliveries:
+                    self._settle(entries, 0, deliveries, 0)
         with self._lock:
             owed = any(plan.owed for plan in self._plans.values())
         again = reservation.again_ms
         return FetchResult(
             now_ms=reservation.now_ms,
             next_ms=reservation.now_ms + LOOK_AGAIN_MS if again is None else again,
-            expired=0,
-            deliveries=[],
+            expired=expired,
+            deliveries=deliveries,
             exhaustions_owed=owed,
             read_at=reservation.read_at,
             read_within=reservation.read_within,
@@ -245,6 +301,7 @@ class ShardFetching(ShardLayouts):
         gates: str,
         leased_from: int | None,
         failures: list[Exception],
+        gated: bool = False,
     ) -> FetchResult | None:
         """One shard's fetch, the plan updated from it; None (and the error kept) if its
         Redis failed, which repeats the same request next time."""
@@ -261,7 +318,12 @@ class ShardFetching(ShardLayouts):
             store = self._store(name)
             result = self._calls.call(
                 lambda: store.fetch(
-                    count, fetcher=fetcher, request=sent, gates=gates, leased_from=leased_from
+                    count,
+                    fetcher=fetcher,
+                    request=sent,
+                    gates=gates,
+                    leased_from=leased_from,
+                    gated=gated,
                 ),
                 FETCH_PATIENCE_SECONDS,
             )

@@ -291,11 +291,15 @@ class ShardedStore(ShardFetching, ShardReads):
         include_in_flight_and_dead: bool = False,
         only_from: str | None = None,
     ) -> str | None:
-        return self.shard_for(message_id).remove(
+        removed = self.shard_for(message_id).remove(
             message_id,
             include_in_flight_and_dead=include_in_flight_and_dead,
             only_from=only_from,
         )
+        if removed == "unack":
+            # Deleted in flight: it holds the cap's slot no more, as an ack frees it.
+            self._free_slots([message_id])
+        return removed
 
     # Consumers
 

@@ -436,13 +436,14 @@ class RedisStore:
         request: str = "",
         gates: str = GATES_OWN,
         leased_from: int | None = None,
+        gated: bool = False,
     ) -> FetchResult:
         """Hand out up to ``count`` due messages, leased until now + consume_ms.
 
         A ``fetcher`` that names each ``request`` can repeat one whose reply it did not get:
         the repeat hands out again what that fetch took (see fetch.lua). ``gates``: how
-        the flow gates apply, and ``leased_from``: from when the leases run, if not now
-        (see engine.flow)."""
+        the flow gates apply, ``leased_from``: from when the leases run, if not now, and
+        ``gated``: whether a reservation bound ``count`` (see engine.flow)."""
         limits = self.limits
         sent_at = time.monotonic()
         now, next_ms, expired, flat, owed, now_us, tracked, groups, unreserved, _ = self._run(
@@ -450,7 +451,7 @@ class RedisStore:
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
                 *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
-                *(() if leased_from is None else (leased_from,)),
+                *(() if leased_from is None and not gated else _reserved(leased_from, gated)),
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
@@ -529,12 +530,19 @@ class RedisStore:
             read_within=(received_at - sent_at) / 2,
         )
 
-    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
-        """Give back what a reservation did not use, and hold the slots of ``ids``, the
-        deliveries handed out under a cap (see flow_settle.lua)."""
+    def settle(
+        self, name: str, reserved: int, used: int, ids: Sequence[str], beyond: int = 0
+    ) -> None:
+        """Give back what a reservation did not use, log what went out beyond it, and
+        hold the slots of ``ids``, the deliveries handed out under a cap (see
+        flow_settle.lua)."""
+        limits = self.limits
         self._run(
             "flow_settle",
-            [name, reserved, used, self.limits.consume_ms, len(ids), *map(wire, ids)],
+            [
+                *(name, reserved, used, limits.consume_ms, rate_wire(limits.rate_limit)),
+                *(beyond, len(ids), *map(wire, ids)),
+            ],
         )
 
     def free_slots(self, ids: Sequence[str]) -> int:
@@ -1008,3 +1016,8 @@ def _stored(
         key=key,
         generation=generation,
     )
+
+
+def _reserved(leased_from: int | None, gated: bool) -> tuple[int | str, ...]:
+    """fetch.lua's ARGV[9] and ARGV[10], for a shard's fetch within a reservation."""
+    return ("" if leased_from is None else leased_from, *((1,) if gated else ()))

@@ -42,16 +42,10 @@ class QueueFlow(QueueBase):
     def set_rate_limit(self, rate: str | None) -> None:
         """Set the rate limit ("20/s", "600/m", "5000/h") in Redis for every worker,
         overriding the RATE_LIMIT setting; None goes back to the setting's. Raises
-        ValueError for a malformed rate, or one below the queue's SHARDS, writing nothing."""
+        ValueError for a malformed rate, writing nothing."""
         parsed = None if rate is None else parse_rate(rate)
         if rate is not None and parsed is None:
             raise ValueError(rate_problem("The rate limit", rate))
-        if parsed is not None and parsed[0] < self.config.shards:
-            # Each shard enforces a share of it (see engine.flow): none may get nothing.
-            raise ValueError(
-                f"A rate limit of {rate!r} is less than one per shard of queue "
-                f"{self.name!r} ({self.config.shards} shards)."
-            )
         self.store.flow("rate", parsed)
 
     @_reaching_redis

@@ -40,6 +40,9 @@
            of the whole queue's budget (flow_reserve.lua) or without one
   ARGV[9]  for "reserved": when the reservation was made (ms, shard 0's clock), from which
            the leases run: a delivery's hand-out time is the one its reservation logged
+           ("" for now)
+  ARGV[10] for "reserved": "1" when the reservation granted less than the fetch wanted:
+           the gates, not the work, bound `count`, so handing all of it out wakes no peer
 
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
   warnings}:
@@ -60,7 +63,8 @@
                 (false for none); else empty, so that other queues pay nothing for it
     unreserved  1 if a fetch of mode "shard" took nothing because the queue has a rate set
                 at run time: its fetches must reserve (flow_reserve.lua) from now on
-  Publishes now_ms when work is still waiting after a full batch, to wake idle peers.
+  Publishes now_ms when work is still waiting after a full batch, to wake idle peers (not
+  when the flow gates bound the batch).
 ]]
 
 local channel, count = args[1], tonumber(args[2])
@@ -372,7 +376,7 @@ if not (waiting or pending_read) then
 end
 if waiting or (pending_head and pending_head <= now) or (unack_head and unack_head <= now) then
   next_ms = now
-  if count > 0 and handed == count then
+  if count > 0 and handed == count and args[10] ~= '1' then
     wake(channel, now)
   end
 end

@@ -131,6 +131,7 @@ class MemoryDelivery(MemoryStoreBase):
         request: str = "",
         gates: str = GATES_OWN,
         leased_from: int | None = None,
+        gated: bool = False,
     ) -> FetchResult:
         with self.server.lock:
             state, (now, now_us) = self._state(), self._now_with_us()
@@ -151,7 +152,9 @@ class MemoryDelivery(MemoryStoreBase):
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
-            result = self._fetched(state, now, now_us, read_at, count, deliveries, expired)
+            # (A count the reservation bound wakes no peer when all of it went out: 0.)
+            wakes_at = 0 if gated else count
+            result = self._fetched(state, now, now_us, read_at, wakes_at, deliveries, expired)
             if unreserved:
                 result = replace(result, unreserved=True)
             if again is not None and result.next_ms == now:

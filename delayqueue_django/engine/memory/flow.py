@@ -114,15 +114,24 @@ class MemoryFlow(MemoryStoreBase):
                     state.flow_slots.add(entry, now + limits.consume_ms)
             return Reservation(now, granted, again, rate, read_at=read_at)
 
-    def settle(self, name: str, reserved: int, used: int, ids: Sequence[str]) -> None:
+    def settle(
+        self, name: str, reserved: int, used: int, ids: Sequence[str], beyond: int = 0
+    ) -> None:
         with self.server.lock:
             state, now = self._state(), self._now()
             unused = {f"{name}:{n}" for n in range(used + 1, reserved + 1)}
-            if unused:
-                kept = [entry for entry in state.handed_out if entry[1] not in unused]
+            # (Named past the reservation's; a repeated name replaces its entries, as ZADD.)
+            logged = {f"{name}:{reserved + n}" for n in range(1, beyond + 1)}
+            rate = state.rate or self._limits.rate_limit
+            if unused or (logged and rate is not None):
+                kept = [entry for entry in state.handed_out if entry[1] not in unused | logged]
                 state.handed_out.clear()
                 state.handed_out.extend(kept)
-            for n in range(1, reserved + 1):
+                if rate is not None:
+                    state.handed_out.extend((now, entry) for entry in sorted(logged))
+            # The slots of the first len(ids) entries go to the deliveries; those of the
+            # rest of the used ones (a lost reply's part) stay.
+            for n in [*range(1, min(len(ids), used) + 1), *range(used + 1, reserved + 1)]:
                 state.flow_slots.remove(f"{name}:{n}")
             for message_id in ids:
                 state.flow_slots.add(message_id, now + self._limits.consume_ms)
