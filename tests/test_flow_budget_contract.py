@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD
+from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, FlowState
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.sharded_store import parts
 from tests.backends import REDIS_BACKENDS
@@ -154,8 +154,8 @@ def test_a_shard_fetched_without_a_reservation_asks_for_one_under_a_run_time_rat
     store = shard_0(queue)
     fetched = store.fetch(1, gates=GATES_SHARD)
     assert (len(fetched.deliveries), fetched.unreserved) == (1, False)
-    # A shard that only notes the queue's rate (not shard 0) answers the same.
-    store.flow("rate", (5, 1000), enforce=False)
+    # A shard that only notes the queue's rate (a copy of shard 0's) answers the same.
+    store.copy_flow(FlowState(paused=False, rate=(5, 1000)))
     refused = store.fetch(5, gates=GATES_SHARD)
     assert (refused.deliveries, refused.unreserved) == ([], True)
     # Not a spin: the caller reserves and asks again at once.

@@ -25,10 +25,12 @@ give-back). Under a cap, one more per fetch and one to settle every reservation,
 more per ack, nack, release, lease extension batch and delete in flight. A fetch held back
 asks one shard.
 
-A rate set at run time lives in shard 0's flow hash, where the reservations read it, and
-as "queue_rate" on every shard: a fetch of a shard without a reservation (GATES_SHARD) that
-finds it takes nothing and says so (``FetchResult.unreserved``), and the sharded store
-reserves from then on, until a reservation finds no rate in force.
+A sharded queue's pause and a rate set at run time live in shard 0's flow hash, where the
+reservations read them, and every other shard holds a copy (engine.shard_flow, which keeps
+the copies in step across a reshard): a paused shard hands out nothing, whatever the
+mode, and a fetch of a shard without a reservation (GATES_SHARD) that finds the queue's
+rate ("queue_rate") takes nothing and says so (``FetchResult.unreserved``), and the
+sharded store reserves from then on, until a reservation finds no rate in force.
 
 On one shard the cap counts the unack zset; on several, the slots: deliveries handed out
 before a queue goes from one to several shards (or back) do not count against the cap

@@ -121,15 +121,13 @@ class Store(Protocol):
         attempts, and takes nothing new.
         """
 
-    def flow(
-        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
-    ) -> FlowState:
+    def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
         """The queue's flow state (see engine.flow), after ``action``: "read" changes
         nothing; "pause" has fetches hand out nothing until "resume", which wakes the
         workers; "rate" sets the rate limit ``(limit, period_ms)`` that overrides the
-        store's limits, or with None goes back to them (``enforce`` False: a shard of a
-        sharded queue but shard 0, which keeps the whole queue's budget, only notes that
-        the queue has one; a sharded store tells its shards itself)."""
+        store's limits, or with None goes back to them (a sharded store changes shard 0,
+        which keeps the whole queue's budget, and its other shards copy it: see
+        engine.shard_flow)."""
 
     def ack(
         self,
@@ -345,6 +343,13 @@ class ShardStore(Store, Protocol):
         (handing all of it out then wakes no idle peer: the rest waits for the gates)."""
         ...
 
+    def copy_flow(self, state: FlowState) -> None:
+        """Take shard 0's flow ``state``: paused or not, and the whole queue's rate set at
+        run time noted (a shard of a sharded queue but shard 0, which enforces no rate of
+        its own; see engine.shard_flow). Lifting a pause or changing the rate wakes the
+        workers, as resume does."""
+        ...
+
     # A sharded queue's budget for the whole queue, on shard 0 (see engine.flow)
 
     def reserve(self, count: int, name: str) -> Reservation:
@@ -393,10 +398,12 @@ class ShardStore(Store, Protocol):
         shard 0 only (see engine.shard_layouts)."""
         ...
 
-    def add_layout(self, layout: int) -> None:
+    def add_layout(self, layout: int) -> tuple[bool, FlowState]:
         """Register a layout before writing to its shards (shard 0 only). One new on the
         register is announced on the wake-up channel as a due time of LAYOUTS_CHANGED, in
-        the same atomic step: never one without the other."""
+        the same atomic step: never one without the other. Returns whether it was new
+        there, and the flow state as the registration left it (read in the same step),
+        which the layout's shards take (engine.shard_flow)."""
         ...
 
     def retire_layout(self, layout: int) -> bool:

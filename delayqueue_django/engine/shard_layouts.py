@@ -9,7 +9,9 @@ fetches read it every LAYOUTS_RECHECK_SECONDS. The shards of registered layouts 
 than this store's own are *draining*: fetched, counted, listed and listened to like the
 live ones, only never sent to. Once a draining layout's shards are empty, ``retire``
 takes it off the register (the ``delayqueue_shards --retire`` command); nothing retires a
-layout on its own, since only the operator knows that no process still sends to it.
+layout on its own, since only the operator knows that no process still sends to it. A
+layout's registration also gives its shards shard 0's flow state (engine.shard_flow), so a
+pause or a rate set at run time holds on them from their first message.
 """
 
 import logging
@@ -26,6 +28,7 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.patient_calls import PatientCalls
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.records import StoreLimits
+from delayqueue_django.engine.shard_flow import NO_FLOW, spread
 from delayqueue_django.engine.shard_hangs import HungServers
 from delayqueue_django.engine.shard_plan import ShardPlan
 from delayqueue_django.engine.shards import (
@@ -218,10 +221,18 @@ class ShardLayouts:
         for layout in {parse_name(name)[0] for name in groups if name != "0"}:
             registered_at = self._registered_at.get(layout)
             if registered_at is None:
-                self.base.add_layout(layout)
+                self._add_layout(layout)
                 self._registered_at[layout] = now
             elif now >= registered_at + LAYOUT_REGISTER_SECONDS:
                 self._refresh_registration(layout, now)
+
+    def _add_layout(self, layout: int) -> None:
+        """Put ``layout`` on the register; its shards take shard 0's flow state when it is
+        new there or not the default (see engine.shard_flow)."""
+        added, state = self.base.add_layout(layout)
+        if added or state != NO_FLOW:
+            names = layout_names(layout)[1:]
+            spread(self.base, state, lambda: [self._store(name) for name in names])
 
     def _refresh_registration(self, layout: int, now: float) -> None:
         """Put ``layout`` on the register again, in a thread of its own: waited for
@@ -250,7 +261,7 @@ class ShardLayouts:
     def _register_again(self, layout: int) -> None:
         started = time.monotonic()
         try:
-            self.base.add_layout(layout)
+            self._add_layout(layout)
         except Exception as error:  # a background refresh: tried again, never raised
             self._register_retry_at[layout] = time.monotonic() + SHARD_RETRY_SECONDS
             outage = isinstance(error, RedisError | RedisClusterException | OSError)

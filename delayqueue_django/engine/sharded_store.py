@@ -71,6 +71,7 @@ from delayqueue_django.engine.records import (
     Tick,
 )
 from delayqueue_django.engine.shard_fetch import ShardFetching
+from delayqueue_django.engine.shard_flow import spread
 from delayqueue_django.engine.shard_reads import ShardReads
 from delayqueue_django.engine.shard_wakeups import ShardedWakeups
 from delayqueue_django.engine.shards import (
@@ -407,23 +408,23 @@ class ShardedStore(ShardFetching, ShardReads):
             confirmed += self._store(name).confirm_exhausted([claims[i] for i in positions])
         return confirmed
 
-    def flow(
-        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
-    ) -> FlowState:
-        """Every shard's flow state changed alike, one round trip per shard (a pause
-        holds every shard's fetches), but a rate: kept on shard 0, which holds the whole
-        queue's budget, and noted on the others, whose fetches then know to reserve (see
-        engine.flow); answers shard 0's. A read asks shard 0 only."""
+    def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
+        """Shard 0's flow state, after ``action``: shard 0 holds the queue's (and its
+        budget), and a change is copied to every other shard, those of each layout on the
+        register as read after it (see engine.shard_flow). A read asks shard 0 only."""
+        state = self.base.flow(action, rate)
         if action == "read":
-            return self.base.flow()
-        state = None
-        for name, store in self.consumed().items():
-            changed = store.flow(action, rate, enforce=name == "0")
-            state = state or changed
+            return state
         if action == "rate":
             self._run_time_rate = rate is not None
-        assert state is not None  # (shard 0 is always consumed)
+        spread(self.base, state, self._copies)
         return state
+
+    def _copies(self) -> list[ShardStore]:
+        """Every shard but shard 0 of this store's layout and of each on the register, as
+        read now: a layout registered before a change must get it."""
+        self.refresh_layouts(force=True)
+        return [store for name, store in self.consumed().items() if name != "0"]
 
     def subscribe_wakeups(self) -> "ShardedWakeups":
         return ShardedWakeups(self)

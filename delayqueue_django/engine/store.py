@@ -87,6 +87,11 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _flow_state(paused: int, rate_text: bytes | str) -> FlowState:
+    """The flow state as flow.lua and add_layout.lua answer it."""
+    return FlowState(bool(int(paused)), parse_rate_wire(_text(rate_text)))
+
+
 def _id(value: bytes | str) -> str:
     """An id as stored: bytes that are not UTF-8 become surrogate escapes (see keyed_calls.wire)."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
@@ -501,15 +506,16 @@ class RedisStore:
             unreserved=bool(unreserved),
         )
 
-    def flow(
-        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
-    ) -> FlowState:
+    def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
         """Read the flow state, or change it first: "pause", "resume", or "rate" (set
-        ``rate``, or None to go back to the setting's; ``enforce`` False: a shard of a
-        sharded queue but shard 0, which only notes that the queue has it); see flow.lua."""
-        enforced = rate_wire(rate if enforce else None)
-        paused, rate_text, _ = self._run("flow", [self._channel, action, enforced, rate_wire(rate)])
-        return FlowState(bool(int(paused)), parse_rate_wire(_text(rate_text)))
+        ``rate``, or None to go back to the setting's); see flow.lua."""
+        paused, rate_text, _ = self._run("flow", [self._channel, action, rate_wire(rate)])
+        return _flow_state(paused, rate_text)
+
+    def copy_flow(self, state: FlowState) -> None:
+        """Take shard 0's flow state (a shard of a sharded queue but shard 0; see
+        engine.shard_flow)."""
+        self._run("flow", [self._channel, "copy", rate_wire(state.rate), int(state.paused)])
 
     def reserve(self, count: int, name: str) -> Reservation:
         """Reserve up to ``count`` hand-outs from a sharded queue's budget, on shard 0,
@@ -681,14 +687,15 @@ class RedisStore:
     def layouts(self) -> set[int]:
         return {int(layout) for layout in self.client.smembers(self.keys.key("layouts"))}
 
-    def add_layout(self, layout: int) -> None:
+    def add_layout(self, layout: int) -> tuple[bool, FlowState]:
         # One function, not SADD then PUBLISH: a process dying between those two calls
         # registered the layout without telling the workers.
-        self._run(
+        added, paused, rate_text, _ = self._run(
             "add_layout",
             [self._channel, layout, LAYOUTS_CHANGED],
             extra_keys=[self.keys.key("layouts")],
         )
+        return bool(added), _flow_state(paused, rate_text)
 
     def retire_layout(self, layout: int) -> bool:
         return bool(self.client.srem(self.keys.key("layouts"), layout))

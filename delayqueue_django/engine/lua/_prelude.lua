@@ -53,7 +53,9 @@
                              "<count>:<period ms>", a rate limit set at run time that
                              overrides the setting's (on shard 0 only, of a sharded queue);
                              "queue_rate" -> the whole queue's, as set (on every shard: it
-                             tells a fetch of any shard that the queue has one)
+                             tells a fetch of any shard that the queue has one). A sharded
+                             queue's other shards hold a copy of shard 0's "paused" and
+                             "queue_rate" (flow.lua's "copy", see engine/shard_flow.py)
     <tag>:flow:log    zset   "<lease>:<id>" (a fetch of one shard) or "<name>:<n>" (the
                              n-th hand-out reserved by a sharded fetch, see
                              flow_reserve.lua) -> when it was handed out (ms), for the rate
@@ -1143,6 +1145,16 @@ local function flow_fields()
     return call('HMGET', flow_state, 'paused', 'rate', 'queue_rate')
   end
   return {false, false, false}
+end
+
+-- The flow state as flow.lua and add_layout.lua answer it: {paused (1 or 0), the whole
+-- queue's rate set at run time ("" for none)}.
+local function flow_reply()
+  local fields = {false, false}
+  if redis.call('TYPE', flow_state)['ok'] == 'hash' then
+    fields = redis.call('HMGET', flow_state, 'paused', 'queue_rate')
+  end
+  return {fields[1] == '1' and 1 or 0, fields[2] or ''}
 end
 
 -- The rate limit's sliding window (issue #27): how many of `count` hand-outs the log has

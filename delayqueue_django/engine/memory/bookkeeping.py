@@ -3,6 +3,7 @@ task results and worker heartbeats, which expire on its clock as Redis keys do."
 
 from collections.abc import Mapping
 
+from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.shards import LAYOUTS_CHANGED
 
@@ -14,12 +15,14 @@ class MemoryBookkeeping(MemoryStoreBase):
         with self.server.lock:
             return set(self._state().layouts)
 
-    def add_layout(self, layout: int) -> None:
+    def add_layout(self, layout: int) -> tuple[bool, FlowState]:
         with self.server.lock:
-            layouts = self._state().layouts
-            if layout not in layouts:
-                layouts.add(layout)
+            state = self._state()
+            added = layout not in state.layouts
+            if added:
+                state.layouts.add(layout)
                 self._wake(LAYOUTS_CHANGED)
+            return added, FlowState(state.paused, state.queue_rate)
 
     def retire_layout(self, layout: int) -> bool:
         with self.server.lock:

@@ -68,9 +68,7 @@ def record(state: QueueState, limits: StoreLimits, handed: int, now: int, gates:
 class MemoryFlow(MemoryStoreBase):
     """Reading and changing the flow state (flow.lua), and a sharded queue's budget."""
 
-    def flow(
-        self, action: str = "read", rate: tuple[int, int] | None = None, *, enforce: bool = True
-    ) -> FlowState:
+    def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
         with self.server.lock:
             state = self._state()
             if action == "pause":
@@ -80,10 +78,18 @@ class MemoryFlow(MemoryStoreBase):
                     state.paused = False
                     self._wake(self._now())
             elif action == "rate":
-                state.rate = rate if enforce else None
-                state.queue_rate = rate
+                state.rate = state.queue_rate = rate
                 self._wake(self._now())
             return FlowState(state.paused, state.queue_rate)
+
+    def copy_flow(self, flow: FlowState) -> None:
+        with self.server.lock:
+            state = self._state()
+            lifted = state.paused and not flow.paused
+            changed = state.queue_rate != flow.rate
+            state.paused, state.queue_rate = flow.paused, flow.rate
+            if lifted or changed:
+                self._wake(self._now())
 
     def reserve(self, count: int, name: str) -> Reservation:
         with self.server.lock:

@@ -85,9 +85,11 @@ class QueueState:
     hold_ends: ScoredSet = field(default_factory=ScoredSet)
     # The flow gates ({tag}:flow, {tag}:flow:log and {tag}:flow:slots, see memory/flow.py):
     # paused, the rate set at run time ((limit, period ms) or None) that this queue (shard
-    # 0 of a sharded one) enforces and the whole queue's, the hand-outs in the rate limit's
-    # window ((time, name): a reservation's entries are named, a fetch's ""), oldest first,
-    # and a sharded queue's slots in flight under its cap: id or entry -> deadline.
+    # 0 of a sharded one) enforces and the whole queue's (a sharded queue's other shards
+    # hold a copy of shard 0's paused and queue_rate, see engine.shard_flow), the
+    # hand-outs in the rate limit's window ((time, name): a reservation's entries are
+    # named, a fetch's ""), oldest first, and a sharded queue's slots in flight under its
+    # cap: id or entry -> deadline.
     paused: bool = False
     rate: tuple[int, int] | None = None
     queue_rate: tuple[int, int] | None = None
