@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from redis.exceptions import RedisError
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
@@ -117,6 +118,23 @@ def test_fetches_and_exhaustion_claims_pass_over_the_shards_of_a_master_down(
     queue.nack(fetched.messages)  # no retries: each a dead letter, its exhaustion owed
     claims = queue.claim_exhausted(100)
     assert {claim.id for claim in claims} == sent
+
+
+def test_a_new_layout_takes_a_pause_on_the_shards_up_while_a_master_is_down(
+    settings: Any, shards_down: list[str]
+) -> None:
+    # The layout's registration copies shard 0's pause to its shards: the copy to those
+    # down fails, which must hold up only writes to them, not to the others.
+    queue = get_queue()
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    store.base.flow("pause")  # (on shard 0 alone, as a pause() that reached no other)
+    up = [name for name in parts(store) if name not in shards_down and name != "0"]
+    sent = on_shard(queue, up[0], {"n": 1})
+    assert queue.peek(sent) is not None
+    assert queue.fetch(10).messages == []  # the shard up took the pause
+    with pytest.raises((RedisError, OSError)):
+        on_shard(queue, shards_down[0], {"n": 2})
 
 
 def test_a_held_commit_is_tried_again_once_its_shard_is_back(

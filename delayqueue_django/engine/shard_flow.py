@@ -29,7 +29,9 @@ resume: its shards kept the pause, since a resume writes only the layouts on the
 register.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+
+from redis.exceptions import RedisError
 
 from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.protocol import ShardStore
@@ -38,13 +40,29 @@ from delayqueue_django.engine.protocol import ShardStore
 NO_FLOW = FlowState(paused=False, rate=None)
 
 
-def spread(base: ShardStore, state: FlowState, shards: Callable[[], Sequence[ShardStore]]) -> None:
-    """Copy ``state``, shard 0's (``base``) as last read, to ``shards()`` (listed again each
-    round), and again for as long as shard 0's changed meanwhile (see above)."""
-    while copies := shards():
-        for store in copies:
-            store.copy_flow(state)
+def spread(
+    base: ShardStore,
+    state: FlowState,
+    shards: Callable[[], Mapping[str, ShardStore]],
+    unreached: dict[str, Exception] | None = None,
+) -> FlowState:
+    """Copy ``state``, shard 0's (``base``) as last read, to ``shards()`` (by name, listed
+    again each round), and again for as long as shard 0's changed meanwhile (see above);
+    returns the state last copied. With ``unreached``, a shard whose copy fails (its
+    Redis) is noted there with the error and left out from then on, so that one master
+    down holds up no copy to the others; without, the error is raised."""
+    while copies := {
+        name: store for name, store in shards().items() if name not in (unreached or {})
+    }:
+        for name, store in copies.items():
+            try:
+                store.copy_flow(state)
+            except (RedisError, OSError) as error:
+                if unreached is None:
+                    raise
+                unreached[name] = error
         now = base.flow()
         if now == state:
-            return
+            return state
         state = now
+    return state

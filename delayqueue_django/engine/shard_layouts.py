@@ -218,21 +218,42 @@ class ShardLayouts:
         (The layout an id names, not this store's: a relay writes what other processes
         placed, perhaps with another SHARDS.)"""
         now = time.monotonic()
-        for layout in {parse_name(name)[0] for name in groups if name != "0"}:
+        writing = set(groups)
+        for layout in {parse_name(name)[0] for name in writing if name != "0"}:
             registered_at = self._registered_at.get(layout)
             if registered_at is None:
-                self._add_layout(layout)
+                self._add_layout(layout, writing)
                 self._registered_at[layout] = now
             elif now >= registered_at + LAYOUT_REGISTER_SECONDS:
                 self._refresh_registration(layout, now)
 
-    def _add_layout(self, layout: int) -> None:
+    def _add_layout(self, layout: int, writing: set[str]) -> None:
         """Put ``layout`` on the register; its shards take shard 0's flow state when it is
-        new there or not the default (see engine.shard_flow)."""
+        new there or not the default (see engine.shard_flow). A shard whose Redis cannot
+        take the copy holds up no other: only a write to it (of ``writing``, the shards
+        about to be written) fails, and only if the state is a pause or a rate, which no
+        message may go around; the default it lacks (left over from a pause since
+        resumed) could only hold its messages back until the next pause or resume."""
         added, state = self.base.add_layout(layout)
         if added or state != NO_FLOW:
             names = layout_names(layout)[1:]
-            spread(self.base, state, lambda: [self._store(name) for name in names])
+            unreached: dict[str, Exception] = {}
+            state = spread(
+                self.base, state, lambda: {name: self._store(name) for name in names}, unreached
+            )
+            if not unreached:
+                return
+            failed = sorted(unreached)
+            logger.warning(
+                "queue %s: shard(s) %s of layout %d did not take the flow state: %s",
+                self.keys.queue,
+                ", ".join(failed),
+                layout,
+                unreached[failed[0]],
+            )
+            written = writing.intersection(unreached)
+            if state != NO_FLOW and written:
+                raise unreached[min(written)]
 
     def _refresh_registration(self, layout: int, now: float) -> None:
         """Put ``layout`` on the register again, in a thread of its own: waited for
@@ -261,7 +282,7 @@ class ShardLayouts:
     def _register_again(self, layout: int) -> None:
         started = time.monotonic()
         try:
-            self._add_layout(layout)
+            self._add_layout(layout, writing=set())
         except Exception as error:  # a background refresh: tried again, never raised
             self._register_retry_at[layout] = time.monotonic() + SHARD_RETRY_SECONDS
             outage = isinstance(error, RedisError | RedisClusterException | OSError)

@@ -420,11 +420,11 @@ class ShardedStore(ShardFetching, ShardReads):
         spread(self.base, state, self._copies)
         return state
 
-    def _copies(self) -> list[ShardStore]:
+    def _copies(self) -> dict[str, ShardStore]:
         """Every shard but shard 0 of this store's layout and of each on the register, as
         read now: a layout registered before a change must get it."""
         self.refresh_layouts(force=True)
-        return [store for name, store in self.consumed().items() if name != "0"]
+        return {name: store for name, store in self.consumed().items() if name != "0"}
 
     def subscribe_wakeups(self) -> "ShardedWakeups":
         return ShardedWakeups(self)
