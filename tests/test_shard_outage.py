@@ -194,3 +194,16 @@ def test_stats_add_up_the_shards_that_answer_and_count_those_down(
         stores[shards_down[0]].keys.tag
     ]
     assert len(asked) == len(up) + 1
+
+
+def test_a_pause_reaches_every_shard_up_while_a_master_is_down(
+    settings: Any, shards_down: list[str]
+) -> None:
+    # The shards after one down in the copy's order got no pause: it stopped at the first.
+    queue = get_queue()
+    up = [name for name in parts(queue.store) if name not in shards_down and name != "0"]
+    sent = [on_shard(queue, name, {"shard": name}) for name in up]
+    with pytest.raises((RedisError, OSError)):
+        queue.pause()
+    assert queue.fetch(100).messages == []  # every shard up paused
+    assert all(queue.peek(message_id) is not None for message_id in sent)

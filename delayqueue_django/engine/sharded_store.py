@@ -411,13 +411,18 @@ class ShardedStore(ShardFetching, ShardReads):
     def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
         """Shard 0's flow state, after ``action``: shard 0 holds the queue's (and its
         budget), and a change is copied to every other shard, those of each layout on the
-        register as read after it (see engine.shard_flow). A read asks shard 0 only."""
+        register as read after it (see engine.shard_flow). A read asks shard 0 only. A
+        shard whose Redis fails keeps none of the others from their copy; its error is
+        raised after them (call it again once that shard is back)."""
         state = self.base.flow(action, rate)
         if action == "read":
             return state
         if action == "rate":
             self._run_time_rate = rate is not None
-        spread(self.base, state, self._copies)
+        unreached: dict[str, Exception] = {}
+        spread(self.base, state, self._copies, unreached)
+        if unreached:
+            raise unreached[min(unreached)]
         return state
 
     def _copies(self) -> dict[str, ShardStore]:
