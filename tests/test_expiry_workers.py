@@ -1,7 +1,8 @@
 """Expiry and Postpone with real worker processes (``manage.py run_delayqueue``) on Redis:
 expired messages are dead-lettered and announced with ``message_expired``, also when the
-announcing worker is killed (-9) before confirming; a postpone uses no attempt, and endless
-postpones end as a dead letter with their own reason."""
+announcing worker is killed (-9) before confirming and on a sharded queue over a Cluster; a
+postpone uses no attempt (on one server and sharded over a Cluster), and endless postpones
+end as a dead letter with their own reason."""
 
 import signal
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from delayqueue_django.engine import EXPIRED, POSTPONED_TOO_OFTEN
 from tests.helpers import wait_for
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterServers, RedisServer
 from tests.test_worker_processes import WorkerProcess, events, queue_for, spawn, workers  # noqa: F401
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,16 +27,17 @@ def expire_among_workers(
     messages: int,
     *,
     kill_one: bool,
+    shards: int = 1,
 ) -> None:
     """``messages`` that expire before any worker runs, beside as many that do not, with
     three worker processes (one killed with -9 mid-run when ``kill_one``): every expired one
     is announced with message_expired, none of them ever runs, and every other one is
     handled. The shared scenario of this module and tests/chaos/test_expiry_chaos.py."""
-    queue = queue_for(settings, url, MAX_CONSUME_DURATION=1)
+    queue = queue_for(settings, url, MAX_CONSUME_DURATION=1, SHARDS=shards)
     expiring = queue.send_many([{"n": n} for n in range(messages)], expires=0.2)
     lasting = queue.send_many([{"n": n} for n in range(messages)], expires=600)
     time.sleep(0.3)  # the first ones expire before any worker runs
-    env = {"DQ_TEST_MAX_CONSUME": "1", **HANDLER}
+    env = {"DQ_TEST_MAX_CONSUME": "1", "DQ_TEST_SHARDS": str(shards), **HANDLER}
     started = [spawn(workers, url, "--batch-size", "5", **env) for _ in range(3)]
     if kill_one:
         wait_for(lambda: events("done"), timeout=30, what="the first message handled")
@@ -73,6 +75,15 @@ def test_expired_messages_are_dead_lettered_with_their_signal_and_never_run(
     expire_among_workers(workers, redis_server.url, settings, MESSAGES, kill_one=False)
 
 
+def test_expiry_holds_on_a_sharded_queue_over_a_cluster(
+    workers: list[WorkerProcess],  # noqa: F811
+    redis_cluster: RedisClusterServers,
+    settings: Any,
+) -> None:
+    redis_cluster.flush()  # (the session's Cluster: other tests may have left messages)
+    expire_among_workers(workers, redis_cluster.url, settings, MESSAGES, kill_one=False, shards=6)
+
+
 def test_a_worker_killed_mid_run_loses_no_expiry_nor_message(
     workers: list[WorkerProcess],  # noqa: F811
     redis_server: RedisServer,
@@ -106,16 +117,26 @@ def test_the_expiry_signal_survives_a_kill_9_before_its_confirmation(
     assert survivor.wait(timeout=20) == 0
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["one server", "sharded on a cluster"])
 def test_a_postponed_message_uses_no_attempt(
     workers: list[WorkerProcess],  # noqa: F811
-    redis_server: RedisServer,
+    request: pytest.FixtureRequest,
+    sharded: bool,
     settings: Any,
 ) -> None:
     """With no retry at all (RETRY_COUNT 0), a message postponed again and again still runs
-    in the end, on its first attempt."""
-    queue = queue_for(settings, redis_server.url, RETRY_COUNT=0)
+    in the end, on its first attempt; on one server, and on a queue of 6 shards over a
+    Cluster."""
+    shards = 6 if sharded else 1
+    if sharded:
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        cluster.flush()  # (the session's Cluster: other tests may have left messages)
+        url = cluster.url
+    else:
+        url = request.getfixturevalue("redis_server").url
+    queue = queue_for(settings, url, RETRY_COUNT=0, SHARDS=shards)
     message_id = queue.send({"do": "postpone-times", "times": 3})
-    worker = spawn(workers, redis_server.url, DQ_TEST_RETRY_COUNT="0", **HANDLER)
+    worker = spawn(workers, url, DQ_TEST_RETRY_COUNT="0", DQ_TEST_SHARDS=str(shards), **HANDLER)
     [done] = wait_for(lambda: events("done"), timeout=30, what="the message handled")
     starts = events("start")
     assert done["id"] == message_id

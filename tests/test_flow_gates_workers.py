@@ -22,7 +22,7 @@ from tests.flow_gates.scenario import (
     worker_settings,
 )
 from tests.helpers import store_time_ms, wait_for
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,6 +42,15 @@ PLACES = {
 }
 
 
+def place_url(request: pytest.FixtureRequest, place: str) -> str:
+    """The URL of ``place``'s server, emptied: the Cluster is the session's, which other
+    tests may have left with messages, or paused."""
+    server = request.getfixturevalue(PLACES[place][0])
+    if isinstance(server, RedisClusterServers):
+        server.flush()
+    return str(server.url)
+
+
 def drained(
     request: pytest.FixtureRequest,
     place: str,
@@ -52,9 +61,8 @@ def drained(
 ) -> list[dict[str, Any]]:
     """``count`` messages drained by three workers with these queue options, at ``place``:
     the ledger of their handler."""
-    fixture, sharding = PLACES[place]
-    server = request.getfixturevalue(fixture)
-    chosen = configured(settings, server.url, **sharding, **options)
+    url = place_url(request, place)
+    chosen = configured(settings, url, **PLACES[place][1], **options)
     queue = get_queue()
     queue.send_many([{"n": n} for n in range(count)])
     fleet = WorkerFleet(tmp_path, chosen, "--concurrency", "4", size=3)
@@ -84,10 +92,11 @@ def test_three_workers_never_run_more_than_the_cap_at_once(
     assert 2 <= most_at_once(records) <= 3
 
 
+@pytest.mark.parametrize("place", PLACES)
 def test_a_pause_holds_due_messages_until_the_resume(
-    redis_server: RedisServer, settings: Any, tmp_path: Path
+    request: pytest.FixtureRequest, place: str, settings: Any, tmp_path: Path
 ) -> None:
-    chosen = configured(settings, redis_server.url)
+    chosen = configured(settings, place_url(request, place), **PLACES[place][1])
     queue = get_queue()
     queue.pause()
     queue.send_many([{"n": n} for n in range(30)])
