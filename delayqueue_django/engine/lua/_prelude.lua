@@ -1157,6 +1157,13 @@ local function flow_reply()
   return {fields[1] == '1' and 1 or 0, fields[2] or ''}
 end
 
+-- Hand-outs (their entries' names) logged in the rate limit's sliding window at `now`,
+-- which then expires a period (`period` ms) after this last write.
+local function log_hand_outs(entries, now, period)
+  call_chunked('ZADD', flow_log, at_score(int(now), entries))
+  redis.call('PEXPIRE', flow_log, int(period))
+end
+
 -- The rate limit's sliding window (issue #27): how many of `count` hand-outs the log has
 -- room for at `now` under `limit` per `period` ms, and when a held-back fetch should look
 -- again (nil when it held nothing back). The log holds the time of every hand-out of the
@@ -1238,9 +1245,17 @@ local function flow_record(rate, deliveries, handed, now)
   end
   local entries = {}
   for i = 0, handed - 1 do
-    entries[2 * i + 1] = int(now)
-    entries[2 * i + 2] = deliveries[6 * i + 4] .. ':' .. deliveries[6 * i + 1]
+    entries[i + 1] = deliveries[6 * i + 4] .. ':' .. deliveries[6 * i + 1]
   end
-  call_chunked('ZADD', flow_log, entries)
-  redis.call('PEXPIRE', flow_log, int(rate[2]))
+  log_hand_outs(entries, now, rate[2])
+end
+
+-- The entries of a sharded fetch's reservation `name` (see flow_reserve.lua), numbered
+-- from `first` to `last`: "<name>:<n>".
+local function reserved_entries(name, first, last)
+  local entries = {}
+  for n = first, last do
+    entries[#entries + 1] = name .. ':' .. n
+  end
+  return entries
 end

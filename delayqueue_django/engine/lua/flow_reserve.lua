@@ -48,18 +48,12 @@ if cap > 0 then
   end
 end
 if granted > 0 and (rate or cap > 0) then
-  local logged, held = {}, {}
-  for n = 1, granted do
-    local entry = name .. ':' .. n
-    logged[2 * n - 1], logged[2 * n] = int(now), entry
-    held[2 * n - 1], held[2 * n] = int(now + consume_ms), entry
-  end
+  local entries = reserved_entries(name, 1, granted)
   if rate then
-    call_chunked('ZADD', flow_log, logged)
-    redis.call('PEXPIRE', flow_log, int(rate[2]))
+    log_hand_outs(entries, now, rate[2])
   end
   if cap > 0 then
-    call_chunked('ZADD', flow_slots, held)
+    call_chunked('ZADD', flow_slots, at_score(int(now + consume_ms), entries))
   end
 end
 return {now, granted, again or -1, rate_text, warnings}

@@ -43,12 +43,7 @@ call_chunked('ZREM', flow_log, unused)
 if beyond > 0 then
   local rate = rate_in_force(flow_fields()[2], rate_setting)
   if rate then
-    local logged = {}
-    for i = 1, beyond do
-      logged[2 * i - 1], logged[2 * i] = int(now), name .. ':' .. (reserved + i)
-    end
-    call_chunked('ZADD', flow_log, logged)
-    redis.call('PEXPIRE', flow_log, int(rate[2]))
+    log_hand_outs(reserved_entries(name, reserved + 1, reserved + beyond), now, rate[2])
   end
 end
 if redis.call('EXISTS', flow_slots) == 1 then

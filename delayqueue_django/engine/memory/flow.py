@@ -65,6 +65,14 @@ def record(state: QueueState, limits: StoreLimits, handed: int, now: int, gates:
         state.handed_out.extend([(now, "")] * handed)
 
 
+def _relog(state: QueueState, dropped: set[str], added: list[tuple[int, str]]) -> None:
+    """The rate window without the entries named in ``dropped``, then with ``added``
+    (``(time, name)``): ZREM, then ZADD."""
+    kept = [entry for entry in state.handed_out if entry[1] not in dropped]
+    state.handed_out.clear()
+    state.handed_out.extend(kept + added)
+
+
 class MemoryFlow(MemoryStoreBase):
     """Reading and changing the flow state (flow.lua), and a sharded queue's budget."""
 
@@ -111,10 +119,7 @@ class MemoryFlow(MemoryStoreBase):
             entries = [f"{name}:{n}" for n in range(1, granted + 1)]
             if rate is not None:
                 # (A repeated name replaces its entries, as ZADD does.)
-                named = set(entries)
-                kept = [entry for entry in state.handed_out if entry[1] not in named]
-                state.handed_out.clear()
-                state.handed_out.extend(kept + [(now, entry) for entry in entries])
+                _relog(state, set(entries), [(now, entry) for entry in entries])
             if limits.max_in_flight:
                 for entry in entries:
                     state.flow_slots.add(entry, now + limits.consume_ms)
@@ -130,11 +135,8 @@ class MemoryFlow(MemoryStoreBase):
             logged = {f"{name}:{reserved + n}" for n in range(1, beyond + 1)}
             rate = state.rate or self._limits.rate_limit
             if unused or (logged and rate is not None):
-                kept = [entry for entry in state.handed_out if entry[1] not in unused | logged]
-                state.handed_out.clear()
-                state.handed_out.extend(kept)
-                if rate is not None:
-                    state.handed_out.extend((now, entry) for entry in sorted(logged))
+                added = [(now, entry) for entry in sorted(logged)] if rate is not None else []
+                _relog(state, unused | logged, added)
             # The slots of the first len(ids) entries go to the deliveries; those of the
             # rest of the used ones (a lost reply's part) stay.
             for n in [*range(1, min(len(ids), used) + 1), *range(used + 1, reserved + 1)]:
