@@ -15,6 +15,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from delayqueue_django.core.cancel_hint import hint_if_elsewhere
+from delayqueue_django.core.current import current_message
 from delayqueue_django.core.handlers import handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.outgoing import Outgoing
@@ -38,6 +39,7 @@ __all__ = [
     "areschedule",
     "asend",
     "cancel",
+    "current_message",
     "get_queue",
     "handler",
     "reschedule",

@@ -29,6 +29,7 @@ __all__ = [
     "DelayQueueError",
     "DuplicateKey",
     "DuplicateMessageId",
+    "HandlerReturnedAwaitable",
     "InvalidDelay",
     "InvalidExpiry",
     "InvalidGroup",
@@ -164,6 +165,13 @@ class TaskExpired(DelayQueueError):
 class TaskAbandoned(DelayQueueError):
     """A task's last delivery ended with no outcome recorded: its worker died, or it ran past
     the queue's MAX_CONSUME_DURATION, and no retry was left."""
+
+
+class HandlerReturnedAwaitable(DelayQueueError, TypeError):
+    """A handler that is not ``async def`` returned an awaitable (a coroutine, a Task, a
+    Future) instead of a verdict: the code it meant to run never ran. The delivery is refused
+    (a failed attempt), never acked. Declare the handler ``async def``: the worker then awaits
+    it on its event loop."""
 
 
 class TimeLimitExceeded(DelayQueueError):

@@ -21,11 +21,13 @@ from datetime import UTC, datetime, timedelta
 from secrets import token_hex
 from typing import Any
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.test import override_settings
 
 from delayqueue_django.core import conf, registry
 from delayqueue_django.core.encoding import decode_payload
-from delayqueue_django.core.handlers import resolve
+from delayqueue_django.core.handlers import Handler, is_async, resolve
+from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import ManualClock, MemoryServer, add_server, remove_server
 from delayqueue_django.engine.records import split_trace
@@ -33,6 +35,7 @@ from delayqueue_django.outbox import table as outbox
 from delayqueue_django.outbox.relay import OutboxRelay
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import verdicts
+from delayqueue_django.worker.async_handling import acall_handler
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 
 __all__ = ["MemoryQueues", "Outcome", "SentMessage", "Verdict", "memory_queues"]
@@ -122,20 +125,58 @@ class MemoryQueues:
         OUTBOX queues are relayed first, as the worker relays them.
         """
         _relay_outbox()
-        names = list(queues) or registry.queue_names()
         outcomes: list[Outcome] = []
         while True:
             handled = len(outcomes)
-            for name in names:
-                queue = registry.get_queue(name)
-                runner = self._schedules.get(queue)
-                if runner is None:
-                    runner = self._schedules[queue] = ScheduleRunner(queue)
-                if self._run_schedules:
-                    runner.run_due(self._clock.now_ms())
-                outcomes += _run_due_once(queue, runner)
+            for queue, runner in self._due_queues(queues):
+                fetched = _fetch(queue)
+                handler = resolve(queue.config)
+                for message in fetched:
+                    outcome = _decline_or(runner, message)
+                    if outcome is None:
+                        if is_async(handler):
+                            outcome = async_to_sync(_acall)(handler, message, queue)
+                        else:
+                            outcome = _call(handler, message, queue)
+                    outcomes.append(_committed(queue, outcome))
             if len(outcomes) == handled:
                 return outcomes
+
+    async def arun_due(self, *queues: str) -> list[Outcome]:
+        """``run_due`` for an async test: ``async def`` handlers are awaited on the test's
+        event loop, sync ones (and the verdicts' commits and signals) run through
+        ``sync_to_async``, as they would from async code."""
+        await sync_to_async(_relay_outbox)()
+        outcomes: list[Outcome] = []
+        while True:
+            handled = len(outcomes)
+            for queue, runner in await sync_to_async(self._due_queues)(queues):
+                fetched = await sync_to_async(_fetch)(queue)
+                handler = resolve(queue.config)
+                for message in fetched:
+                    outcome = await sync_to_async(_decline_or)(runner, message)
+                    if outcome is None:
+                        if is_async(handler):
+                            outcome = await _acall(handler, message, queue)
+                        else:
+                            outcome = await sync_to_async(_call)(handler, message, queue)
+                    outcomes.append(await sync_to_async(_committed)(queue, outcome))
+            if len(outcomes) == handled:
+                return outcomes
+
+    def _due_queues(self, names: tuple[str, ...]) -> list[tuple[Queue, ScheduleRunner]]:
+        """The queues named (default: all), each with its schedules, their due ticks written
+        first with ``schedules=True``."""
+        chosen = []
+        for name in names or registry.queue_names():
+            queue = registry.get_queue(name)
+            runner = self._schedules.get(queue)
+            if runner is None:
+                runner = self._schedules[queue] = ScheduleRunner(queue)
+            if self._run_schedules:
+                runner.run_due(self._clock.now_ms())
+            chosen.append((queue, runner))
+        return chosen
 
 
 def _relay_outbox() -> None:
@@ -147,21 +188,34 @@ def _relay_outbox() -> None:
         OutboxRelay(outbox_queues).drain()
 
 
-def _run_due_once(queue: Queue, runner: ScheduleRunner) -> list[Outcome]:
+def _fetch(queue: Queue) -> list[Message]:
     fetched = queue.fetch()
     if fetched.exhaustions_owed:
         verdicts.announce_exhaustions(queue)
-    outcomes = []
-    if fetched.messages:
-        handler = runner.guard(resolve(queue.config))
-        for message in fetched.messages:
-            outcome = call_handler(
-                handler, message, manage_connections=False, time_limit=queue.config.time_limit
-            )
-            if verdicts.commit(queue, outcome.verdict, [outcome]):
-                verdicts.announce_exhaustions(queue)
-            outcomes.append(outcome)
-    return outcomes
+    return fetched.messages
+
+
+def _decline_or(runner: ScheduleRunner, message: Message) -> Outcome | None:
+    """An ack for a tick its schedule does not run (see ScheduleRunner.declines), or None."""
+    return Outcome(message, Verdict.ACK) if runner.declines(message) else None
+
+
+def _call(handler: Handler, message: Message, queue: Queue) -> Outcome:
+    return call_handler(
+        handler, message, manage_connections=False, time_limit=queue.config.time_limit
+    )
+
+
+async def _acall(handler: Handler, message: Message, queue: Queue) -> Outcome:
+    return await acall_handler(
+        handler, message, manage_connections=False, time_limit=queue.config.time_limit
+    )
+
+
+def _committed(queue: Queue, outcome: Outcome) -> Outcome:
+    if verdicts.commit(queue, outcome.verdict, [outcome]):
+        verdicts.announce_exhaustions(queue)
+    return outcome
 
 
 def _as_datetime(ms: int) -> datetime:

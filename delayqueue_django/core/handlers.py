@@ -12,6 +12,8 @@ from importlib import import_module
 from types import ModuleType
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
+
 from delayqueue_django.core import features
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue_config import QueueConfig
@@ -33,6 +35,13 @@ def handler(queue: str = "default") -> Callable[[Handler], Handler]:
         return function
 
     return register
+
+
+def is_async(handler: Handler) -> bool:
+    """Whether the handler is ``async def`` (or an object whose ``__call__`` is, or a
+    function marked with ``markcoroutinefunction``): the worker awaits it on its event
+    loop."""
+    return iscoroutinefunction(handler) or iscoroutinefunction(type(handler).__call__)
 
 
 def is_registered(queue: str) -> bool:

@@ -266,7 +266,7 @@ class Store(Protocol):
     def pause_schedule(self, name: str, start_ms: int) -> ScheduleReply:
         """Pause a schedule: its waiting tick (and the one before, if it still waits) is
         removed and none is written; the others still waiting are dropped by workers as
-        they are handed out (see ``ScheduleRunner.guard``)."""
+        they are handed out (see ``ScheduleRunner.declines``)."""
 
     def resume_schedule(
         self, name: str, fingerprint: str, start_ms: int, first: Tick | None

@@ -12,7 +12,7 @@ starts more than ``MISSED_AFTER`` after its time. The schedule's ``MISSED`` poli
 what happens to them: ``skip`` them all, run ``once`` for all of them, or run ``all`` of
 them, up to ``MISSED_LIMIT`` (the latest ones). The worker applies it twice: when it catches
 up (which ticks it writes) and when a tick is handed out late (whether the handler runs: see
-``guard``).
+``declines``).
 
 The schedules of settings are the union of what running workers declare: each worker
 stores its own as it starts, declares them again at every read of the schedules (storing
@@ -33,7 +33,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -57,7 +56,7 @@ from delayqueue_django.schedules.option import declared_schedules
 logger = logging.getLogger("delayqueue_django.schedules")
 
 # Schedules added, changed or resumed by other processes are seen by the ticks they write
-# (see guard); this re-read is the safety net.
+# (see declines); this re-read is the safety net.
 REFRESH_MS = 30_000
 # After a failed write (Redis away, out of memory), wait this long before the next try.
 RETRY_MS = 1_000
@@ -152,7 +151,7 @@ def _moment(ms: int) -> datetime:
 
 class ScheduleRunner:
     """One queue's schedules in one worker. ``run_due`` is called from the queue's consumer
-    loop; ``guard`` wraps its handler. Thread-safe."""
+    loop; ``declines`` judges its ticks as they are handed out. Thread-safe."""
 
     def __init__(self, queue: Queue, on_news: Callable[[], None] | None = None) -> None:
         self.queue = queue
@@ -560,9 +559,9 @@ class ScheduleRunner:
 
     # Running ticks
 
-    def guard(self, handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
-        """The handler, except for a tick that is not to run: that one is acked without
-        running it, and logged. The tick's schedule is read from the store as the tick is
+    def declines(self, message: Message) -> bool:
+        """Whether ``message`` is a tick not to run: the worker acks it without running its
+        handler (this logs why). The tick's schedule is read from the store as the tick is
         handed out (one read per tick, none for other messages), and the tick is not run if:
 
         - its schedule was removed, or is paused;
@@ -581,26 +580,19 @@ class ScheduleRunner:
         schedule cannot be read (Redis away) runs, as it would have with no schedule left
         to judge it.
         """
-
-        @functools.wraps(handler)
-        def guarded(message: Message) -> Any:
-            parsed = parse_tick_id(message.id)
-            if parsed is None or message.attempt != 1:
-                return handler(message)
-            name, at = parsed
-            reason = self._why_not_run(name, at, message)
-            if reason is None:
-                return handler(message)
-            logger.info(
-                "tick %s of queue %s not run: %s", loggable(message.id), message.queue, reason
-            )
-            return None
-
-        return guarded
+        parsed = parse_tick_id(message.id)
+        if parsed is None or message.attempt != 1:
+            return False
+        name, at = parsed
+        reason = self._why_not_run(name, at, message)
+        if reason is None:
+            return False
+        logger.info("tick %s of queue %s not run: %s", loggable(message.id), message.queue, reason)
+        return True
 
     def _why_not_run(self, name: str, at: int, message: Message) -> str | None:
         """Why the tick of schedule ``name`` at ``at`` that ``message`` hands out is not to
-        run (see guard), or None if it runs."""
+        run (see declines), or None if it runs."""
         try:
             record = self.queue.store.read_schedule(name)
         except Exception:  # a tick is run even when its schedule cannot be read

@@ -52,7 +52,7 @@ class QueueConsumer(ConsumerVerdicts, ConsumerHousekeeping):
             try:
                 self._flush(force=self.worker.stopping.is_set())
                 if self.worker.stopping.is_set():
-                    self._hand_back(self.worker.pool.take_back(self))
+                    self._hand_back(self.pool.take_back(self))
                     if (
                         self._idle()
                         or self.worker.abandoning.is_set()
@@ -231,7 +231,7 @@ class QueueConsumer(ConsumerVerdicts, ConsumerHousekeeping):
         if fetched.messages:
             with self._lock:
                 self._in_flight += len(fetched.messages)
-            self.worker.pool.submit(self, fetched.messages)
+            self._submit(fetched.messages)
         self.worker.fetched(self)
         # After the submit: the batch is in hand whatever happens.
         deferred = fetched.exhaustions_owed and not self._announce_exhaustions()
@@ -259,7 +259,7 @@ class QueueConsumer(ConsumerVerdicts, ConsumerHousekeeping):
 
     def _release_stale_buffer(self) -> bool:
         """Hand back buffered messages that waited past the slack; True if there were any."""
-        stale = self.worker.pool.take_back(self, fetched_before=time.monotonic() - self.slack)
+        stale = self.pool.take_back(self, fetched_before=time.monotonic() - self.slack)
         if stale:
             self._shrink_batch()
             self._hand_back(stale)

@@ -5,6 +5,7 @@ import logging
 import math
 import time
 
+from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
 from delayqueue_django.worker.consumer_state import ConsumerState
 from delayqueue_django.worker.pool import Running
@@ -14,6 +15,13 @@ logger = logging.getLogger("delayqueue_django.worker")
 
 class ConsumerPool(ConsumerState):
     """Pacing the batches, and watching this queue's jobs in the pool."""
+
+    def _submit(self, messages: list[Message]) -> None:
+        if self.on_loop:
+            assert self.worker.loop_pool is not None
+            self.worker.loop_pool.submit(self, messages)
+        else:
+            self.worker.pool.submit(self, messages)
 
     def has_room(self) -> bool:
         return self._room() > 0
@@ -31,10 +39,10 @@ class ConsumerPool(ConsumerState):
         not committed: each one an attempt used if the worker dies) counts against the
         target, so they never exceed it.
         """
-        concurrency = self.worker.concurrency
+        concurrency = self.pool.concurrency
         target = concurrency if self._handler_outlasting_slack() else max(self._batch, concurrency)
         refill_at = concurrency + (target - concurrency) // 2
-        outstanding = self.worker.pool.outstanding()
+        outstanding = self.pool.outstanding()
         if outstanding >= target or outstanding > refill_at:
             return 0
         with self._lock:
@@ -49,14 +57,14 @@ class ConsumerPool(ConsumerState):
         a handler has run longer than the slack."""
         if self._handler_outlasting_slack():
             return
-        concurrency = self.worker.concurrency
+        concurrency = self.pool.concurrency
         grown = min(self._batch * 2, self._batch_limit)
         queued_behind = max(grown - concurrency, 0) / concurrency
         if queued_behind * self._pace() < self.slack / 2:
             self._batch = grown
 
     def _own_running(self) -> list[Running]:
-        return [running for running in self.worker.pool.running() if running.job.consumer is self]
+        return [running for running in self.pool.running() if running.job.consumer is self]
 
     def _pace(self) -> float:
         """How long this queue's handlers take, in seconds: the moving average of those that
@@ -72,7 +80,7 @@ class ConsumerPool(ConsumerState):
 
     def _shrink_batch(self) -> None:
         """Handlers are slower than the buffer: fetch about what can start at once."""
-        self._batch = max(self.worker.concurrency, self._batch // 2)
+        self._batch = max(self.pool.concurrency, self._batch // 2)
 
     # This queue's jobs in the pool, between fetches
 
@@ -81,7 +89,7 @@ class ConsumerPool(ConsumerState):
         oldest buffered message outlasts the slack, to hand it back on time, or when one of
         its running handlers passes its delivery's deadline, to report it."""
         at = math.inf
-        oldest = self.worker.pool.oldest_buffered(self)
+        oldest = self.pool.oldest_buffered(self)
         if oldest is not None:
             at = oldest + self.slack
         for running in self._own_running():
@@ -94,7 +102,7 @@ class ConsumerPool(ConsumerState):
         """Between fetches (a full pool may keep this consumer from fetching for long): a
         buffered message past the slack calls for a look now, which hands it back long
         before its deadline; a handler running past its deadline is logged, once."""
-        oldest = self.worker.pool.oldest_buffered(self)
+        oldest = self.pool.oldest_buffered(self)
         if oldest is not None and self.is_stale(oldest):
             self._woken = True  # _fetch_if_due hands back the stale ones, then looks
         self._report_overruns()

@@ -12,18 +12,21 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.handlers import Handler, is_async
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.timings import Timings
 from delayqueue_django.engine import loggable
 from delayqueue_django.engine.errors import is_outage
+from delayqueue_django.exceptions import TimeLimitExceeded
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import verdicts
+from delayqueue_django.worker.async_handling import acall_handler
 from delayqueue_django.worker.clock import RedisClock
-from delayqueue_django.worker.handling import Outcome, call_handler
+from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
+from delayqueue_django.worker.loop_pool import LoopPool
 from delayqueue_django.worker.outages import Outages
-from delayqueue_django.worker.pool import HandlerPool
+from delayqueue_django.worker.pool import HandlerPool, Pool
 from delayqueue_django.worker.wakeup import WakeupListener
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -57,6 +60,8 @@ class Host(Protocol):
     @property
     def pool(self) -> HandlerPool: ...
     @property
+    def loop_pool(self) -> LoopPool | None: ...
+    @property
     def gave_up(self) -> str | None: ...
 
     def count(self, *, handled: int, failed: int) -> None: ...
@@ -84,7 +89,9 @@ class ConsumerState(threading.Thread):
         # The queue's schedules: this worker writes their ticks as they fall due, and skips
         # the missed ones its policy drops (see delayqueue_django.schedules.runner).
         self.schedules = ScheduleRunner(queue, on_news=self._schedules_have_news)
-        self.handler = self.schedules.guard(handler)
+        self.handler = handler
+        # An ``async def`` handler runs on the worker's event loop, a sync one in a thread.
+        self.on_loop = is_async(handler)
         self.finished = threading.Event()
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -106,7 +113,7 @@ class ConsumerState(threading.Thread):
         self._batch_limit = limit
         # How many messages may be handed to the pool at once: starts at the thread count,
         # grows while handlers are fast enough to start them all well within the slack.
-        self._batch = min(limit, worker.concurrency)
+        self._batch = min(limit, self.pool.concurrency)
         # A moving average of handler durations, for deciding how large batches may grow.
         self._handler_seconds = 0.0
         # Deliveries (id, lease) whose handler was reported running past their deadline.
@@ -140,6 +147,14 @@ class ConsumerState(threading.Thread):
         self.listener = WakeupListener(queue, self.wake, worker.stopping, worker.outages)
         # Handler durations and lateness, added to Redis with each heartbeat.
         self.timings = Timings()
+
+    @property
+    def pool(self) -> Pool:
+        """Where this queue's handlers run: the worker's event loop or its handler threads."""
+        if self.on_loop:
+            assert self.worker.loop_pool is not None  # the worker makes one for such queues
+            return self.worker.loop_pool
+        return self.worker.pool
 
     # Called from other threads
 
@@ -187,8 +202,11 @@ class ConsumerState(threading.Thread):
         return time.monotonic() - fetched_at > self.slack
 
     def handle(self, message: Message, *, back_to_back: bool = False) -> Outcome:
-        """Run the handler; ``back_to_back`` when this thread ran another message just now."""
+        """Run the sync handler; ``back_to_back`` when this thread ran another message just
+        now."""
         started_ms = self.redis_now_ms()
+        if self.schedules.declines(message):
+            return Outcome(message, Verdict.ACK)
         limit = self.queue.config.time_limit
         outcome = call_handler(
             self.handler, message, connections_checked=back_to_back, time_limit=limit
@@ -204,6 +222,24 @@ class ConsumerState(threading.Thread):
                 message.queue,
                 message.attempt,
             )
+        self._handled(message, outcome, started_ms)
+        return outcome
+
+    async def ahandle(self, message: Message) -> Outcome:
+        """Await the async handler, on the worker's event loop; its TIME_LIMIT cancels it."""
+        started_ms = self.redis_now_ms()
+        if self.schedules.declines(message):
+            return Outcome(message, Verdict.ACK)
+        outcome = await acall_handler(
+            self.handler, message, time_limit=self.queue.config.time_limit
+        )
+        if isinstance(outcome.error, TimeLimitExceeded) and outcome.error.__cause__ is not None:
+            self.worker.count_time_limit_overrun()
+        self._handled(message, outcome, started_ms)
+        return outcome
+
+    def _handled(self, message: Message, outcome: Outcome, started_ms: float) -> None:
+        """Account for a handler's run (timings, pace) and say if it outran its lease."""
         # Both times on the Redis clock; the estimate can land a hair before the due time.
         lateness = max(started_ms - message.due_ms, 0) / 1000 if message.due_ms > 0 else None
         self.timings.observe_delivery(outcome.seconds, lateness)
@@ -218,7 +254,6 @@ class ConsumerState(threading.Thread):
                 loggable(message.id),
                 message.queue,
             )
-        return outcome
 
     def redis_now_ms(self) -> float:
         return self._clock.now_ms()

@@ -1,17 +1,26 @@
 """Running one handler call and turning its result into a verdict."""
 
+import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from django.db import close_old_connections
 
-from delayqueue_django.core import features, time_limits, tracing
+from delayqueue_django.core import current, features, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.exceptions import Postpone, Reject, Retry
+from delayqueue_django.exceptions import (
+    HandlerReturnedAwaitable,
+    Postpone,
+    Reject,
+    Retry,
+    TimeLimitExceeded,
+)
 from delayqueue_django.outbox import exactly_once
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -128,13 +137,69 @@ def _call_handler(
         close_old_connections()
     started = time.perf_counter()
     try:
-        database = exactly_once.database_for(message.queue)
-        if database is None:
-            result = handler(message)
-        else:
-            result = exactly_once.call_once(handler, message, database)
-    except exactly_once.WriteLockBusy as error:
-        outcome = Outcome(message, Verdict.RELEASE, error, time.perf_counter() - started)
+        with current.handling(message):
+            database = exactly_once.database_for(message.queue)
+            if database is None:
+                result = not_awaitable(handler, handler(message))
+            else:
+                result = exactly_once.call_once(refusing_awaitables(handler), message, database)
+    except BaseException as error:  # a handler must never take its thread down
+        outcome = judge_error(message, error, time.perf_counter() - started)
+    else:
+        outcome = judge_result(message, result, time.perf_counter() - started)
+    finally:
+        if manage_connections:
+            close_old_connections()
+    return outcome
+
+
+def not_awaitable(handler: Handler, result: Any) -> Any:
+    """``result``, unless it is an awaitable a sync handler returned: then refused with
+    HandlerReturnedAwaitable. Nothing awaited it, so whatever it was to do never ran; an
+    ack would lose the message without a trace but Python's "never awaited" warning."""
+    if not inspect.isawaitable(result):
+        return result
+    if inspect.iscoroutine(result):
+        result.close()  # never to run: closed, so Python does not warn of it as well
+    name = f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
+    raise HandlerReturnedAwaitable(
+        f"handler {name} returned {type(result).__name__} {result!r} without awaiting it; "
+        "nothing of it ran. Declare the handler `async def`: the worker awaits async handlers "
+        "on its event loop"
+    )
+
+
+def refusing_awaitables(handler: Handler) -> Handler:
+    """The handler, raising HandlerReturnedAwaitable where it returns an awaitable (inside
+    an EXACTLY_ONCE transaction: which then rolls back, the message not recorded as
+    processed)."""
+
+    @functools.wraps(handler)
+    def checked(message: Message) -> Any:
+        return not_awaitable(handler, handler(message))
+
+    return checked
+
+
+def judge_result(message: Message, result: Any, seconds: float) -> Outcome:
+    """The outcome of a handler that returned ``result``: False is a nack, anything else an
+    ack."""
+    verdict = Verdict.NACK if result is False else Verdict.ACK
+    outcome = Outcome(message, verdict, None, seconds)
+    logger.debug(
+        "handled message id=%s queue=%s attempt=%s verdict=%s in %.1f ms",
+        loggable(message.id),
+        message.queue,
+        message.attempt,
+        verdict.value,
+        seconds * 1000,
+    )
+    return outcome
+
+
+def judge_error(message: Message, error: BaseException, seconds: float) -> Outcome:
+    """The outcome of a handler call that raised ``error``, logged as its kind asks."""
+    if isinstance(error, exactly_once.WriteLockBusy):
         logger.warning(
             "message id=%s queue=%s attempt=%s handed back: %s",
             loggable(message.id),
@@ -142,8 +207,8 @@ def _call_handler(
             message.attempt,
             error,
         )
-    except exactly_once.AlreadyProcessed:
-        outcome = Outcome(message, Verdict.ACK, None, time.perf_counter() - started)
+        return Outcome(message, Verdict.RELEASE, error, seconds)
+    if isinstance(error, exactly_once.AlreadyProcessed):
         logger.info(
             "message id=%s queue=%s attempt=%s was processed before (its transaction "
             "committed): acked without running the handler again",
@@ -152,15 +217,8 @@ def _call_handler(
             message.attempt,
         )
         _processed_before(message)
-    except Postpone as error:
-        outcome = Outcome(
-            message,
-            Verdict.NACK,
-            error,
-            time.perf_counter() - started,
-            delay_ms=error.delay_ms,
-            postponed=True,
-        )
+        return Outcome(message, Verdict.ACK, None, seconds)
+    if isinstance(error, Postpone):
         logger.info(
             "handler postponed message id=%s queue=%s attempt=%s by %d ms: %s",
             loggable(message.id),
@@ -169,10 +227,10 @@ def _call_handler(
             error.delay_ms,
             error,
         )
-    except Retry as error:
-        outcome = Outcome(
-            message, Verdict.NACK, error, time.perf_counter() - started, delay_ms=error.delay_ms
+        return Outcome(
+            message, Verdict.NACK, error, seconds, delay_ms=error.delay_ms, postponed=True
         )
+    if isinstance(error, Retry):
         logger.warning(
             "handler asked to retry message id=%s queue=%s attempt=%s in %d ms: %s",
             loggable(message.id),
@@ -181,8 +239,8 @@ def _call_handler(
             error.delay_ms,
             error,
         )
-    except Reject as error:
-        outcome = Outcome(message, Verdict.BURY, error, time.perf_counter() - started)
+        return Outcome(message, Verdict.NACK, error, seconds, delay_ms=error.delay_ms)
+    if isinstance(error, Reject):
         logger.warning(
             "handler rejected message id=%s queue=%s attempt=%s: %s",
             loggable(message.id),
@@ -190,26 +248,22 @@ def _call_handler(
             message.attempt,
             error,
         )
-    except BaseException as error:  # a handler must never take its thread down
-        outcome = Outcome(message, Verdict.NACK, error, time.perf_counter() - started)
-        logger.exception(
-            "handler failed message id=%s queue=%s attempt=%s",
+        return Outcome(message, Verdict.BURY, error, seconds)
+    if isinstance(error, HandlerReturnedAwaitable | TimeLimitExceeded):
+        # Their text says all there is: the traceback would show only the worker's frames.
+        logger.error(
+            "handler failed message id=%s queue=%s attempt=%s: %s",
             loggable(message.id),
             message.queue,
             message.attempt,
+            error,
         )
-    else:
-        verdict = Verdict.NACK if result is False else Verdict.ACK
-        outcome = Outcome(message, verdict, None, time.perf_counter() - started)
-        logger.debug(
-            "handled message id=%s queue=%s attempt=%s verdict=%s in %.1f ms",
-            loggable(message.id),
-            message.queue,
-            message.attempt,
-            verdict.value,
-            outcome.seconds * 1000,
-        )
-    finally:
-        if manage_connections:
-            close_old_connections()
-    return outcome
+        return Outcome(message, Verdict.NACK, error, seconds)
+    logger.error(
+        "handler failed message id=%s queue=%s attempt=%s",
+        loggable(message.id),
+        message.queue,
+        message.attempt,
+        exc_info=(type(error), error, error.__traceback__),
+    )
+    return Outcome(message, Verdict.NACK, error, seconds)

@@ -49,6 +49,25 @@ class PoolWatcher(Protocol):
     def released(self, messages: list[Message]) -> None: ...
 
 
+class Pool(Protocol):
+    """What a consumer asks of where its handlers run, the handler threads (HandlerPool) or
+    the event loop (loop_pool.LoopPool): both are shared by the consumers of every queue
+    that runs there."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    def outstanding(self) -> int: ...
+
+    def running(self) -> list["Running"]: ...
+
+    def oldest_buffered(self, consumer: Consumer) -> float | None: ...
+
+    def take_back(
+        self, consumer: Consumer, fetched_before: float | None = None
+    ) -> list[Message]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     consumer: Consumer

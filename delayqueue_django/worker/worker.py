@@ -23,15 +23,17 @@ import time
 from secrets import token_hex
 from typing import Any
 
-from delayqueue_django.core.handlers import Handler
+from delayqueue_django.core.handlers import Handler, is_async
+from delayqueue_django.core.loop_options import loop_blocked_after
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.prune_rounds import PruneRounds
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.consumer_state import ConsumerState
+from delayqueue_django.worker.loop_pool import LoopPool
 from delayqueue_django.worker.outages import Outages
-from delayqueue_django.worker.pool import HandlerPool, PoolWatcher
+from delayqueue_django.worker.pool import HandlerPool, PoolWatcher, Running
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -53,6 +55,7 @@ class Worker:
         queues: list[tuple[Queue, Handler]],
         *,
         concurrency: int = 1,
+        async_concurrency: int = 100,
         batch_size: int | None = None,
         burst: bool = False,
         max_messages: int | None = None,
@@ -66,6 +69,7 @@ class Worker:
         supervisor_pid: int | None = None,
     ) -> None:
         self.concurrency = concurrency
+        self.async_concurrency = async_concurrency
         self.batch_size = batch_size
         self.burst = burst
         self.max_messages = max_messages
@@ -82,6 +86,15 @@ class Worker:
         self.pool = HandlerPool(
             concurrency, on_room_freed=self._wake_starved_consumers, watcher=pool_watcher
         )
+        # The event loop for the queues whose handler is ``async def``; none without them.
+        self.loop_pool: LoopPool | None = None
+        if any(is_async(handler) for _, handler in queues):
+            self.loop_pool = LoopPool(
+                async_concurrency,
+                on_room_freed=self._wake_starved_consumers,
+                watcher=pool_watcher,
+                blocked_after=loop_blocked_after(),
+            )
         # The pid of the supervisor that started this process (run_delayqueue --processes).
         self.supervisor_pid = supervisor_pid
         # Created before the consumers, which report to it. Only a burst run gives up.
@@ -197,6 +210,11 @@ class Worker:
             "supervisor": self.supervisor_pid,
             "queues": [consumer.queue.name for consumer in self.consumers],
             "concurrency": self.concurrency,
+            **(
+                {}
+                if self.loop_pool is None
+                else {"async_concurrency": self.async_concurrency, **self.loop_pool.watch.counts()}
+            ),
             "started": self.started_at,
             "handled": self.handled,
             "failed": self.failed,
@@ -219,8 +237,13 @@ class Worker:
                 "past_deadline": running.job.consumer.redis_now_ms()
                 > running.job.message.deadline_ms,
             }
-            for running in self.pool.running()
+            for running in sorted(self._running(), key=lambda running: running.started_at)
         ]
+
+    def _running(self) -> list[Running]:
+        """What the handler threads and the event loop run now."""
+        loop = [] if self.loop_pool is None else self.loop_pool.running()
+        return self.pool.running() + loop
 
     def _wake_starved_consumers(self) -> None:
         # Only those that may fetch now: waking one per finished message for nothing
@@ -254,6 +277,8 @@ class Worker:
                 return
         self._start_database_duties()
         self.pool.start()
+        if self.loop_pool is not None:
+            self.loop_pool.start()
         for consumer in self.consumers:
             consumer.start()
         stop_requested_at: float | None = None
@@ -277,12 +302,14 @@ class Worker:
             consumer.wake()
             consumer.finished.wait(2.0)
         self.pool.close()
+        if self.loop_pool is not None:
+            self.loop_pool.close()
         self._stop_database_duties()
 
     def _say_what_the_grace_leaves(self) -> None:
         """The grace is over and a consumer is not done: handlers still run, or, with none
         running, verdicts wait for a Redis that does not take them."""
-        if self.pool.running():
+        if self._running():
             logger.warning(
                 "handlers still running after the %.0f s grace period; leaving them "
                 "to come back through their deadline",

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import autoreload
 
 from delayqueue_django.core import registry
-from delayqueue_django.core.handlers import Handler, HandlerNotFound, resolve
+from delayqueue_django.core.handlers import Handler, HandlerNotFound, is_async, resolve
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import (
     QueueConfigurationError,
@@ -136,7 +136,14 @@ class Command(OwnProcessCommand):
             "--concurrency",
             type=positive_int,
             default=1,
-            help="Handler threads in this process (default: 1).",
+            help="Handler threads in this process, for sync handlers (default: 1).",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=positive_int,
+            default=100,
+            help="Coroutines in flight at once on this process's event loop, for async def "
+            "handlers (default: 100).",
         )
         parser.add_argument(
             "--processes",
@@ -223,6 +230,7 @@ class Command(OwnProcessCommand):
         concurrency: int,
         batch_size: int | None,
         max_messages: int | None,
+        async_concurrency: int = 100,
         grace: float,
         jitter: float,
         heartbeat: float,
@@ -257,6 +265,7 @@ class Command(OwnProcessCommand):
             self._worker_for,
             queues,
             concurrency=concurrency,
+            async_concurrency=async_concurrency,
             batch_size=batch_size,
             burst=burst,
             max_messages=max_messages,
@@ -403,13 +412,19 @@ class Command(OwnProcessCommand):
         self.stdout.write(
             f"delayqueue_django worker {worker.worker_id} ({mode}), "
             f"concurrency {worker.concurrency}"
+            + (
+                ""
+                if worker.loop_pool is None
+                else f", async concurrency {worker.async_concurrency} on an event loop"
+            )
         )
         for consumer in worker.consumers:
             config = consumer.queue.config
             handler = getattr(consumer.handler, "__qualname__", repr(consumer.handler))
             module = getattr(consumer.handler, "__module__", "")
+            kind = "async handler" if consumer.on_loop else "handler"
             self.stdout.write(
-                f"  queue {config.name!r}: {describe_connection(consumer.queue)}, handler "
+                f"  queue {config.name!r}: {describe_connection(consumer.queue)}, {kind} "
                 f"{module}.{handler}, retries {config.retry_count}, max consume "
                 f"{config.max_consume_ms / 1000:g} s, "
                 f"batch {worker.batch_size or config.fetch_batch_size}"
@@ -453,7 +468,13 @@ class Command(OwnProcessCommand):
         if checks:  # --reload: the checks skipped at the command's start
             self.check(display_num_errors=True)
         chosen = [queue for queue, _ in handlers]
-        limits = {q.name: q.config.time_limit for q in chosen if q.config.time_limit is not None}
+        # An async handler's limit is a cancellation on its process's loop (the others on
+        # the loop go on): never a reason to kill the process.
+        limits = {
+            queue.name: queue.config.time_limit
+            for queue, handler in handlers
+            if queue.config.time_limit is not None and not is_async(handler)
+        }
         env = {k: v for k, v in os.environ.items() if k != autoreload.DJANGO_AUTORELOAD_ENV}
         supervisor = Supervisor(
             processes=processes,

@@ -1,0 +1,286 @@
+"""``async def`` handlers: awaited on the worker's event loop (never acked unrun), with every
+verdict a sync handler has; a sync handler returning an awaitable refused; TIME_LIMIT a real
+cancellation; a handler blocking the loop reported; ``current_message()`` in both kinds."""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from delayqueue_django import Message, current_message, get_queue, signals
+from delayqueue_django.core.handlers import resolve
+from delayqueue_django.exceptions import (
+    HandlerReturnedAwaitable,
+    Postpone,
+    Reject,
+    Retry,
+    TimeLimitExceeded,
+)
+from delayqueue_django.testing import memory_queues
+from delayqueue_django.worker import Worker
+from delayqueue_django.worker.handling import Verdict
+from tests.redis_servers import RedisServer
+
+RAN: list[tuple[str, Any]] = []
+
+
+async def verdict_handler(message: Message) -> Any:
+    """Does what its payload says, after a real await (so it ran on a loop)."""
+    await asyncio.sleep(0)
+    RAN.append((message.payload["do"], current_message()))
+    do = message.payload["do"]
+    if do == "ack":
+        return None
+    if do == "true":
+        return True
+    if do == "false":
+        return False
+    if do == "raise":
+        raise RuntimeError("boom")
+    if do == "postpone":
+        raise Postpone(5)
+    if do == "retry":
+        raise Retry(7)
+    if do == "reject":
+        raise Reject("never")
+    if do == "sleep":
+        await asyncio.sleep(message.payload["seconds"])
+        return None
+    if do == "block":
+        time.sleep(message.payload["seconds"])
+        return None
+    raise AssertionError(do)
+
+
+async def _never_awaited(message: Message) -> None:
+    RAN.append(("coroutine body ran", message.id))
+
+
+def sync_returning_coroutine(message: Message) -> Any:
+    """A sync handler that forgot to await: it returns the coroutine."""
+    return _never_awaited(message)
+
+
+def sync_handler(message: Message) -> None:
+    RAN.append(("sync", current_message()))
+
+
+class AsyncCallable:
+    async def __call__(self, message: Message) -> None:
+        RAN.append(("callable", message.id))
+
+
+async_callable = AsyncCallable()
+
+
+@pytest.fixture(autouse=True)
+def _forget() -> None:
+    RAN.clear()
+
+
+def configure(settings: Any, url: str, handler: str = "verdict_handler", **options: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": url,
+            "HANDLER": f"tests.test_async_handlers.{handler}",
+            "NACK_REDELIVERY_DELAY": 0,
+            **options,
+        }
+    }
+
+
+VERDICTS = {
+    "ack": Verdict.ACK,
+    "true": Verdict.ACK,
+    "false": Verdict.NACK,
+    "raise": Verdict.NACK,
+    "postpone": Verdict.NACK,
+    "retry": Verdict.NACK,
+    "reject": Verdict.BURY,
+}
+
+
+def test_every_verdict_of_an_async_handler_in_memory_queues(settings: Any) -> None:
+    configure(settings, "memory://", RETRY_COUNT=0)
+    with memory_queues() as queues:
+        sent = {do: get_queue().send({"do": do}) for do in VERDICTS}
+        outcomes = {outcome.message.id: outcome for outcome in queues.run_due()}
+    for do, verdict in VERDICTS.items():
+        outcome = outcomes[sent[do]]
+        assert outcome.verdict is verdict, do
+    assert outcomes[sent["postpone"]].postponed
+    assert outcomes[sent["postpone"]].delay_ms == 5000
+    assert outcomes[sent["retry"]].delay_ms == 7000
+    assert isinstance(outcomes[sent["raise"]].error, RuntimeError)
+    # The handler saw its own message as the current one.
+    assert {message.id for _, message in RAN} == set(sent.values())
+
+
+def test_arun_due_awaits_async_handlers_from_an_async_test(settings: Any) -> None:
+    configure(settings, "memory://", RETRY_COUNT=0)
+
+    async def scenario() -> dict[str, Verdict]:
+        outcomes = await queues.arun_due()
+        return {outcome.message.id: outcome.verdict for outcome in outcomes}
+
+    with memory_queues() as queues:
+        acked = get_queue().send({"do": "ack"})
+        rejected = get_queue().send({"do": "reject"})
+        # As an async test runs (pytest-asyncio and the like): the test's own loop.
+        assert asyncio.run(scenario()) == {acked: Verdict.ACK, rejected: Verdict.BURY}
+
+
+def test_a_sync_handler_returning_a_coroutine_is_refused_never_acked(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    configure(settings, "memory://", "sync_returning_coroutine", RETRY_COUNT=0)
+    with memory_queues() as queues, caplog.at_level(logging.ERROR):
+        get_queue().send({"order": 1})
+        [outcome] = queues.run_due()
+        assert outcome.verdict is Verdict.NACK
+        assert isinstance(outcome.error, HandlerReturnedAwaitable)
+        assert "tests.test_async_handlers.sync_returning_coroutine" in str(outcome.error)
+        assert "async def" in str(outcome.error)
+        # Dead-lettered (no retries), not acked: there for a person to requeue.
+        assert get_queue().stats()["garbage"] == 1
+    assert RAN == []
+    assert "returned coroutine" in caplog.text
+
+
+def test_a_sync_handler_returning_a_coroutine_is_refused_by_the_worker_on_redis(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url, "sync_returning_coroutine", RETRY_COUNT=0)
+    queue = get_queue()
+    queue.send({"order": 1})
+    nacked: list[Any] = []
+
+    def on_nacked(*, error: Any, **kwargs: Any) -> None:
+        nacked.append(error)
+
+    signals.message_nacked.connect(on_nacked)
+    try:
+        call_command("run_delayqueue", burst=True, stdout=StringIO())
+    finally:
+        signals.message_nacked.disconnect(on_nacked)
+    [error] = nacked
+    assert isinstance(error, HandlerReturnedAwaitable)
+    assert queue.stats()["garbage"] == 1
+    assert RAN == []
+
+
+def test_every_verdict_of_an_async_handler_through_the_worker_on_redis(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url, RETRY_COUNT=0)
+    queue = get_queue()
+    sent = {do: queue.send({"do": do}) for do in VERDICTS}
+    seen: dict[str, list[str]] = {"acked": [], "nacked": [], "postponed": []}
+
+    def on(kind: str) -> Callable[..., None]:
+        def receiver(*, message: Any, **kwargs: Any) -> None:
+            seen[kind].append(message.id)
+
+        return receiver
+
+    receivers = {
+        signals.message_acked: on("acked"),
+        signals.message_nacked: on("nacked"),
+    }
+    for signal, receiver in receivers.items():
+        signal.connect(receiver)
+    try:
+        worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=10)
+        worker.run()
+    finally:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver)
+    assert sorted(seen["acked"]) == sorted([sent["ack"], sent["true"]])
+    # Refused: False, an exception, Retry, Reject (its own verdict, nacked signal too?)
+    assert sent["false"] in seen["nacked"]
+    assert sent["raise"] in seen["nacked"]
+    assert sent["retry"] in seen["nacked"]
+    stats = queue.stats()
+    # Postponed: waiting again, no attempt used; the others dead (no retries).
+    assert stats["pending"] == 1
+    assert stats["garbage"] == 4
+    assert {do for do, _ in RAN} == set(VERDICTS)
+
+
+def test_an_async_callable_object_is_awaited(redis_server: RedisServer, settings: Any) -> None:
+    configure(settings, redis_server.url, "async_callable")
+    sent = get_queue().send({})
+    call_command("run_delayqueue", burst=True, stdout=StringIO())
+    assert RAN == [("callable", sent)]
+
+
+def test_a_time_limit_cancels_the_async_handler_and_the_others_go_on(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url, TIME_LIMIT=0.5, RETRY_COUNT=0)
+    queue = get_queue()
+    slow = queue.send({"do": "sleep", "seconds": 10})
+    quick = [queue.send({"do": "sleep", "seconds": 0.2}) for _ in range(20)]
+    nacked: list[Any] = []
+
+    def on_nacked(*, message: Any, error: Any, **kwargs: Any) -> None:
+        nacked.append((message.id, error))
+
+    signals.message_nacked.connect(on_nacked)
+    started = time.monotonic()
+    try:
+        worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=100)
+        worker.run()
+    finally:
+        signals.message_nacked.disconnect(on_nacked)
+    took = time.monotonic() - started
+    [(refused, error)] = nacked
+    assert refused == slow
+    assert isinstance(error, TimeLimitExceeded)
+    assert "cancelled" in str(error)
+    assert worker.handled == len(quick) + 1
+    assert took < 5  # cancelled at its limit, not run to its 10 s
+    assert worker.details()["time_limit_overruns"] == 1
+
+
+def test_a_handler_blocking_the_loop_is_reported_with_its_message_and_place(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    configure(settings, redis_server.url)
+    queue = get_queue()
+    blocking = queue.send({"do": "block", "seconds": 0.5})
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django.worker"):
+        worker = Worker([(queue, resolve(queue.config))], burst=True)
+        worker.run()
+    [record] = [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    text = record.getMessage()
+    assert f"message id={blocking}" in text
+    assert "test_async_handlers.py" in text
+    assert "time.sleep" in text
+    details = worker.details()
+    assert details["loop_blocks"] == 1
+    assert 0.4 < details["loop_blocked_seconds"] < 2
+
+
+def test_sync_and_async_queues_in_one_worker(redis_server: RedisServer, settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": redis_server.url, "HANDLER": "tests.test_async_handlers.sync_handler"},
+        "async": {
+            "URL": redis_server.url,
+            "HANDLER": "tests.test_async_handlers.verdict_handler",
+        },
+    }
+    plain = get_queue("default").send({})
+    awaited = get_queue("async").send({"do": "ack"})
+    out = StringIO()
+    call_command("run_delayqueue", burst=True, async_concurrency=5, stdout=out)
+    assert sorted((kind, message.id) for kind, message in RAN) == sorted(
+        [("sync", plain), ("ack", awaited)]
+    )
+    assert "async concurrency 5 on an event loop" in out.getvalue()
+    assert "async handler tests.test_async_handlers.verdict_handler" in out.getvalue()
