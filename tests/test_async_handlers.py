@@ -216,7 +216,7 @@ def test_an_async_callable_object_is_awaited(redis_server: RedisServer, settings
     configure(settings, redis_server.url, "async_callable")
     sent = get_queue().send({})
     call_command("run_delayqueue", burst=True, stdout=StringIO())
-    assert RAN == [("callable", sent)]
+    assert [("callable", sent)] == RAN
 
 
 def test_a_time_limit_cancels_the_async_handler_and_the_others_go_on(
