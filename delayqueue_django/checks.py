@@ -12,6 +12,11 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from delayqueue_django.core import conf, handlers
+from delayqueue_django.core.loop_options import (
+    DEFAULT_LOOP_BLOCKED_AFTER,
+    LOOP_BLOCKED_AFTER_SETTING,
+    loop_blocked_after_problem,
+)
 from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
@@ -61,6 +66,24 @@ def check_handlers(
         except handlers.HandlerNotFound as problem:
             errors.append(Error(problem.message, hint=problem.hint, id=problem.id))
     return errors
+
+
+@register()
+def check_loop_blocked_after(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    value = getattr(settings, LOOP_BLOCKED_AFTER_SETTING, DEFAULT_LOOP_BLOCKED_AFTER)
+    problem = loop_blocked_after_problem(value)
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"{problem}.",
+            hint=f"The default, {DEFAULT_LOOP_BLOCKED_AFTER:g}, reports an async handler that "
+            "holds the worker's event loop for more than 100 ms.",
+            id="delayqueue_django.E070",
+        )
+    ]
 
 
 # Shorter tokens can be guessed; the endpoint compares in constant time but cannot rate-limit.

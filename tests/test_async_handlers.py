@@ -4,13 +4,15 @@ cancellation; a handler blocking the loop reported; ``current_message()`` in bot
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core import checks
+from django.core.management import CommandError, call_command
 
 from delayqueue_django import Message, current_message, get_queue, signals
 from delayqueue_django.core.handlers import resolve
@@ -284,3 +286,50 @@ def test_sync_and_async_queues_in_one_worker(redis_server: RedisServer, settings
     )
     assert "async concurrency 5 on an event loop" in out.getvalue()
     assert "async handler tests.test_async_handlers.verdict_handler" in out.getvalue()
+
+
+def test_async_signal_receivers_are_awaited_on_the_workers_loop(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url)
+    sent = get_queue().send({"do": "ack"})
+    awaited_in: list[tuple[str, str]] = []
+
+    async def on_acked(*, message: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0)
+        awaited_in.append((message.id, threading.current_thread().name))
+
+    signals.message_acked.connect(on_acked)
+    try:
+        call_command("run_delayqueue", burst=True, stdout=StringIO())
+    finally:
+        signals.message_acked.disconnect(on_acked)
+    assert awaited_in == [(sent, "delayqueue-event-loop")]
+
+
+def test_exactly_once_with_an_async_handler_is_refused_by_a_check(settings: Any) -> None:
+    configure(settings, "memory://", EXACTLY_ONCE=True)
+    errors = [e for e in checks.run_checks() if e.id == "delayqueue_django.E029"]
+    [error] = errors
+    assert "EXACTLY_ONCE" in error.msg
+    assert "tests.test_async_handlers.verdict_handler" in error.msg
+    with pytest.raises(CommandError, match="EXACTLY_ONCE"):
+        call_command("run_delayqueue", burst=True, stdout=StringIO())
+
+
+@pytest.mark.parametrize("value", [0, -1, "fast", 120, float("nan")])
+def test_a_bad_loop_blocked_after_setting_is_a_check_error(settings: Any, value: Any) -> None:
+    settings.DELAYQUEUE_LOOP_BLOCKED_AFTER = value
+    [error] = [e for e in checks.run_checks() if e.id == "delayqueue_django.E070"]
+    assert "DELAYQUEUE_LOOP_BLOCKED_AFTER" in error.msg
+
+
+def test_current_message_is_none_outside_a_handler_and_set_in_a_sync_one(settings: Any) -> None:
+    configure(settings, "memory://", "sync_handler")
+    assert current_message() is None
+    with memory_queues() as queues:
+        sent = get_queue().send({})
+        queues.run_due()
+    [(kind, message)] = RAN
+    assert (kind, message.id) == ("sync", sent)
+    assert current_message() is None

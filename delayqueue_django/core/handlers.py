@@ -64,6 +64,21 @@ class HandlerNotFound(LookupError):
 
 def resolve(config: QueueConfig) -> Handler:
     """HANDLER if set, else the @handler function, else the task runner on a task queue."""
+    found = _find(config)
+    if config.exactly_once and is_async(found):
+        name = f"{getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', found)}"
+        raise HandlerNotFound(
+            f"queue {config.name!r} is EXACTLY_ONCE, and its handler {name} is async def: "
+            "EXACTLY_ONCE runs the handler and the record of the message as processed in one "
+            "database transaction, and Django's transactions do not work in async code.",
+            hint="Make the handler a sync def (it runs in a handler thread), or drop "
+            "EXACTLY_ONCE and make the handler's effects idempotent.",
+            id="delayqueue_django.E029",
+        )
+    return found
+
+
+def _find(config: QueueConfig) -> Handler:
     if config.handler is not None:
         return import_handler(config.name, config.handler)
     if config.name in _registered:

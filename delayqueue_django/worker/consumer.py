@@ -16,6 +16,7 @@ import time
 from redis.exceptions import RedisError
 
 from delayqueue_django.core.backoff import Backoff
+from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.consumer_housekeeping import ConsumerHousekeeping
 from delayqueue_django.worker.consumer_verdicts import ConsumerVerdicts
 from delayqueue_django.worker.handling import Verdict
@@ -38,6 +39,7 @@ class QueueConsumer(ConsumerVerdicts, ConsumerHousekeeping):
     # The loop
 
     def run(self) -> None:
+        verdicts.await_receivers_on(self.worker.loop_pool)
         try:
             self.listener.start()
             self.listener.subscribed.wait(timeout=2.0)

@@ -13,6 +13,7 @@ client) stalls every coroutine, and is reported with where it blocked.
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -56,6 +57,8 @@ class LoopPool:
         # Strong references: the loop keeps only weak ones to its tasks.
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Coroutines other threads asked the loop to run (run_from_thread), not done yet.
+        self._calls = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run_loop, name="delayqueue-event-loop", daemon=True
@@ -111,13 +114,38 @@ class LoopPool:
             self.on_room_freed()
         return messages
 
+    def run_from_thread(self, coroutine: Coroutine[Any, Any, None]) -> bool:
+        """Run ``coroutine`` on the loop and wait for it, from another thread (signal
+        receivers that are ``async def``, awaited where the handlers run); False, with the
+        coroutine closed unrun, once the loop is closing or from the loop's own thread,
+        where the caller has to run it some other way."""
+        with self._lock:
+            usable = not self._closed and threading.current_thread() is not self._thread
+            if usable:
+                self._calls += 1
+        if not usable:
+            coroutine.close()
+            return False
+        try:
+            asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        finally:
+            with self._lock:
+                self._calls -= 1
+            if self._closed:
+                self._call_soon(self._stop_if_done)
+        return True
+
     def close(self) -> None:
         """Let the loop finish what is buffered and running, then end."""
         with self._lock:
             self._closed = True
         self.watch.stop()
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._stop_if_done)
+        self._call_soon(self._stop_if_done)
+
+    def _call_soon(self, callback: Callable[[], None]) -> None:
+        # A loop closed already has nothing left to stop.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(callback)
 
     # On the loop's thread
 
@@ -143,7 +171,7 @@ class LoopPool:
 
     def _stop_if_done(self) -> None:
         with self._lock:
-            done = self._closed and not self._jobs and not self._running
+            done = self._closed and not self._jobs and not self._running and not self._calls
         if done:
             self.loop.stop()
 

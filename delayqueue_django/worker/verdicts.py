@@ -5,6 +5,7 @@ every exhaustion announced at least once. Shared by the worker's consumers and b
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import EXPIRED, loggable
 from delayqueue_django.engine.shards import shard_name, shard_of
 from delayqueue_django.worker.handling import Outcome, Verdict
+from delayqueue_django.worker.loop_pool import LoopPool
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -35,7 +37,9 @@ def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
     Django's ``Signal.send_robust`` catches ``Exception`` only, so this walks the receivers
     itself, as that method does: ``Signal._live_receivers(sender)`` (private Django API,
     the same in 5.2 and 6.x) gives the sync receivers, called in turn, and the async ones,
-    then run together in one event loop.
+    then run together in one event loop: the worker's, where its async handlers run, when
+    this thread is one of its consumers and it has one (see await_receivers_on), else a
+    loop of their own (async_to_sync).
     """
     if not signal.receivers:
         return
@@ -56,7 +60,19 @@ def send_robust(signal: Signal, queue: str, **kwargs: Any) -> None:
         async def call_all() -> None:
             await asyncio.gather(*(call(receiver) for receiver in async_receivers))
 
-        async_to_sync(call_all)()
+        pool: LoopPool | None = getattr(_receivers, "loop_pool", None)
+        if pool is None or not pool.run_from_thread(call_all()):
+            async_to_sync(call_all)()
+
+
+# Per thread: the worker's event loop that a consumer thread's signals await their async
+# receivers on.
+_receivers = threading.local()
+
+
+def await_receivers_on(pool: LoopPool | None) -> None:
+    """In this thread, signals await their ``async def`` receivers on ``pool``'s loop."""
+    _receivers.loop_pool = pool
 
 
 def _log_receiver_failure(receiver: Callable[..., Any], queue: str, error: BaseException) -> None:
