@@ -26,7 +26,7 @@ from django.test import override_settings
 
 from delayqueue_django.core import conf, registry
 from delayqueue_django.core.encoding import decode_payload
-from delayqueue_django.core.handlers import Handler, is_async, resolve
+from delayqueue_django.core.handlers import Handler, is_async, loop_router, resolve
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import ManualClock, MemoryServer, add_server, remove_server
@@ -111,6 +111,8 @@ class MemoryQueues:
         ``NACK_REDELIVERY_DELAY`` of 0) included. Verdicts are committed and signals sent as
         the worker does. Returns the outcomes in order (``.message``, ``.verdict``,
         ``.error``: a handler's exception is logged and kept there, as in the worker).
+        An ``async def`` handler (or task) is awaited, as the worker awaits it on its loop;
+        from an async test, use ``await queues.arun_due()``.
 
         With ``memory_queues(schedules=True)``, the queues' schedules are run first, as a
         worker runs them: the settings' ones synced, and the ticks due by now written (see
@@ -130,12 +132,14 @@ class MemoryQueues:
             handled = len(outcomes)
             for queue, runner in self._due_queues(queues):
                 fetched = _fetch(queue)
-                handler = resolve(queue.config)
+                handler = resolve(queue.config) if fetched else None
                 for message in fetched:
+                    assert handler is not None
                     outcome = _decline_or(runner, message)
                     if outcome is None:
-                        if is_async(handler):
-                            outcome = async_to_sync(_acall)(handler, message, queue)
+                        awaited = _on_loop(handler, message)
+                        if awaited is not None:
+                            outcome = async_to_sync(_acall)(awaited, message, queue)
                         else:
                             outcome = _call(handler, message, queue)
                     outcomes.append(_committed(queue, outcome))
@@ -152,12 +156,14 @@ class MemoryQueues:
             handled = len(outcomes)
             for queue, runner in await sync_to_async(self._due_queues)(queues):
                 fetched = await sync_to_async(_fetch)(queue)
-                handler = resolve(queue.config)
+                handler = resolve(queue.config) if fetched else None
                 for message in fetched:
+                    assert handler is not None
                     outcome = await sync_to_async(_decline_or)(runner, message)
                     if outcome is None:
-                        if is_async(handler):
-                            outcome = await _acall(handler, message, queue)
+                        awaited = await sync_to_async(_on_loop)(handler, message)
+                        if awaited is not None:
+                            outcome = await _acall(awaited, message, queue)
                         else:
                             outcome = await sync_to_async(_call)(handler, message, queue)
                     outcomes.append(await sync_to_async(_committed)(queue, outcome))
@@ -198,6 +204,15 @@ def _fetch(queue: Queue) -> list[Message]:
 def _decline_or(runner: ScheduleRunner, message: Message) -> Outcome | None:
     """An ack for a tick its schedule does not run (see ScheduleRunner.declines), or None."""
     return Outcome(message, Verdict.ACK) if runner.declines(message) else None
+
+
+def _on_loop(handler: Handler, message: Message) -> Handler | None:
+    """The async handler the worker would await for ``message``, or None: it runs ``handler``
+    in a thread."""
+    if is_async(handler):
+        return handler
+    router = loop_router(handler)
+    return None if router is None else router(message)
 
 
 def _call(handler: Handler, message: Message, queue: Queue) -> Outcome:

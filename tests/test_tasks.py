@@ -992,3 +992,37 @@ def test_on_a_sharded_queue_each_result_lives_on_its_messages_shard(
         holding = [name for name, store in stores.items() if store.read_result(result_id)]
         assert holding == [shard_name(*shard_of(result_id))]
     assert queue.stats()["garbage"] == 1
+
+
+def test_an_async_task_runs_on_the_workers_event_loop_with_its_signals(
+    tasks_queue: Callable[..., Queue], received: list[Any]
+) -> None:
+    tasks_queue(RETRY_COUNT=0)
+    on_loop = tasks.async_where.enqueue()
+    failing = tasks.async_fails.enqueue()
+    in_a_thread = tasks.add.enqueue(1, 2)
+    received.clear()
+
+    work()
+
+    assert refreshed(on_loop).return_value == "delayqueue-event-loop"
+    failed = refreshed(failing)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [error.exception_class for error in failed.errors] == [ValueError]
+    assert refreshed(in_a_thread).return_value == 3
+    # Each started and finished once, the async ones through asend.
+    assert sorted(name for name, _, _ in received) == ["finished"] * 3 + ["started"] * 3
+    assert ("finished", TaskResultStatus.FAILED, 1) in received
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_task_on_an_exactly_once_queue_runs_in_a_handler_thread(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """Its transaction cannot hold an await: the task runs through async_to_sync, as before."""
+    redis_tasks_queue(EXACTLY_ONCE=True)
+    result = tasks.async_where.enqueue()
+    work()
+    result = refreshed(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value != "delayqueue-event-loop"

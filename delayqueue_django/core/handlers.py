@@ -44,6 +44,15 @@ def is_async(handler: Handler) -> bool:
     return iscoroutinefunction(handler) or iscoroutinefunction(type(handler).__call__)
 
 
+def loop_router(handler: Handler) -> Callable[[Message], Handler | None] | None:
+    """A handler that runs some messages on the event loop, chosen per message (the Tasks
+    runner: an ``async def`` task there, a sync one in a thread), has a ``loop_handler``:
+    given a message, the async handler to await for it, or None to run the handler itself
+    in a thread. None for any other handler."""
+    route = getattr(handler, "loop_handler", None)
+    return route if callable(route) else None
+
+
 def is_registered(queue: str) -> bool:
     return queue in _registered
 

@@ -48,7 +48,8 @@ class DelayQueueBackend(BaseTaskBackend):
     ``QUEUES``; ``run_delayqueue`` runs them, and their results live beside the queue."""
 
     supports_defer = True
-    # Coroutine tasks run to completion in the worker's handler thread (async_to_sync).
+    # Coroutine tasks are awaited on the worker's event loop (in a handler thread through
+    # async_to_sync on an EXACTLY_ONCE queue, whose transaction cannot hold an await).
     supports_async_task = True
     supports_get_result = True
     # A delay queue orders by due time only; priorities would be a promise it cannot keep.

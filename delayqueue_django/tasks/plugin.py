@@ -20,9 +20,9 @@ class TaskMessages:
             return None
         # The runner needs the task framework, which only a project with a task backend
         # has: imported once a queue is known to carry tasks.
-        from delayqueue_django.tasks.runner import run_task
+        from delayqueue_django.tasks.runner import task_handler
 
-        return run_task
+        return task_handler
 
     def processed_before(self, message: Message) -> None:
         if message.queue not in task_queue_names():

@@ -16,8 +16,11 @@ import logging
 import os
 import socket
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.dispatch import receiver
 from django.utils import timezone
 
@@ -50,8 +53,120 @@ logger = logging.getLogger("delayqueue_django.tasks")
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A task message taken up: its call, backend, task, records and result so far."""
+
+    message: Message
+    call: TaskCall
+    backend: DelayQueueBackend
+    task: Task[..., Any]
+    records: Any
+    result: Any
+
+    def arguments(self) -> tuple[list[Any], dict[str, Any]]:
+        if self.task.takes_context:
+            return [TaskContext(task_result=self.result), *self.call.args], self.call.kwargs
+        return list(self.call.args), self.call.kwargs
+
+
 def run_task(message: Message) -> None:
     """Run the task a message names; raise to have the worker retry it (or bury it)."""
+    run = _take_up(message)
+    task_started.send(sender=type(run.backend), task_result=run.result)
+    try:
+        args, kwargs = run.arguments()
+        returned = _as_json(run.task.call(*args, **kwargs))
+        # On an EXACTLY_ONCE queue the task ran in a transaction: one that will roll back
+        # (set_rollback, an error caught inside it) is this attempt's failure; its success
+        # would be recorded while nothing it wrote is committed.
+        features.handler_transaction().raise_if_rolled_back(message)
+    except Postpone:
+        # Not a failure: the task waits again, and its attempt is given back.
+        run.records.write(message.id, {"status": TaskResultStatus.READY})
+        raise
+    except BaseException as error:  # the task's failure, whatever it is, is its outcome
+        _record_failure(*_failure_of(run, error))
+        raise
+    # Recorded before the COMMIT (a worker that dies after it finds the message processed
+    # and runs it no more): if that COMMIT then fails, the attempt is recorded as failed.
+    features.handler_transaction().on_rollback(
+        lambda error: _record_failure(
+            run.backend,
+            run.task,
+            run.call,
+            message.id,
+            message.attempt,
+            error,
+            last=message.is_last_attempt,
+        )
+    )
+    succeeded = _succeeded(returned)
+    record = run.records.write(message.id, succeeded)
+    features.handler_transaction().on_commit(
+        lambda: _finish_committed(run.backend, run.task, run.call, message, succeeded, record)
+    )
+
+
+async def arun_task(message: Message) -> None:
+    """``run_task`` for an ``async def`` task, on the worker's event loop (never on an
+    EXACTLY_ONCE queue: see loop_handler). The task is awaited; the framework's signals
+    are sent with ``asend`` (sync receivers run in a thread, as async code must call them);
+    the result's records are short Redis writes, made as they are."""
+    run = _take_up(message)
+    await task_started.asend(sender=type(run.backend), task_result=run.result)
+    try:
+        args, kwargs = run.arguments()
+        returned = _as_json(await run.task.acall(*args, **kwargs))
+    except Postpone:
+        run.records.write(message.id, {"status": TaskResultStatus.READY})
+        raise
+    except BaseException as error:
+        finished = _write_failure(*_failure_of(run, error))
+        if finished is not None:
+            await task_finished.asend(sender=type(run.backend), task_result=finished)
+        raise
+    succeeded = _succeeded(returned)
+    record = run.records.write(message.id, succeeded)
+    result = _final_result(run.backend, run.task, run.call, message, succeeded, record)
+    await task_finished.asend(sender=type(run.backend), task_result=result)
+
+
+def loop_handler(message: Message) -> Callable[[Message], Any] | None:
+    """``arun_task`` if the message's task is ``async def`` and its queue is not
+    EXACTLY_ONCE (whose transaction cannot hold an await: there the task runs in a handler
+    thread through async_to_sync, as before); else None: ``run_task`` in a thread. A
+    message that is no task is refused by run_task."""
+    if get_queue(message.queue).config.exactly_once:
+        return None
+    try:
+        _, _, task = _task_of(message.payload, message.queue)
+    except NOT_A_TASK:
+        return None
+    return arun_task if iscoroutinefunction(task.func) else None
+
+
+class TaskHandler:
+    """The handler of every task queue: ``run_task`` in a handler thread, or ``arun_task``
+    on the worker's event loop for an ``async def`` task (see loop_handler)."""
+
+    def __init__(self) -> None:
+        self.__module__ = __name__
+        self.__qualname__ = "run_task"
+
+    def __call__(self, message: Message) -> None:
+        run_task(message)
+
+    def loop_handler(self, message: Message) -> Callable[[Message], Any] | None:
+        return loop_handler(message)
+
+
+task_handler = TaskHandler()
+
+
+def _take_up(message: Message) -> _Run:
+    """The task of the message, its record written RUNNING for this attempt; a message
+    that is no task is rejected (dead at once: retrying cannot make it one)."""
     try:
         call, backend, task = _task_of(message.payload, message.queue)
     except NOT_A_TASK as error:
@@ -79,44 +194,28 @@ def run_task(message: Message) -> None:
         unless_set={"started_at": now},
     )
     result = build_result(task, message.id, call, record)
-    task_started.send(sender=type(backend), task_result=result)
-    try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
-        else:
-            value = task.call(*call.args, **call.kwargs)
-        # Inside the try: a return value JSON cannot carry fails the run, as it would
-        # fail every reader of the result.
-        returned = json.dumps(normalize_json(value), separators=(",", ":"))
-        # On an EXACTLY_ONCE queue the task ran in a transaction: one that will roll back
-        # (set_rollback, an error caught inside it) is this attempt's failure; its success
-        # would be recorded while nothing it wrote is committed.
-        features.handler_transaction().raise_if_rolled_back(message)
-    except Postpone:
-        # Not a failure: the task waits again, and its attempt is given back.
-        records.write(message.id, {"status": TaskResultStatus.READY})
-        raise
-    except BaseException as error:  # the task's failure, whatever it is, is its outcome
-        # Reject buries the message whatever retries are left: this attempt is its last.
-        last = message.is_last_attempt or isinstance(error, Reject)
-        _record_failure(backend, task, call, message.id, message.attempt, error, last=last)
-        raise
-    # Recorded before the COMMIT (a worker that dies after it finds the message processed
-    # and runs it no more): if that COMMIT then fails, the attempt is recorded as failed.
-    features.handler_transaction().on_rollback(
-        lambda error: _record_failure(
-            backend, task, call, message.id, message.attempt, error, last=message.is_last_attempt
-        )
-    )
-    succeeded = {
+    return _Run(message, call, backend, task, records, result)
+
+
+def _as_json(value: Any) -> str:
+    """The task's return value as its result keeps it: one JSON cannot carry fails the run
+    (raised inside the run's try), as it would fail every reader of the result."""
+    return json.dumps(normalize_json(value), separators=(",", ":"))
+
+
+def _succeeded(returned: str) -> dict[str, str]:
+    return {
         "status": TaskResultStatus.SUCCESSFUL,
         "finished_at": timezone.now().isoformat(),
         "return_value": returned,
     }
-    record = records.write(message.id, succeeded)
-    features.handler_transaction().on_commit(
-        lambda: _finish_committed(backend, task, call, message, succeeded, record)
-    )
+
+
+def _failure_of(run: _Run, error: BaseException) -> tuple[Any, ...]:
+    """_record_failure's arguments for the run's failure: Reject buries the message
+    whatever retries are left, so its attempt is the last."""
+    last = run.message.is_last_attempt or isinstance(error, Reject)
+    return (run.backend, run.task, run.call, run.message.id, run.message.attempt, error, last)
 
 
 def _finish_committed(
@@ -134,12 +233,25 @@ def _finish_committed(
     found no processed record yet and recorded FAILED. The commit proves the run's
     success: it is written again. (An announcement that looks after the COMMIT finds the
     record, and fixes a FAILED it wrote itself; see fail_abandoned_task.)"""
+    result = _final_result(backend, task, call, message, succeeded, record)
+    task_finished.send(sender=type(backend), task_result=result)
+
+
+def _final_result(
+    backend: DelayQueueBackend,
+    task: Task[..., Any],
+    call: TaskCall,
+    message: Message,
+    succeeded: dict[str, str],
+    record: dict[str, str],
+) -> Any:
+    """The successful run's result, its SUCCESSFUL written again on the last attempt if
+    the exhaustion's announcement wrote FAILED meanwhile (see _finish_committed)."""
     if message.is_last_attempt:
         records = backend.records(get_queue(message.queue))
         if records.read(message.id).get("status") != TaskResultStatus.SUCCESSFUL:
             record = records.write(message.id, succeeded)
-    result = build_result(task, message.id, call, record)
-    task_finished.send(sender=type(backend), task_result=result)
+    return build_result(task, message.id, call, record)
 
 
 def finish_processed_task(message: Message) -> None:
@@ -248,12 +360,32 @@ def _record_failure(
     result_id: str,
     attempt: int,
     error: BaseException,
-    *,
     last: bool,
+    *,
     with_call: bool = False,
 ) -> None:
     """Record an attempt's error: READY again while retries are left, else FAILED, which
     finishes the task (task_finished)."""
+    finished = _write_failure(
+        backend, task, call, result_id, attempt, error, last, with_call=with_call
+    )
+    if finished is not None:
+        task_finished.send(sender=type(backend), task_result=finished)
+
+
+def _write_failure(
+    backend: DelayQueueBackend,
+    task: Task[..., Any],
+    call: TaskCall,
+    result_id: str,
+    attempt: int,
+    error: BaseException,
+    last: bool,
+    *,
+    with_call: bool = False,
+) -> Any:
+    """Write an attempt's error; the finished result to announce if it was the last, else
+    None."""
     fields = {
         **(call_fields(call) if with_call else {}),
         f"error:{attempt}": error_json(_task_error(error)),
@@ -262,9 +394,7 @@ def _record_failure(
     if last:
         fields["finished_at"] = timezone.now().isoformat()
     record = backend.records(get_queue(call.queue_name)).write(result_id, fields)
-    if last:
-        result = build_result(task, result_id, call, record)
-        task_finished.send(sender=type(backend), task_result=result)
+    return build_result(task, result_id, call, record) if last else None
 
 
 def _backend_for(call: TaskCall, queue: str) -> DelayQueueBackend:

@@ -17,11 +17,22 @@ class ConsumerPool(ConsumerState):
     """Pacing the batches, and watching this queue's jobs in the pool."""
 
     def _submit(self, messages: list[Message]) -> None:
+        loop = self.worker.loop_pool
         if self.on_loop:
-            assert self.worker.loop_pool is not None
-            self.worker.loop_pool.submit(self, messages)
-        else:
+            assert loop is not None
+            loop.submit(self, messages)
+            return
+        router = self._loop_router
+        if router is None or loop is None:
             self.worker.pool.submit(self, messages)
+            return
+        on_loop = [message for message in messages if router(message) is not None]
+        if on_loop:
+            self._loop_seen = True
+            loop.submit(self, on_loop)
+        if len(on_loop) < len(messages):
+            chosen = {id(message) for message in on_loop}
+            self.worker.pool.submit(self, [m for m in messages if id(m) not in chosen])
 
     def has_room(self) -> bool:
         return self._room() > 0

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.core.handlers import Handler, is_async
+from delayqueue_django.core.handlers import Handler, is_async, loop_router
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.timings import Timings
@@ -26,7 +26,7 @@ from delayqueue_django.worker.clock import RedisClock
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 from delayqueue_django.worker.loop_pool import LoopPool
 from delayqueue_django.worker.outages import Outages
-from delayqueue_django.worker.pool import HandlerPool, Pool
+from delayqueue_django.worker.pool import HandlerPool, Pool, PoolPair
 from delayqueue_django.worker.wakeup import WakeupListener
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -92,6 +92,10 @@ class ConsumerState(threading.Thread):
         self.handler = handler
         # An ``async def`` handler runs on the worker's event loop, a sync one in a thread.
         self.on_loop = is_async(handler)
+        # A handler that picks per message (the Tasks runner: an async def task runs on the
+        # loop); its queue fetches for the loop's slots too once it has sent one there.
+        self._loop_router = None if self.on_loop else loop_router(handler)
+        self._loop_seen = False
         self.finished = threading.Event()
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -150,10 +154,14 @@ class ConsumerState(threading.Thread):
 
     @property
     def pool(self) -> Pool:
-        """Where this queue's handlers run: the worker's event loop or its handler threads."""
+        """Where this queue's handlers run: the worker's event loop, its handler threads, or
+        both (a handler that picks per message, once it has picked the loop)."""
+        loop = self.worker.loop_pool
         if self.on_loop:
-            assert self.worker.loop_pool is not None  # the worker makes one for such queues
-            return self.worker.loop_pool
+            assert loop is not None  # the worker makes one for such queues
+            return loop
+        if self._loop_seen and loop is not None:
+            return PoolPair(self.worker.pool, loop)
         return self.worker.pool
 
     # Called from other threads
@@ -230,9 +238,12 @@ class ConsumerState(threading.Thread):
         started_ms = self.redis_now_ms()
         if self.schedules.declines(message):
             return Outcome(message, Verdict.ACK)
-        outcome = await acall_handler(
-            self.handler, message, time_limit=self.queue.config.time_limit
-        )
+        handler = self.handler
+        if not self.on_loop:
+            routed = None if self._loop_router is None else self._loop_router(message)
+            assert routed is not None  # only what the router sent to the loop comes here
+            handler = routed
+        outcome = await acall_handler(handler, message, time_limit=self.queue.config.time_limit)
         if isinstance(outcome.error, TimeLimitExceeded) and outcome.error.__cause__ is not None:
             self.worker.count_time_limit_overrun()
         self._handled(message, outcome, started_ms)

@@ -202,3 +202,29 @@ class HandlerPool:
             # Only now: the consumers this wakes must already see the slot as free.
             job.consumer.report(outcome)
             self.on_room_freed()
+
+
+class PoolPair:
+    """Two pools as one, for a queue whose messages run in either (see ConsumerState.pool):
+    their slots and what they hold add up."""
+
+    def __init__(self, first: Pool, second: Pool) -> None:
+        self.pools = (first, second)
+
+    @property
+    def concurrency(self) -> int:
+        return sum(pool.concurrency for pool in self.pools)
+
+    def outstanding(self) -> int:
+        return sum(pool.outstanding() for pool in self.pools)
+
+    def running(self) -> list[Running]:
+        running = [each for pool in self.pools for each in pool.running()]
+        return sorted(running, key=lambda each: each.started_at)
+
+    def oldest_buffered(self, consumer: Consumer) -> float | None:
+        times = [pool.oldest_buffered(consumer) for pool in self.pools]
+        return min((at for at in times if at is not None), default=None)
+
+    def take_back(self, consumer: Consumer, fetched_before: float | None = None) -> list[Message]:
+        return [m for pool in self.pools for m in pool.take_back(consumer, fetched_before)]

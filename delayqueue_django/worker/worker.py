@@ -23,7 +23,7 @@ import time
 from secrets import token_hex
 from typing import Any
 
-from delayqueue_django.core.handlers import Handler, is_async
+from delayqueue_django.core.handlers import Handler, is_async, loop_router
 from delayqueue_django.core.loop_options import loop_blocked_after
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.outbox.databases import outbox_databases
@@ -88,7 +88,7 @@ class Worker:
         )
         # The event loop for the queues whose handler is ``async def``; none without them.
         self.loop_pool: LoopPool | None = None
-        if any(is_async(handler) for _, handler in queues):
+        if any(is_async(handler) or loop_router(handler) for _, handler in queues):
             self.loop_pool = LoopPool(
                 async_concurrency,
                 on_room_freed=self._wake_starved_consumers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from contextlib import suppress
 from typing import Any
 
@@ -49,6 +50,19 @@ def which_attempt(context: TaskContext[[], int]) -> int:
 async def async_double(n: int) -> int:
     await asyncio.sleep(0)
     return n * 2
+
+
+@task
+async def async_where() -> str:
+    """The thread it ran in: the worker's event loop's for an async task."""
+    await asyncio.sleep(0)
+    return threading.current_thread().name
+
+
+@task
+async def async_fails() -> None:
+    await asyncio.sleep(0)
+    raise ValueError("async boom")
 
 
 @task
