@@ -94,6 +94,8 @@ TOTALS = {
 HISTOGRAM_HELP = {
     "handler_duration": "How long handlers ran, in seconds.",
     "delivery_lateness": "How long after its due time a delivery's handler started, in seconds.",
+    "event_loop_blocked": "How long an async handler blocked its worker's event loop, each time "
+    "past DELAYQUEUE_LOOP_BLOCKED_AFTER, in seconds.",
 }
 
 

@@ -267,6 +267,10 @@ def test_a_handler_blocking_the_loop_is_reported_with_its_message_and_place(
     details = worker.details()
     assert details["loop_blocks"] == 1
     assert 0.4 < details["loop_blocked_seconds"] < 2
+    # Added to the queue's totals (with the stop's last heartbeat), for the metrics.
+    totals = queue.store.totals()
+    assert totals["event_loop_blocked:count"] == 1
+    assert 400_000 < totals["event_loop_blocked:sum_us"] < 2_000_000
 
 
 def test_sync_and_async_queues_in_one_worker(redis_server: RedisServer, settings: Any) -> None:

@@ -22,6 +22,9 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
         *(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
         *(1.0, 2.5, 5.0, 10.0, 60.0, 300.0),
     ),
+    # How long an async handler held the worker's event loop, each time it held it past
+    # DELAYQUEUE_LOOP_BLOCKED_AFTER (see worker.loop_watch): nothing for sync handlers.
+    "event_loop_blocked": (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 }
 
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
 from delayqueue_django.worker.handling import Outcome, Verdict
-from delayqueue_django.worker.loop_watch import LoopWatch
+from delayqueue_django.worker.loop_watch import Block, LoopWatch
 from delayqueue_django.worker.pool import Consumer, Job, PoolWatcher, Running
 
 logger = logging.getLogger("delayqueue_django.worker")
@@ -44,6 +44,7 @@ class LoopPool:
         on_room_freed: Callable[[], None] = lambda: None,
         watcher: PoolWatcher | None = None,
         blocked_after: float = 0.1,
+        on_block: Callable[[Block, float], None] | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.watcher = watcher
@@ -64,7 +65,11 @@ class LoopPool:
             target=self._run_loop, name="delayqueue-event-loop", daemon=True
         )
         self.watch = LoopWatch(
-            self.loop, blocked_after, busy=self.outstanding, job_runner=LoopPool._run.__code__
+            self.loop,
+            blocked_after,
+            busy=self.outstanding,
+            job_runner=LoopPool._run.__code__,
+            on_block=on_block,
         )
 
     def start(self) -> None:

@@ -65,6 +65,7 @@ class LoopWatch:
         *,
         busy: Callable[[], int],
         job_runner: CodeType | None = None,
+        on_block: Callable[[Block, float], None] | None = None,
     ) -> None:
         self.loop = loop
         self.blocked_after = blocked_after
@@ -72,6 +73,8 @@ class LoopWatch:
         # The code of the coroutine that runs one job (LoopPool._run): its frame on the
         # blocked stack holds the job, so the message.
         self.job_runner = job_runner
+        # Told of each block reported (the worker adds it to its queue's timings).
+        self.on_block = on_block
         self._loop_thread: threading.Thread | None = None
         self._woken = threading.Event()
         self._stopped = threading.Event()
@@ -154,6 +157,8 @@ class LoopWatch:
             self.blocks += 1
             self.blocked_seconds += seconds
             self.longest_block = max(self.longest_block, seconds)
+        if self.on_block is not None:
+            self.on_block(block, seconds)
         stack = "".join(block.stack).rstrip()
         if block.message_id is None:
             logger.warning(

@@ -32,6 +32,7 @@ from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
 from delayqueue_django.worker.consumer_state import ConsumerState
 from delayqueue_django.worker.loop_pool import LoopPool
+from delayqueue_django.worker.loop_watch import Block
 from delayqueue_django.worker.outages import Outages
 from delayqueue_django.worker.pool import HandlerPool, PoolWatcher, Running
 
@@ -94,6 +95,7 @@ class Worker:
                 on_room_freed=self._wake_starved_consumers,
                 watcher=pool_watcher,
                 blocked_after=loop_blocked_after(),
+                on_block=self._loop_blocked,
             )
         # The pid of the supervisor that started this process (run_delayqueue --processes).
         self.supervisor_pid = supervisor_pid
@@ -244,6 +246,13 @@ class Worker:
         """What the handler threads and the event loop run now."""
         loop = [] if self.loop_pool is None else self.loop_pool.running()
         return self.pool.running() + loop
+
+    def _loop_blocked(self, block: Block, seconds: float) -> None:
+        """A handler held the event loop: observed in its queue's timings, for the metrics."""
+        for consumer in self.consumers:
+            if consumer.queue.name == block.queue:
+                consumer.timings.observe("event_loop_blocked", seconds)
+                return
 
     def _wake_starved_consumers(self) -> None:
         # Only those that may fetch now: waking one per finished message for nothing
