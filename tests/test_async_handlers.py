@@ -11,7 +11,9 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core import checks
+from django.core.exceptions import SynchronousOnlyOperation
 from django.core.management import CommandError, call_command
 
 from delayqueue_django import Message, current_message, get_queue, signals
@@ -27,6 +29,7 @@ from delayqueue_django.testing import memory_queues
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict
 from tests.redis_servers import RedisServer
+from tests.task_app.models import Effect
 
 RAN: list[tuple[str, Any]] = []
 
@@ -66,6 +69,15 @@ async def _never_awaited(message: Message) -> None:
 def sync_returning_coroutine(message: Message) -> Any:
     """A sync handler that forgot to await: it returns the coroutine."""
     return _never_awaited(message)
+
+
+async def orm_handler(message: Message) -> None:
+    """The async ORM, a sync ORM call wrapped for a thread, and (when asked) a sync ORM call
+    made on the loop, which Django refuses."""
+    await Effect.objects.acreate(message_id=message.id, pid=1)
+    await sync_to_async(Effect.objects.create, thread_sensitive=False)(message_id=message.id, pid=2)
+    if message.payload.get("sync_call"):
+        Effect.objects.create(message_id=message.id, pid=3)
 
 
 def sync_handler(message: Message) -> None:
@@ -337,3 +349,28 @@ def test_current_message_is_none_outside_a_handler_and_set_in_a_sync_one(setting
     [(kind, message)] = RAN
     assert (kind, message.id) == ("sync", sent)
     assert current_message() is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_handler_uses_the_async_orm_and_a_sync_orm_call_is_refused(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url, "orm_handler", RETRY_COUNT=0)
+    queue = get_queue()
+    written = queue.send({})
+    refused = queue.send({"sync_call": True})
+    nacked: list[Any] = []
+
+    def on_nacked(*, message: Any, error: Any, **kwargs: Any) -> None:
+        nacked.append((message.id, error))
+
+    signals.message_nacked.connect(on_nacked)
+    try:
+        call_command("run_delayqueue", burst=True, async_concurrency=10, stdout=StringIO())
+    finally:
+        signals.message_nacked.disconnect(on_nacked)
+    rows = sorted(Effect.objects.values_list("message_id", "pid"))
+    assert rows == sorted([(written, 1), (written, 2), (refused, 1), (refused, 2)])
+    [(refused_id, error)] = nacked
+    assert refused_id == refused
+    assert isinstance(error, SynchronousOnlyOperation)
