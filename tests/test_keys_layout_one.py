@@ -6,6 +6,7 @@ change of SHARDS; and retiring a layout that keyed messages on shard 0 still nee
 The keys guide's promise is checked both ways: a key is found from the new layout, and from
 every older one still running."""
 
+import asyncio
 import json
 import time
 from collections import Counter
@@ -255,3 +256,28 @@ def test_a_queue_that_never_changed_shards_pays_nothing_more_for_keys(
 
     assert asked == []
     assert store.base.layouts() == (set() if shards == 1 else {shards})
+
+
+def test_async_keyed_calls_of_one_shard_find_a_key_on_an_earlier_layout(
+    settings: Any, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asend, areschedule and acancel of a queue of one shard went to shard 0 alone, even
+    while an earlier layout's shard held the key's message (a second message was made)."""
+    redis_server.client().flushall()
+    key = OFF_SHARD_0[0]
+    old = with_shards(settings, redis_server.url, 3)
+    waiting = old.send("first", key=key, delay=60)
+    queue = with_shards(settings, redis_server.url, 1)
+    # As a worker or a sync call did lately: the async calls then know what it drains.
+    monkeypatch.setattr(shard_layouts, "LAYOUTS_RECHECK_SECONDS", 10.0)
+    sharded(queue).refresh_layouts(force=True)
+    assert sharded(queue).draining() == (3,)
+
+    async def scenario() -> tuple[str, bool, bool]:
+        sent = await queue.asend("second", key=key, delay=60)
+        rescheduled = await queue.areschedule(key=key, delay=600)
+        cancelled = await queue.acancel(key=key)
+        return sent, rescheduled, cancelled
+
+    assert asyncio.run(scenario()) == (waiting, True, True)
+    assert queue.stats()["pending"] == 0
