@@ -227,6 +227,7 @@ def test_a_keyed_send_in_a_steady_layout_asks_no_other_shard(
     asked: list[str] = []
     for name, shard in parts(store).items():
         monkeypatch.setattr(shard, "lookup", lambda key, name=name: asked.append(name))
+        monkeypatch.setattr(shard, "holds_key", lambda key, name=name: asked.append(name))
 
     send_keyed(store, KEYS)
 

@@ -146,8 +146,8 @@ def test_retire_takes_a_drained_layout_off_the_register_and_refuses_one_that_hol
 @pytest.mark.parametrize(
     ("given", "said"),
     [
-        ("1", "a layout is 2 to 128, not 1"),
-        ("129", "a layout is 2 to 128, not 129"),
+        ("0", "a layout is 1 to 128, not 0"),
+        ("129", "a layout is 1 to 128, not 129"),
         ("four", "'four' is not a whole number"),
     ],
 )
@@ -356,9 +356,12 @@ def test_a_layout_is_registered_and_announced_in_one_call(
             seen.append((command["client_type"], command["command"].split()[0]))
 
     assert [name for kind, name in seen if kind != "lua"] == ["FCALL", "FCALL"], seen
-    # (Each reads the flow state on the way, which the layout's shards take: none here.)
+    # (Each reads the flow state on the way, which the layout's shards take: none here; and
+    # the first on an empty register asks whether the queue has had keys: none here.)
     assert [name for kind, name in seen if kind == "lua"] == [
         "SADD",
+        "SCARD",
+        "EXISTS",
         "PUBLISH",
         "TYPE",
         "SADD",

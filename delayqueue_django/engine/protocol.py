@@ -6,7 +6,7 @@ drift apart in signature. Their behaviour is held together by the engine's contr
 which run against both.
 """
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
@@ -394,16 +394,34 @@ class ShardStore(Store, Protocol):
         ...
 
     def layouts(self) -> set[int]:
-        """The layouts (SHARDS of 2 or more) registered as possibly holding messages: on
-        shard 0 only (see engine.shard_layouts)."""
+        """The layouts registered as possibly holding messages: on shard 0 only (see
+        engine.shard_layouts). SHARDS of 2 or more, and 1 while keys sent under one shard
+        may wait on shard 0."""
         ...
 
     def add_layout(self, layout: int) -> tuple[bool, FlowState]:
         """Register a layout before writing to its shards (shard 0 only). One new on the
         register is announced on the wake-up channel as a due time of LAYOUTS_CHANGED, in
-        the same atomic step: never one without the other. Returns whether it was new
-        there, and the flow state as the registration left it (read in the same step),
-        which the layout's shards take (engine.shard_flow)."""
+        the same atomic step: never one without the other. The first on an empty register
+        brings layout 1 with it when the queue has had a keyed message (add_layout.lua).
+        Returns whether it was new there, and the flow state as the registration left it
+        (read in the same step), which the layout's shards take (engine.shard_flow)."""
+        ...
+
+    # Keys across layouts (engine.sharded_store: a key's home)
+
+    def holds_key(self, key: str) -> bool:
+        """Whether the key is this shard's: a message with it is stored here (in any state,
+        as ``lookup`` finds one), or a unique_for hold on it lasts."""
+        ...
+
+    def keys_used(self) -> bool:
+        """Whether this shard has ever had a keyed message (its key index exists)."""
+        ...
+
+    def stored_keys(self) -> Iterator[str]:
+        """The key of every keyed message stored here (the key index), read a page at a
+        time."""
         ...
 
     def retire_layout(self, layout: int) -> bool:

@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "flow_reserve",
     "flow_settle",
     "flow_slots",
+    "holds_key",
     "list",
     "lookup",
     "nack",
@@ -75,7 +76,17 @@ SCRIPT_NAMES = (
 
 # Called with FCALL_RO: they run on a Redis out of memory and could run on a replica.
 READ_ONLY = frozenset(
-    {"list", "lookup", "peek", "schedules", "snapshot", "stats", "throughput", "totals"}
+    {
+        "holds_key",
+        "list",
+        "lookup",
+        "peek",
+        "schedules",
+        "snapshot",
+        "stats",
+        "throughput",
+        "totals",
+    }
 )
 
 # Flagged allow-oom: Redis runs them while it is over maxmemory (with noeviction), as they

@@ -12,6 +12,17 @@ takes it off the register (the ``delayqueue_shards --retire`` command); nothing 
 layout on its own, since only the operator knows that no process still sends to it. A
 layout's registration also gives its shards shard 0's flow state (engine.shard_flow), so a
 pause or a rate set at run time holds on them from their first message.
+
+Layout 1 (SHARDS 1: shard 0 alone, which every layout fetches) is on the register only for
+its keys: a keyed message sent under one shard waits on shard 0, while the key's shard of
+another layout is mostly another one (engine.sharded_store: a key's home). It goes on the
+register with the first layout put on an empty register of a queue that has had keys
+(add_layout.lua; an empty register says that only processes of one shard wrote, since the
+others register their layout before any write, shard 0 included), and before a keyed
+write of a process of one shard while other layouts are registered; until then, a store
+of more shards that reads an empty register of a queue that has had keys counts layout 1
+as registered. It is retired as the others are, once shard 0 holds no keyed message that
+only its lookups would find.
 """
 
 import logging
@@ -33,6 +44,7 @@ from delayqueue_django.engine.shard_hangs import HungServers
 from delayqueue_django.engine.shard_plan import ShardPlan
 from delayqueue_django.engine.shards import (
     MAX_SHARDS,
+    key_shard,
     layout_names,
     parse_name,
     shard_keys,
@@ -167,6 +179,11 @@ class ShardLayouts:
         now = time.monotonic()
         try:
             registered = self.base.layouts()
+            if not registered and self.layout > 1 and self.base.keys_used():
+                # Only processes of one shard have written (see the module's docstring):
+                # their keys are looked for on shard 0, as the register will say once this
+                # layout is on it.
+                registered = {1}
         except (RedisError, OSError) as error:
             self._layouts_read_at = now - LAYOUTS_RECHECK_SECONDS + SHARD_RETRY_SECONDS
             logger.debug("queue %s: reading its layouts failed: %s", self.keys.queue, error)
@@ -178,7 +195,7 @@ class ShardLayouts:
             sorted(
                 layout
                 for layout in registered
-                if layout != self.layout and 1 < layout <= MAX_SHARDS
+                if layout != self.layout and 0 < layout <= MAX_SHARDS
             )
         )
         if draining != self._draining:
@@ -194,12 +211,20 @@ class ShardLayouts:
         with self._lock:
             before = self._draining
             self._draining = draining
-            self._order = names
-            self._plans = {name: self._plans.get(name) or ShardPlan() for name in names}
-            self._cursor %= len(names)
-            self.generation += 1
-        added = sorted(set(draining) - set(before))
-        gone = sorted(set(before) - set(draining))
+            if names != self._order:
+                self._order = names
+                self._plans = {name: self._plans.get(name) or ShardPlan() for name in names}
+                self._cursor %= len(names)
+                self.generation += 1
+        added = sorted(set(draining) - set(before) - {1})
+        gone = sorted(set(before) - set(draining) - {1})
+        if 1 in set(draining) - set(before):
+            logger.info(
+                "queue %s: keys sent under SHARDS 1 are looked for on shard 0 (layout 1 is on "
+                "the register; SHARDS is %d here)",
+                self.keys.queue,
+                self.layout,
+            )
         if added:
             logger.info(
                 "queue %s: draining the shards of layout %s (SHARDS is %d here)",
@@ -210,16 +235,25 @@ class ShardLayouts:
         if gone:
             logger.info("queue %s: layout %s retired", self.keys.queue, ", ".join(map(str, gone)))
 
-    def _register(self, groups: Iterable[str]) -> None:
+    def _register(self, groups: Iterable[str], *, single: bool = False) -> None:
         """Put the layouts of the shards about to be written (``groups``: their names) on
         the register first, and again now and then (see _refresh_registration). The first
         time must succeed: a message on a shard of a layout no one knows of would wait for
         a worker of that layout.
         (The layout an id names, not this store's: a relay writes what other processes
-        placed, perhaps with another SHARDS.)"""
+        placed, perhaps with another SHARDS.) Shard 0 is every layout's: a write to it
+        registers this store's layout, if it has more than one shard, and layout 1 when
+        ``single`` (keyed messages bound for shard 0 as layout 1's: see the module's
+        docstring)."""
         now = time.monotonic()
         writing = set(groups)
-        for layout in {parse_name(name)[0] for name in writing if name != "0"}:
+        layouts = {parse_name(name)[0] for name in writing if name != "0"}
+        if "0" in writing:
+            if self.layout > 1:
+                layouts.add(self.layout)
+            if single:
+                layouts.add(1)
+        for layout in layouts:
             registered_at = self._registered_at.get(layout)
             if registered_at is None:
                 self._add_layout(layout, writing)
@@ -298,22 +332,41 @@ class ShardLayouts:
         self._registered_at[layout] = started
 
     def retire(self, layout: int) -> dict[str, dict[str, int]]:
-        """Take ``layout`` off the register if its shards hold nothing (its shard 0 is
-        every layout's, and is not asked). Returns the shards that still hold messages,
+        """Take ``layout`` off the register if its shards hold nothing. Its shard 0 is every
+        layout's: only the keyed messages there that no other layout's lookups would find
+        hold the layout (all but those of keys whose shard of this store's layout, or of
+        another on the register, is shard 0). Returns the shards that still hold messages,
         by name, with their counts: empty when the layout was retired."""
         if layout == self.layout:
             raise ValueError(f"layout {layout} is this queue's SHARDS: it cannot be retired")
-        if not 1 < layout <= MAX_SHARDS:
-            raise ValueError(f"{layout!r} is not a layout (2 to {MAX_SHARDS})")
+        if not 0 < layout <= MAX_SHARDS:
+            raise ValueError(f"{layout!r} is not a layout (1 to {MAX_SHARDS})")
         holding = {}
         for name in layout_names(layout)[1:]:
             stats = self._store(name).stats()
             if any(stats[count] for count in HELD):
                 holding[name] = {count: stats[count] for count in HELD}
+        stranded = self._stranded_keys(layout)
+        if stranded:
+            holding["0"] = {"keyed": stranded}
         if not holding:
             self.base.retire_layout(layout)
             self.refresh_layouts(force=True)
         return holding
+
+    def _stranded_keys(self, layout: int) -> int:
+        """How many keyed messages shard 0 holds that only ``layout``'s lookups would find:
+        their key's shard of ``layout`` is shard 0, and of no layout that stays (this
+        store's, the others on the register) is it."""
+        self.refresh_layouts(force=True)
+        staying = {*self._draining, self.layout} - {layout}
+        if 1 in staying:  # every key's shard of layout 1 is shard 0
+            return 0
+        return sum(
+            1
+            for key in self.base.stored_keys()
+            if key_shard(key, layout) == 0 and all(key_shard(key, other) != 0 for other in staying)
+        )
 
     def _store(self, name: str) -> ShardStore:
         store = self.shards.get(name) or self._others.get(name)

@@ -17,19 +17,21 @@ refusing one stay written.
 After SHARDS changed, a key's earlier message may still sit on the key's shard of an older
 layout, and the rule that keeps one key in one place is:
 
-- A key's *home* is the first of these shards that holds a message with the key (in any
-  state: waiting, in flight or dead, as ``lookup`` answers): the key's shard of each other
-  layout on the register, in ascending order of their SHARDS (the register keeps no age),
-  then its shard of the layout the message's id names (this store's, unless a relay writes
-  what another process placed; an id of shard 0 names every layout, and counts as this
-  store's). A key found nowhere lives on that last one.
-- ``send_keyed`` asks the other layouts' shards first (one ``lookup`` each, once per key
-  and call; none at all while the register holds this layout only) and sends each message
-  to its key's home, its id's suffix rewritten to name that shard when it names another
-  (ids placed by shards.place with their keys name their key's shard already): the id a
-  send returns is the one stored. There ``if_exists`` and ``unique_ms`` apply as on any
-  store, and a message of the key in flight there is superseded on its return, as on one
-  shard.
+- A key's *home* is the first of these shards that holds the key: a message with it (in
+  any state: waiting, in flight or dead, as ``lookup`` answers), or a ``unique_for`` hold
+  on it that lasts. They are the key's shard of each other layout on the register, in
+  ascending order of their SHARDS (the register keeps no age), then its shard of the
+  layout the message's id names (this store's, unless a relay writes what another process
+  placed; an id of shard 0 names every layout, and counts as this store's). A key found
+  nowhere lives on that last one. Layout 1 is on the register while keys sent under one
+  shard may wait on shard 0 (engine.shard_layouts), and its shard is shard 0 for every key.
+- ``send_keyed`` asks the other layouts' shards first (one ``holds_key`` each, once per
+  key and call; none at all while the register holds this layout only) and sends each
+  message to its key's home, its id's suffix rewritten to name that shard when it names
+  another (ids placed by shards.place with their keys name their key's shard already): the
+  id a send returns is the one stored. There ``if_exists`` and ``unique_ms`` apply as on
+  any store (a hold there holds the key, though its message has gone), and a message of
+  the key in flight there is superseded on its return, as on one shard.
 - ``lookup`` and ``reschedule(key=...)`` ask the same shards in the same order and stop at
   the first that answers; ``cancel_key`` asks every one of them, so that no waiting message
   of the key is left anywhere.
@@ -37,12 +39,12 @@ layout, and the rule that keeps one key in one place is:
 Its limits, while more than one layout is on the register: the rule is not atomic across
 shards. Two senders racing on a key that none of the older layouts' shards holds (or one
 racing with the last worker of the key's message there) can each create a message, on
-different shards; and a ``unique_for`` hold is kept by the shard its send went to, so once
-the message it held for has left an older layout's shard the hold no longer stops sends to
-the new one. A keyed message relayed from a database outbox goes to the shard its id names
-(its key's shard of the layout that placed it, where the relay's guard against writing it
-twice is kept) and is decided there alone. Once the older layouts are retired, a key is one
-shard's again.
+different shards, and so can a sender that has not read the register since a new layout
+joined it (it reads it every LAYOUTS_RECHECK_SECONDS). A keyed message relayed from a
+database outbox goes to the shard its id names (its key's shard of the layout that placed
+it, where the relay's guard against writing it twice is kept) and is decided there alone.
+Retiring a layout ends the holds on its shards (a hold is no message: ``retire`` does not
+count them). Once the older layouts are retired, a key is one shard's again.
 
 The store is composed of its parts: the shards and their layouts (engine.shard_layouts),
 fetching by plan (engine.shard_fetch, with engine.shard_wakeups) and the readers that add
@@ -122,15 +124,17 @@ class ShardedStore(ShardFetching, ShardReads):
         call: Callable[[ShardStore, list[T]], Sequence[Any]],
         *,
         register: bool = False,
+        single: bool = False,
         ahead: Callable[[T], bool] | None = None,
     ) -> list[Any]:
         """``call`` once per shard with its items; the replies back in the items' order
         (each reply has one entry per item). ``register``: writes that make messages, whose
-        layouts go on the register first. ``ahead``: the items whose shards are called
-        first (the shards otherwise in order of their first item)."""
+        layouts go on the register first (with layout 1 if ``single``, see
+        ShardLayouts._register). ``ahead``: the items whose shards are called first (the
+        shards otherwise in order of their first item)."""
         groups = self._group(id_of(item) for item in items)
         if register:
-            self._register(groups)
+            self._register(groups, single=single)
         if ahead is not None and len(groups) > 1:
             groups = dict(
                 sorted(
@@ -160,7 +164,7 @@ class ShardedStore(ShardFetching, ShardReads):
         self, messages: Sequence[NewMessage], *, forget: Sequence[str], keep_ms: int
     ) -> list[int | None]:
         groups = self._group(message.id for message in messages)
-        self._register(groups)
+        self._register(groups, single=any(map(self._relayed_as_single, messages)))
         forgotten = self._group(forget)
         replies: list[int | None] = [None] * len(messages)
         names = [*groups, *(name for name in forgotten if name not in groups)]
@@ -188,8 +192,21 @@ class ShardedStore(ShardFetching, ShardReads):
             _message_id,
             lambda store, part: store.send_keyed(part),
             register=True,
+            # Keys sent under one shard while other layouts are registered: those layouts'
+            # processes must look for them on shard 0 (see a key's home).
+            single=self.layout == 1 and bool(self._draining),
             ahead=_may_refuse,
         )
+
+    def _relayed_as_single(self, message: NewMessage) -> bool:
+        """Whether a relayed message is a keyed one bound for shard 0 as a message of layout
+        1: relayed by a store of one shard while other layouts are registered, or placed
+        there by a process of one shard (its key's shard of this layout is another)."""
+        if message.key is None or shard_of(message.id) != (1, 0):
+            return False
+        if self.layout == 1:
+            return bool(self._draining)
+        return key_shard(message.key, self.layout) != 0
 
     def lookup(self, key: str) -> StoredMessage | None:
         for name in self._key_shards(key, self.layout):
@@ -278,10 +295,10 @@ class ShardedStore(ShardFetching, ShardReads):
 
     def _home(self, key: str, layout: int) -> str:
         """The first of ``key``'s shards of the other layouts on the register that holds
-        a message with it, else its shard of ``layout``."""
+        it (a message with it, or a unique_for hold), else its shard of ``layout``."""
         *others, own = self._key_shards(key, layout)
         for name in others:
-            if self._store(name).lookup(key) is not None:
+            if self._store(name).holds_key(key):
                 return name
         return own
 

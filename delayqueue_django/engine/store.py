@@ -700,6 +700,19 @@ class RedisStore:
     def retire_layout(self, layout: int) -> bool:
         return bool(self.client.srem(self.keys.key("layouts"), layout))
 
+    def holds_key(self, key: str) -> bool:
+        held, _ = self._run("holds_key", [wire(key)])
+        return bool(held)
+
+    def keys_used(self) -> bool:
+        return bool(self.client.exists(self.keys.key("keys")))
+
+    def stored_keys(self) -> Iterator[str]:
+        client: Any = self.client  # redis-py types hscan_iter loosely
+        for key, _ in client.hscan_iter(self.keys.key("keys"), count=1000):
+            if key:  # (not the field "" that marks a queue that has had keys)
+                yield key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
+
     # Operators
 
     def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:

@@ -135,9 +135,11 @@ class QueueAsync(QueueProducing, QueueOperating):
     async def _awrite(self, prepared: list[NewMessage]) -> list[str]:
         """``_write`` on redis.asyncio (the keyed messages first, likewise)."""
         store = self.async_store()
-        if store is None:
-            return await sync_to_async(self._write, thread_sensitive=False)(prepared)
         keyed = [message for message in prepared if message.key is not None]
+        if store is None or (keyed and self._drains()):
+            # (A key's message may wait on an earlier layout's shard: the sync store finds
+            # it, see engine.sharded_store.)
+            return await sync_to_async(self._write, thread_sensitive=False)(prepared)
         if not keyed:
             await store.send(prepared)
             return [message.id for message in prepared]
@@ -152,8 +154,8 @@ class QueueAsync(QueueProducing, QueueOperating):
         """``cancel`` for async code."""
         address, by_key = _check_address("cancel", message_id, key)
         store = self.async_store()
-        if store is None or (not by_key and SHARD_MARK in address):
-            # (An id of another shard: the sync store finds it.)
+        if store is None or (SHARD_MARK in address if not by_key else self._drains()):
+            # (An id of another shard, or a key that may be on one: the sync store finds it.)
             return await sync_to_async(self.cancel, thread_sensitive=False)(message_id, key=key)
         if by_key:
             return await store.cancel_key(address) is not None
@@ -171,7 +173,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         """``reschedule`` for async code."""
         address, by_key = _check_address("reschedule", message_id, key)
         store = self.async_store()
-        if store is None or (not by_key and SHARD_MARK in address):
+        if store is None or (SHARD_MARK in address if not by_key else self._drains()):
             reschedule = sync_to_async(self.reschedule, thread_sensitive=False)
             return await reschedule(message_id, key=key, delay=delay, at=at)
         at_ms, delay_us = due_spec(delay, at)
@@ -199,7 +201,8 @@ class QueueAsync(QueueProducing, QueueOperating):
 
     def _drains(self) -> bool:
         """Whether the store may read shards other than shard 0: it drains an earlier
-        layout, or has not read the register of layouts lately (a sync call does)."""
+        layout, or has not read the register of layouts lately (a sync call does, at most
+        every LAYOUTS_RECHECK_SECONDS)."""
         store = self.store
         return isinstance(store, ShardedStore) and store.draining() != ()
 

@@ -20,6 +20,10 @@ class MemoryBookkeeping(MemoryStoreBase):
             state = self._state()
             added = layout not in state.layouts
             if added:
+                # The first layout of a queue that has had keys brings layout 1 with it
+                # (add_layout.lua says why).
+                if layout != 1 and not state.layouts and state.keys_used:
+                    state.layouts.add(1)
                 state.layouts.add(layout)
                 self._wake(LAYOUTS_CHANGED)
             return added, FlowState(state.paused, state.queue_rate)

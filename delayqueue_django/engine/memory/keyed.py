@@ -1,7 +1,7 @@
 """Keyed messages on a memory queue, as send_keyed.lua, lookup.lua, reschedule.lua and
 remove.lua's cancel by key do them (the semantics are the keys design's, engine/keyed.py)."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
@@ -132,6 +132,7 @@ class MemoryKeyed(MemoryStoreBase):
         state.payloads[message.id] = keyed_body(key, now, message.payload)
         state.metas[message.id] = Meta(0, 0, message.budget, due)
         state.keys[key] = message.id
+        state.keys_used = True
         if message.unique_ms > 0:
             key_index.start_hold(state, key, message.id, now + message.unique_ms)
         if message.group is not None:
@@ -174,6 +175,20 @@ class MemoryKeyed(MemoryStoreBase):
             state = self._state()
             message_id = state.keys.get(key)
             return None if message_id is None else prelude.peek(state, message_id, None)
+
+    def holds_key(self, key: str) -> bool:
+        with self.server.lock:
+            state = self._state()
+            key_index.reclaim_holds(state, self._now())
+            return key in state.keys or key_index.live_holder(state, key) is not None
+
+    def keys_used(self) -> bool:
+        with self.server.lock:
+            return self._state().keys_used
+
+    def stored_keys(self) -> Iterator[str]:
+        with self.server.lock:
+            return iter(list(self._state().keys))
 
     def cancel_key(self, key: str) -> str | None:
         with self.server.lock:

@@ -77,8 +77,10 @@ class QueueState:
     layouts: set[int] = field(default_factory=set)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
-    # The key index ({tag}:keys): key -> id of the key's message (see memory/key_index.py).
+    # The key index ({tag}:keys): key -> id of the key's message (see memory/key_index.py),
+    # and whether the queue has had a keyed message (the index's marker field "").
     keys: dict[str, str] = field(default_factory=dict)
+    keys_used: bool = False
     # unique_for holds ({tag}:hold:<key>): key -> holder id, and key -> when the hold ends
     # (ms), by which the ended ones are reclaimed as Redis expires the keys.
     holders: dict[str, str] = field(default_factory=dict)

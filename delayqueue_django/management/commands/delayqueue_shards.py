@@ -22,8 +22,8 @@ def layout_number(text: str) -> int:
         layout = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 < layout <= MAX_SHARDS:
-        raise argparse.ArgumentTypeError(f"a layout is 2 to {MAX_SHARDS}, not {layout}")
+    if not 0 < layout <= MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"a layout is 1 to {MAX_SHARDS}, not {layout}")
     return layout
 
 
@@ -40,8 +40,9 @@ class Command(OwnProcessCommand):
             "--retire",
             type=layout_number,
             metavar="LAYOUT",
-            help="Retire this earlier layout (an int, 2 to 128) if its shards hold nothing; "
-            "only once no process runs with it as its SHARDS setting.",
+            help="Retire this earlier layout (an int, 1 to 128) if its shards hold nothing "
+            "(for layout 1: no keyed message that only it finds on shard 0); only once no "
+            "process runs with it as its SHARDS setting.",
         )
 
     def handle(self, *args: Any, queue: str, retire: int | None, **options: Any) -> None:
