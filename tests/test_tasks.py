@@ -1005,7 +1005,8 @@ def test_an_async_task_runs_on_the_workers_event_loop_with_its_signals(
 
     work()
 
-    assert refreshed(on_loop).return_value == "delayqueue-event-loop"
+    thread: Any = refreshed(on_loop).return_value
+    assert thread == "delayqueue-event-loop"
     failed = refreshed(failing)
     assert failed.status == TaskResultStatus.FAILED
     assert [error.exception_class for error in failed.errors] == [ValueError]
@@ -1025,4 +1026,5 @@ def test_an_async_task_on_an_exactly_once_queue_runs_in_a_handler_thread(
     work()
     result = refreshed(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.return_value != "delayqueue-event-loop"
+    thread: Any = result.return_value
+    assert thread != "delayqueue-event-loop"
