@@ -199,5 +199,6 @@ def test_every_marked_snippet_is_run() -> None:
         "tasks",
         "tasks-enqueue",
         "testing-dead-letter",  # in tests/test_testing.py
+        "keys-first",  # in tests/test_keys_api.py
     }
     assert marked == run
