@@ -7,14 +7,17 @@ delayqueue.cancel(message_id)
 
 delayqueue.send({"order": 42}, key="expire-order-42", delay=timedelta(minutes=30))
 delayqueue.cancel(key="expire-order-42")
+
+delayqueue.send_many([{"order": 42}, delayqueue.Outgoing({"order": 43}, delay=60)])
 """
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Never
 
 from asgiref.sync import sync_to_async
 
-from delayqueue_django.core.cancel_hint import hint_if_elsewhere
+from delayqueue_django.core.cancel_hint import hint_on_miss
 from delayqueue_django.core.current import current_message
 from delayqueue_django.core.handlers import handler
 from delayqueue_django.core.message import Message
@@ -38,12 +41,14 @@ __all__ = [
     "acancel",
     "areschedule",
     "asend",
+    "asend_many",
     "cancel",
     "current_message",
     "get_queue",
     "handler",
     "reschedule",
     "send",
+    "send_many",
 ]
 
 
@@ -76,10 +81,9 @@ def send(
     ``outbox`` (default: the queue's OUTBOX) writes it in that transaction, as a row of the
     database's outbox, which a relay moves to Redis once it committed. ``group`` (at most
     256 bytes in UTF-8) orders it within that group: one at a time, in due-time order (see
-    ``Queue.send``).
-    database's outbox, which a relay moves to Redis once it committed. ``expires`` (seconds
-    or a timedelta from now, or a datetime; default: the queue's EXPIRES after the due
-    time): a message not handed out by then never is (see ``Queue.send``).
+    ``Queue.send``). ``expires`` (seconds or a timedelta from now, or a datetime; default:
+    the queue's EXPIRES after the due time): a message not handed out by then never is
+    (see ``Queue.send``).
     """
     return get_queue(queue).send(
         payload,
@@ -97,6 +101,40 @@ def send(
     )
 
 
+def send_many(
+    messages: Iterable[Any],
+    *,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
+    queue: str = "default",
+    retry_count: int | None = None,
+    on_commit: bool | None = None,
+    using: str | None = None,
+    outbox: bool | None = None,
+    **per_message: Never,
+) -> list[str]:
+    """Schedule many messages on ``queue`` in one round trip; returns their ids in order.
+
+    Items are payloads sharing the timing given here, or ``Outgoing`` objects with their
+    own timing, ``key`` and ``group``: a key or a group is given per message, on its
+    ``Outgoing`` (given to the call, it raises TypeError saying so). Every item is checked
+    before anything is written. The options mean what they mean for ``send`` (see
+    ``Queue.send_many``).
+    """
+    return get_queue(queue).send_many(
+        messages,
+        delay=delay,
+        at=at,
+        expires=expires,
+        retry_count=retry_count,
+        on_commit=on_commit,
+        using=using,
+        outbox=outbox,
+        **per_message,
+    )
+
+
 def cancel(
     message_id: str | None = None, *, key: str | None = None, queue: str = "default"
 ) -> bool:
@@ -104,12 +142,13 @@ def cancel(
 
     Give its id, or ``key=`` for the key's waiting message (not both). It looks on
     ``queue`` only: neither an id nor a key names its queue, so a message sent to another
-    queue needs that queue's name here (with DEBUG on, an id's miss that another queue
-    holds is logged as a warning naming it).
+    queue needs that queue's name here. With DEBUG on, an id's miss is looked into and
+    logged as a warning when the id is a key of a message on ``queue`` (pass ``key=``),
+    or another queue holds it.
     """
     cancelled = get_queue(queue).cancel(message_id, key=key)
     if not cancelled and message_id is not None:
-        hint_if_elsewhere(message_id, queue=queue)
+        hint_on_miss(message_id, queue=queue)
     return cancelled
 
 
@@ -160,13 +199,41 @@ async def asend(
     )
 
 
+async def asend_many(
+    messages: Iterable[Any],
+    *,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    expires: float | timedelta | datetime | None = None,
+    queue: str = "default",
+    retry_count: int | None = None,
+    on_commit: bool | None = None,
+    using: str | None = None,
+    outbox: bool | None = None,
+    **per_message: Never,
+) -> list[str]:
+    """``send_many`` for async views: non-blocking on redis.asyncio where the queue has a
+    URL."""
+    return await get_queue(queue).asend_many(
+        messages,
+        delay=delay,
+        at=at,
+        expires=expires,
+        retry_count=retry_count,
+        on_commit=on_commit,
+        using=using,
+        outbox=outbox,
+        **per_message,
+    )
+
+
 async def acancel(
     message_id: str | None = None, *, key: str | None = None, queue: str = "default"
 ) -> bool:
     """``cancel`` for async views."""
     cancelled = await get_queue(queue).acancel(message_id, key=key)
     if not cancelled and message_id is not None:
-        await sync_to_async(hint_if_elsewhere, thread_sensitive=False)(message_id, queue=queue)
+        await sync_to_async(hint_on_miss, thread_sensitive=False)(message_id, queue=queue)
     return cancelled
 
 

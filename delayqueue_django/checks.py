@@ -12,6 +12,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from delayqueue_django.core import conf, handlers
+from delayqueue_django.core.conf_problem import SETTING
+from delayqueue_django.core.conf_spelling import folded, meant
 from delayqueue_django.core.loop_options import (
     DEFAULT_LOOP_BLOCKED_AFTER,
     LOOP_BLOCKED_AFTER_SETTING,
@@ -84,6 +86,40 @@ def check_loop_blocked_after(
             id="delayqueue_django.E070",
         )
     ]
+
+
+# The settings the package reads (each queue's options are in DELAYQUEUES), and how a
+# setting's name starts that can only be meant for it.
+PACKAGE_SETTINGS = (SETTING, OUTBOX_DATABASES_SETTING, "DELAYQUEUE_METRICS_TOKEN")
+PACKAGE_PREFIX = folded("DELAYQUEUE")
+
+
+@register()
+def check_setting_names(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A setting named like one of the package's but none of them (``DELAYQUEUE`` for
+    ``DELAYQUEUES``) is read by nothing: the project runs on the defaults, or with no
+    queue, and nothing else would say why. A warning: a project may have a setting of its
+    own that starts so (silence W003 then)."""
+    found: list[CheckMessage] = []
+    for name in sorted(dir(settings)):
+        if name in PACKAGE_SETTINGS or not name.isupper():
+            continue
+        guess = meant(name, PACKAGE_SETTINGS)
+        if guess is None and not folded(name).startswith(PACKAGE_PREFIX):
+            continue
+        found.append(
+            Warning(
+                f"{name} is not a setting of delayqueue_django: nothing reads it.",
+                hint=f"Did you mean {guess}?"
+                if guess is not None
+                else f"Its settings are {', '.join(PACKAGE_SETTINGS[:-1])} and "
+                f"{PACKAGE_SETTINGS[-1]}; a queue's options go in {SETTING}[name].",
+                id="delayqueue_django.W003",
+            )
+        )
+    return found
 
 
 # Shorter tokens can be guessed; the endpoint compares in constant time but cannot rate-limit.

@@ -34,6 +34,7 @@ __all__ = [
     "InvalidExpiry",
     "InvalidGroup",
     "InvalidKey",
+    "InvalidKeyOption",
     "InvalidRetryCount",
     "InvalidSchedule",
     "PayloadEncodingError",
@@ -76,7 +77,15 @@ class InvalidDelay(DelayQueueError, ValueError):
 
 class InvalidKey(DelayQueueError, ValueError):
     """A send's key is not usable (not a str, empty, longer than 256 bytes in UTF-8, or
-    holding a lone surrogate), or its ``if_exists`` or ``unique_for`` is not."""
+    holding a lone surrogate), or its ``if_exists`` or ``unique_for`` is not (raised as
+    InvalidKeyOption, which is an InvalidKey)."""
+
+
+class InvalidKeyOption(InvalidKey):
+    """A keyed send's ``if_exists`` is not "keep", "replace" or "error", or its
+    ``unique_for`` is not a positive number of seconds or timedelta. The key may be fine:
+    the message names the option. An InvalidKey (and a ValueError) all the same, as code
+    that caught InvalidKey for these before still does."""
 
 
 class InvalidGroup(DelayQueueError, ValueError):

@@ -115,8 +115,9 @@ class MemoryQueues:
         from an async test, use ``await queues.arun_due()``.
 
         With ``memory_queues(schedules=True)``, the queues' schedules are run first, as a
-        worker runs them: the settings' ones synced, and the ticks due by now written (see
-        the docs' Schedules guide), so a tick falls due as the clock reaches its time.
+        worker runs them: the ticks due by now written (the settings' ones were stored when
+        the block began; see the docs' Schedules guide), so a tick falls due as the clock
+        reaches its time.
         Without it (the default) no worker-side tick is written: the settings' schedules
         never tick, and a schedule the test adds with ``queue.schedules.add()`` (which writes
         its first tick itself, as it does on Redis) runs that first tick only. So what a
@@ -176,13 +177,25 @@ class MemoryQueues:
         chosen = []
         for name in names or registry.queue_names():
             queue = registry.get_queue(name)
-            runner = self._schedules.get(queue)
-            if runner is None:
-                runner = self._schedules[queue] = ScheduleRunner(queue)
+            runner = self._runner(queue)
             if self._run_schedules:
                 runner.run_due(self._clock.now_ms())
             chosen.append((queue, runner))
         return chosen
+
+    def _start_schedules(self) -> None:
+        """Store every queue's settings schedules at the block's start, as a worker started
+        then stores them: their first ticks count from the start, so a test that moves the
+        clock before its first run_due() finds the ticks due by then."""
+        for name in registry.queue_names():
+            queue = registry.get_queue(name)
+            self._runner(queue).run_due(self._clock.now_ms())
+
+    def _runner(self, queue: Queue) -> ScheduleRunner:
+        runner = self._schedules.get(queue)
+        if runner is None:
+            runner = self._schedules[queue] = ScheduleRunner(queue)
+        return runner
 
 
 def _relay_outbox() -> None:
@@ -278,6 +291,9 @@ def memory_queues(
             ),
             outbox.clock(clock.now_us),
         ):
-            yield MemoryQueues(server, clock, schedules=schedules)
+            queues = MemoryQueues(server, clock, schedules=schedules)
+            if schedules:
+                queues._start_schedules()
+            yield queues
     finally:
         remove_server(server.name)

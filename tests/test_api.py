@@ -3,6 +3,7 @@
 import decimal
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from io import StringIO
 from typing import Any
@@ -66,6 +67,71 @@ def test_send_to_a_named_queue_with_a_retry_count() -> None:
     assert delayqueue.cancel(message_id, queue="other") is True
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["send_many", "asend_many"])
+def test_the_module_sends_many_as_the_queue_does(asynchronous: bool) -> None:
+    """As send is: the module's send_many names its queue, else "default"."""
+    items: list[Any] = ["a", delayqueue.Outgoing("b", key="order-1", delay=60, retry_count=2)]
+    if asynchronous:
+        ids = async_to_sync(delayqueue.asend_many)(items, delay=60, queue="other", retry_count=7)
+    else:
+        ids = delayqueue.send_many(items, delay=60, queue="other", retry_count=7)
+    pending = delayqueue.get_queue("other").list_messages("pending")
+    listed = {entry.id: entry.budget for entry in pending}
+    assert listed == {ids[0]: 7, ids[1]: 2}
+    found = delayqueue.get_queue("other").lookup("order-1")
+    assert found is not None
+    assert found.id == ids[1]
+    assert delayqueue.get_queue("default").stats()["pending"] == 0
+    assert delayqueue.send_many([]) == []
+
+
+@pytest.mark.parametrize("option", ["key", "if_exists", "unique_for", "group"])
+def test_send_many_says_a_key_or_group_goes_on_each_item(option: str) -> None:
+    """Before, send_many(key=...) was Python's bare "unexpected keyword argument"."""
+    calls: list[tuple[str, Callable[..., Any]]] = [
+        ("send_many", delayqueue.get_queue().send_many),
+        ("send_many", delayqueue.send_many),
+        ("asend_many", async_to_sync(delayqueue.get_queue().asend_many)),
+        ("asend_many", async_to_sync(delayqueue.asend_many)),
+    ]
+    for name, call in calls:
+        with pytest.raises(TypeError) as raised:
+            call(["a", "b"], **{option: "x"})
+        assert str(raised.value) == (
+            f"{name}() takes {option} per message, not for the call: give each message as "
+            f"Outgoing(payload, {option}=...) (from delayqueue_django import Outgoing)"
+        )
+    assert delayqueue.get_queue().stats()["pending"] == 0
+
+
+def test_send_many_refuses_an_unknown_option_as_python_would() -> None:
+    unexpected = "send_many\\(\\) got an unexpected keyword argument 'delai'"
+    with pytest.raises(TypeError, match=unexpected):
+        delayqueue.send_many(["a"], delai=60)  # type: ignore[arg-type]
+
+
+def repeated_run(text: str, words: int) -> str | None:
+    """The first run of ``words`` words that ``text`` holds twice (not overlapping)."""
+    found = re.findall(r"\S+", text)
+    first_at: dict[tuple[str, ...], int] = {}
+    for at in range(len(found) - words + 1):
+        run = tuple(found[at : at + words])
+        if at - first_at.setdefault(run, at) >= words:
+            return " ".join(run)
+    return None
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in delayqueue.__all__ if name[0].islower() and name != "handler"]
+)
+def test_the_module_functions_docstrings_say_nothing_twice(name: str) -> None:
+    """send's said that the outbox's relay moves a row to Redis "once it committed" twice
+    (a sentence pasted over)."""
+    doc = getattr(delayqueue, name).__doc__
+    assert doc
+    assert repeated_run(doc, 8) is None
+
+
 OTHER_QUEUE_HINT = (
     "cancel({id!r}) looked on queue 'default' only, which does not hold it; queue 'other' "
     "does (pending). An id does not name its queue: pass queue='other'. (Checked because "
@@ -93,6 +159,33 @@ def test_a_cancel_on_the_wrong_queue_says_which_holds_it_under_debug(
     assert delayqueue.cancel(message_id, queue="other") is True
 
 
+KEY_AS_ID_HINT = (
+    "cancel('order-42-expiry') looked for a message with that id on queue 'default', and "
+    "there is none; 'order-42-expiry' is the key of a message there ({state}): pass "
+    "key='order-42-expiry'. (Checked because DEBUG is on.)"
+)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["cancel", "acancel"])
+def test_a_key_given_as_the_id_says_to_pass_key_under_debug(
+    asynchronous: bool, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, cancel("a-key") answered False and said nothing, as for a message already
+    handled."""
+    settings.DEBUG = True
+    delayqueue.send("x", key="order-42-expiry", delay=60)
+    with caplog.at_level("WARNING", logger="delayqueue_django"):
+        if asynchronous:
+            cancelled = async_to_sync(delayqueue.acancel)("order-42-expiry")
+        else:
+            cancelled = delayqueue.cancel("order-42-expiry")
+    assert cancelled is False
+    assert [record.getMessage() for record in caplog.records] == [
+        KEY_AS_ID_HINT.format(state="pending")
+    ]
+    assert delayqueue.cancel(key="order-42-expiry") is True
+
+
 def test_a_cancel_that_finds_nothing_anywhere_says_nothing(
     settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -107,8 +200,9 @@ def test_a_cancel_that_finds_nothing_anywhere_says_nothing(
 
 @pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
 def test_only_debug_looks_at_the_other_queues_on_a_miss(debug: bool, settings: Any) -> None:
-    """With DEBUG off (production), a miss costs no look at the other queues: no read-only
-    Function call (a peek) reaches their Redis, here the test's, which both queues share."""
+    """With DEBUG off (production), a miss costs no look at a key of that name nor at the
+    other queues: no read-only Function call (a lookup, a peek) reaches their Redis, here
+    the test's, which both queues share."""
     settings.DEBUG = debug
     message_id = delayqueue.send("x", queue="other", delay=60)
     client = redis_store(delayqueue.get_queue("other")).client
@@ -118,7 +212,8 @@ def test_only_debug_looks_at_the_other_queues_on_a_miss(debug: bool, settings: A
 
     before = peeks()
     assert delayqueue.cancel(message_id) is False
-    assert peeks() - before == (1 if debug else 0)
+    # Under DEBUG: the id looked up as a key of "default", then as an id on "other".
+    assert peeks() - before == (2 if debug else 0)
 
 
 def test_payloads_use_djangos_json_encoder() -> None:

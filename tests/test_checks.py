@@ -13,7 +13,12 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from delayqueue_django import get_queue
-from delayqueue_django.checks import check_delayqueues, check_handlers, check_metrics_token
+from delayqueue_django.checks import (
+    check_delayqueues,
+    check_handlers,
+    check_metrics_token,
+    check_setting_names,
+)
 from delayqueue_django.core import handlers
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.exceptions import QueueConfigurationError
@@ -303,6 +308,88 @@ def test_a_misspelt_client_option_is_answered_with_the_right_spelling(settings: 
     settings.DELAYQUEUES = {"default": {"URL": "redis://x", "OPTIONS": {"socket_timout": 5}}}
     [error] = check_delayqueues()
     assert error.hint == "Did you mean 'socket_timeout'?"
+
+
+@pytest.mark.parametrize(
+    ("options", "hint"),
+    [
+        ({"RATELIMIT": "2/s"}, "Did you mean 'RATE_LIMIT'?"),
+        ({"max_in_flight": 3}, "Did you mean 'MAX_IN_FLIGHT'?"),
+        (
+            {"RATELIMIT": "2/s", "EXPIRE": 60},
+            "Did you mean 'EXPIRES' for 'EXPIRE', 'RATE_LIMIT' for 'RATELIMIT'?",
+        ),
+    ],
+)
+def test_a_misspelt_queue_option_is_answered_with_the_right_spelling(
+    settings: Any, options: dict[str, Any], hint: str
+) -> None:
+    """Before, the hint listed every option, and the reader had to spot the one meant."""
+    settings.DELAYQUEUES = {"default": {"URL": "redis://x", **options}}
+    [error] = check_delayqueues()
+    assert error.id == "delayqueue_django.E004"
+    assert error.hint == hint
+
+
+def test_an_unknown_queue_option_like_none_lists_them_all(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://x", "COLOUR": "blue"}}
+    [error] = check_delayqueues()
+    assert error.hint is not None
+    assert error.hint.startswith("Known options: REDIS, URL, OPTIONS, HANDLER,")
+
+
+def test_a_misspelt_and_an_unknown_option_get_both_hints(settings: Any) -> None:
+    settings.DELAYQUEUES = {"default": {"URL": "redis://x", "RATELIMIT": "2/s", "COLOUR": 1}}
+    [error] = check_delayqueues()
+    assert error.hint is not None
+    assert error.hint.startswith(
+        "Did you mean 'RATE_LIMIT' for 'RATELIMIT'? Known options: REDIS, URL,"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "message", "hint"),
+    [
+        (
+            "DELAYQUEUE",
+            "DELAYQUEUE is not a setting of delayqueue_django: nothing reads it.",
+            "Did you mean DELAYQUEUES?",
+        ),
+        (
+            "DELAY_QUEUES",
+            "DELAY_QUEUES is not a setting of delayqueue_django: nothing reads it.",
+            "Did you mean DELAYQUEUES?",
+        ),
+        (
+            "DELAYQUEUE_OUTBOX_DATABASE",
+            "DELAYQUEUE_OUTBOX_DATABASE is not a setting of delayqueue_django: nothing reads it.",
+            "Did you mean DELAYQUEUE_OUTBOX_DATABASES?",
+        ),
+        (
+            "DELAYQUEUE_RETRIES",
+            "DELAYQUEUE_RETRIES is not a setting of delayqueue_django: nothing reads it.",
+            "Its settings are DELAYQUEUES, DELAYQUEUE_OUTBOX_DATABASES and "
+            "DELAYQUEUE_METRICS_TOKEN; a queue's options go in DELAYQUEUES[name].",
+        ),
+    ],
+)
+def test_a_misspelt_setting_of_the_package_is_noticed(
+    settings: Any, name: str, message: str, hint: str
+) -> None:
+    """Before, a misspelt DELAYQUEUES (or outbox databases) setting went unnoticed but for
+    W001's "defines no queue", which did not say why."""
+    setattr(settings, name, {"default": {"URL": "redis://x"}})
+    [warning] = check_setting_names()
+    assert isinstance(warning, Warning)
+    assert (warning.id, warning.msg, warning.hint) == ("delayqueue_django.W003", message, hint)
+
+
+def test_the_packages_own_settings_and_others_pass_the_name_check(settings: Any) -> None:
+    settings.DELAYQUEUE_OUTBOX_DATABASES = ["default"]
+    settings.DELAYQUEUE_METRICS_TOKEN = "x" * 16
+    settings.QUEUES = {}  # another app's: not near enough to be a misspelling
+    settings.DELAYED = True
+    assert check_setting_names() == []
 
 
 def test_a_url_redis_py_cannot_read_is_an_error(settings: Any) -> None:

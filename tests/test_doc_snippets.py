@@ -3,7 +3,8 @@
 
 A snippet is the code block after a ``<!-- snippet-test: NAME -->`` line, in any page of
 ``docs/`` (the quickstart, the signals and the Tasks guides; the testing guide's is run
-by tests/test_testing.py, with the fixture it names); each name is used once.
+by tests/test_testing.py, with the fixture it names, and the keys guide's first by
+tests/test_keys_api.py, on a memory queue); each name is used once.
 """
 
 import os
@@ -198,5 +199,6 @@ def test_every_marked_snippet_is_run() -> None:
         "tasks",
         "tasks-enqueue",
         "testing-dead-letter",  # in tests/test_testing.py
+        "keys-first",  # in tests/test_keys_api.py
     }
     assert marked == run

@@ -20,11 +20,11 @@ REFERENCE = PACKAGE.parent / "docs" / "reference"
 COMMANDS = sorted(path.stem for path in (PACKAGE / "management" / "commands").glob("[!_]*.py"))
 
 
-def section(page: str, heading: str) -> str:
-    """The text under ``heading`` (a whole heading line), up to the next heading of the same
-    or a higher level."""
+def section(page: str, heading: str, docs: Path = REFERENCE) -> str:
+    """The text under ``heading`` (a whole heading line) of ``page`` (under ``docs``), up to
+    the next heading of the same or a higher level."""
     level = heading.split(" ", 1)[0]
-    lines = (REFERENCE / page).read_text().splitlines()
+    lines = (docs / page).read_text().splitlines()
     assert heading in lines, f"{page} has no heading {heading!r}"
     start = lines.index(heading) + 1
     end = next(
@@ -103,3 +103,16 @@ def test_every_exception_is_in_the_api_reference() -> None:
     listed = section("api.md", "## Exceptions")
     missing = [name for name in names if f"        - {name}\n" not in listed + "\n"]
     assert not missing, f"api.md: exceptions not listed {missing}"
+
+
+def test_the_flow_control_guide_leaves_the_sharded_machinery_to_its_explanation_page() -> None:
+    """The guide's section on sharded queues held 76 lines of reservations, settlings and
+    copies between shards, in the middle of a user's guide: they are an explanation page
+    of their own now, in the site's navigation, and the guide says what a user notices."""
+    guides = REFERENCE.parent / "guides"
+    text = section("flow-control.md", "## Sharded queues", docs=guides)
+    assert len(text.strip().splitlines()) <= 30
+    assert "](../explanation/sharded-flow-control.md)" in text
+    assert "flow_reserve" not in (guides / "flow-control.md").read_text()
+    navigation = (REFERENCE.parent.parent / "mkdocs.yml").read_text()
+    assert "explanation/sharded-flow-control.md" in navigation

@@ -24,12 +24,18 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.keyed import KEY_MAX_BYTES
-from delayqueue_django.exceptions import ConflictingOptions, DuplicateKey, InvalidKey
+from delayqueue_django.exceptions import (
+    ConflictingOptions,
+    DuplicateKey,
+    InvalidKey,
+    InvalidKeyOption,
+)
 from delayqueue_django.testing import memory_queues
 from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.handling import Outcome, Verdict, call_handler
 from tests.backends import one_shard
 from tests.helpers import fetch_when_due, store_time_ms
+from tests.test_doc_snippets import snippet
 
 LATER = 60  # seconds: a message that stays pending for the whole test
 
@@ -78,17 +84,27 @@ def test_the_longest_key_is_taken_whatever_its_characters(queue: Queue) -> None:
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"key": "k", "if_exists": "skip"}, InvalidKey, "if_exists must be one of"),
+        (
+            {"key": "k", "if_exists": "skip"},
+            InvalidKeyOption,
+            "^if_exists must be 'keep', 'replace' or 'error', not 'skip'$",
+        ),
+        (
+            {"key": "k", "if_exists": "replce"},
+            InvalidKeyOption,
+            "^if_exists must be 'keep', 'replace' or 'error', not 'replce': did you mean "
+            "'replace'\\?$",
+        ),
         ({"if_exists": "replace"}, ConflictingOptions, "if_exists applies"),
         ({"unique_for": 60}, ConflictingOptions, "unique_for applies"),
-        ({"key": "k", "unique_for": 0}, InvalidKey, "more than 0"),
-        ({"key": "k", "unique_for": -1}, InvalidKey, "more than 0"),
-        ({"key": "k", "unique_for": timedelta(0)}, InvalidKey, "more than 0"),
-        ({"key": "k", "unique_for": float("nan")}, InvalidKey, "finite"),
-        ({"key": "k", "unique_for": float("inf")}, InvalidKey, "finite"),
-        ({"key": "k", "unique_for": True}, InvalidKey, "not bool"),
-        ({"key": "k", "unique_for": "60"}, InvalidKey, "not str"),
-        ({"key": "k", "unique_for": 10**400}, InvalidKey, "too long"),
+        ({"key": "k", "unique_for": 0}, InvalidKeyOption, "more than 0"),
+        ({"key": "k", "unique_for": -1}, InvalidKeyOption, "more than 0"),
+        ({"key": "k", "unique_for": timedelta(0)}, InvalidKeyOption, "more than 0"),
+        ({"key": "k", "unique_for": float("nan")}, InvalidKeyOption, "finite"),
+        ({"key": "k", "unique_for": float("inf")}, InvalidKeyOption, "finite"),
+        ({"key": "k", "unique_for": True}, InvalidKeyOption, "not bool"),
+        ({"key": "k", "unique_for": "60"}, InvalidKeyOption, "not str"),
+        ({"key": "k", "unique_for": 10**400}, InvalidKeyOption, "too long"),
     ],
 )
 def test_bad_key_options_are_refused_and_nothing_is_written(
@@ -101,6 +117,22 @@ def test_bad_key_options_are_refused_and_nothing_is_written(
     with pytest.raises(error, match=message):
         delayqueue.send("x", **options)
     assert stored_count(queue) == 0
+
+
+def test_a_bad_key_option_is_still_an_invalid_key_and_a_value_error() -> None:
+    """What code written before InvalidKeyOption catches, it still catches."""
+    assert issubclass(InvalidKeyOption, InvalidKey)
+    assert issubclass(InvalidKeyOption, ValueError)
+
+
+def test_the_keys_guides_first_example_runs_as_pasted(settings: Any) -> None:
+    """It used timedelta without importing it."""
+    settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    with memory_queues() as queues:
+        exec(snippet("keys-first"), {})
+        [sent] = queues.sent()
+        assert (sent.key, sent.delay) == ("order-42-expiry", timedelta(minutes=30))
+        assert delayqueue.get_queue().lookup("order-42-expiry") is None  # cancelled
 
 
 @pytest.mark.parametrize(
@@ -160,6 +192,23 @@ def test_error_raises_duplicate_key_naming_the_key_and_the_message(queue: Queue)
     assert stored_count(queue) == 1
 
 
+def test_a_single_sends_refusal_says_nothing_was_written_not_its_batch(queue: Queue) -> None:
+    """A send has no batch to speak of: its refusal said "nothing in its batch was
+    written", as send_many's does."""
+    first = queue.send("x", key="order-1", delay=LATER)
+    said = f"key 'order-1' names the waiting message {first!r}; nothing was written"
+    with pytest.raises(DuplicateKey) as raised:
+        queue.send("y", key="order-1", if_exists="error")
+    assert str(raised.value) == said
+    with pytest.raises(DuplicateKey) as raised:
+        asyncio.run(queue.asend("y", key="order-1", if_exists="error"))
+    assert str(raised.value) == said
+    with pytest.raises(DuplicateKey) as raised:
+        queue.send_many([Outgoing("y", key="order-1", if_exists="error")])
+    assert str(raised.value).endswith("; nothing in its batch was written")
+    assert stored_count(queue) == 1
+
+
 def test_a_key_whose_message_is_in_flight_is_free_again(queue: Queue) -> None:
     first = queue.send("x", key="order-1")
     [delivery] = fetch_when_due(queue)
@@ -169,6 +218,34 @@ def test_a_key_whose_message_is_in_flight_is_free_again(queue: Queue) -> None:
     found = queue.lookup("order-1")
     assert found is not None
     assert found.id == second
+
+
+def test_a_replace_while_the_keys_message_runs_is_a_new_message_that_may_run_beside_it(
+    queue: Queue,
+) -> None:
+    """What the keys guide says: the running delivery cannot be changed, so the replace
+    creates a new message, which is handed out when due, the first one still running."""
+    first = queue.send({"v": 1}, key="sync:42")
+    [running] = fetch_when_due(queue)
+    second = queue.send({"v": 2}, key="sync:42", if_exists="replace")
+    assert second != first
+    [beside] = fetch_when_due(queue)
+    assert (running.id, beside.id) == (first, second)  # both in flight at once
+    queue.ack([running, beside])
+
+
+@one_shard
+def test_a_replace_grouped_by_its_key_waits_for_the_running_message(queue: Queue) -> None:
+    """The keys guide's pattern for "after": a group named as the key holds the new message
+    until the running one is acked."""
+    first = queue.send({"v": 1}, key="sync:42", group="sync:42")
+    [running] = fetch_when_due(queue)
+    second = queue.send({"v": 2}, key="sync:42", if_exists="replace", group="sync:42")
+    assert second != first
+    assert queue.fetch().messages == []  # held by its group
+    queue.ack([running])
+    [after] = fetch_when_due(queue)
+    assert (after.id, after.payload) == (second, {"v": 2})
 
 
 def test_unique_for_holds_the_key_after_a_cancel_until_it_ends(queue: Queue) -> None:

@@ -162,8 +162,10 @@ def test_an_hourly_cron_fires_every_real_hour_across_a_dst_change(
     with on_memory(
         settings, start, hourly={"CRON": "0 * * * *", "TIME_ZONE": "Europe/Berlin"}
     ) as queues:
-        run_through(queues, day + timedelta(days=1) - timedelta(seconds=30), timedelta(minutes=1))
+        # The day's ticks, its first midnight's to its 23:00's (the clock stops at 23:59).
+        run_through(queues, day + timedelta(days=1) - timedelta(seconds=90), timedelta(minutes=1))
     fired = times(handled)
+    assert fired[0] == ms(day)  # stored at the block's start: its first tick is midnight's
     assert len(fired) == len(set(fired)) == hours
     # One real hour apart, all through the change.
     assert {later - earlier for earlier, later in itertools.pairwise(fired)} == {3_600_000}

@@ -258,6 +258,23 @@ def test_schedules_tick_on_the_blocks_clock_when_asked(settings: Any) -> None:
     assert ticks == [f"tick:heartbeat:{1_893_456_000_000 + 1000 * n}" for n in (1, 2)]
 
 
+def test_schedules_tick_when_the_clock_is_moved_before_the_first_run_due(settings: Any) -> None:
+    """The schedules run from the block's start, as a worker started then runs them: an
+    hourly schedule ticks once an hour has passed, though nothing ran before. (They were
+    stored at the first run_due(), at the moved clock: advance() before it wrote no tick.)"""
+    settings.DELAYQUEUES = {
+        "default": {
+            "URL": "memory://",
+            "HANDLER": "tests.worker_handlers.handle",
+            "SCHEDULES": {"hourly": {"EVERY": 3600, "PAYLOAD": {"do": "ok"}}},
+        }
+    }
+    with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC), schedules=True) as queues:
+        queues.advance(timedelta(hours=1))
+        ticks = [outcome.message.id for outcome in queues.run_due()]
+    assert ticks == [f"tick:hourly:{1_893_456_000_000 + 3_600_000}"]
+
+
 def test_the_guides_dead_letter_example_passes(settings: Any) -> None:
     """The testing guide's example of asserting that a message ended dead, run as written
     with the fixture its conftest.py offers."""

@@ -5,8 +5,11 @@ release that reads them), so ``cancel`` looks on the one queue it is given: ``"d
 unless the call says ``queue=``. The caller knows the queue, as it knew it when it sent.
 A call that forgets ``queue=`` answers False, which reads like a message already handled.
 So with ``DEBUG`` on, a cancel that found nothing looks for the id on the other queues and
-logs a warning naming the queue that holds it. With ``DEBUG`` off nothing more is asked of
-Redis: the usual False (a message handled before it could be cancelled) costs what it did.
+logs a warning naming the queue that holds it. A key passed as the id (``cancel("my-key")``
+for ``cancel(key="my-key")``) answers False likewise: the same look first asks the queue
+whether the string is the key of a message there, and says to pass ``key=``. With ``DEBUG``
+off nothing more is asked of Redis: the usual False (a message handled before it could be
+cancelled) costs what it did.
 """
 
 import logging
@@ -33,10 +36,33 @@ def queue_holding(message_id: str, *, besides: str) -> tuple[str, str] | None:
     return None
 
 
-def hint_if_elsewhere(message_id: str, *, queue: str) -> None:
-    """Under DEBUG, log a warning when another queue than ``queue`` holds the message that a
-    cancel on ``queue`` did not find."""
+def keyed_state(key: str, *, queue: str) -> str | None:
+    """The state of the message ``key`` names on ``queue`` (see Queue.lookup), or None:
+    none, or the string cannot be a key."""
+    try:
+        found = get_queue(queue).lookup(key)
+    except (QueueUnavailable, ValueError):
+        return None  # the queue's Redis is away, or the string is no key (InvalidKey)
+    return None if found is None else found.state
+
+
+def hint_on_miss(message_id: str, *, queue: str) -> None:
+    """Under DEBUG, log a warning when the id that a cancel on ``queue`` did not find is a
+    key of a message on ``queue``, or when another queue holds the message."""
     if not settings.DEBUG:
+        return
+    state = keyed_state(message_id, queue=queue)
+    if state is not None:
+        logger.warning(
+            "cancel(%r) looked for a message with that id on queue %r, and there is none; "
+            "%r is the key of a message there (%s): pass key=%r. (Checked because DEBUG is "
+            "on.)",
+            message_id,
+            queue,
+            message_id,
+            state,
+            message_id,
+        )
         return
     holder = queue_holding(message_id, besides=queue)
     if holder is not None:

@@ -20,6 +20,7 @@ from django.conf import settings
 
 from delayqueue_django.core.conf_expiry import check_expiry_options, expires_ms
 from delayqueue_django.core.conf_problem import SETTING, Problem
+from delayqueue_django.core.conf_spelling import meant
 from delayqueue_django.core.conf_urls import _check_connection
 from delayqueue_django.core.conf_values import (
     _check_numbers,
@@ -102,7 +103,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
             Problem(
                 "delayqueue_django.E004",
                 f"{where} has unknown option(s) {', '.join(map(repr, unknown))}.",
-                hint=f"Known options: {', '.join(DEFAULTS)}.",
+                hint=_unknown_options_hint(unknown),
             )
         )
     options = {**DEFAULTS, **raw}
@@ -165,6 +166,22 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         max_in_flight=options["MAX_IN_FLIGHT"] or 0,
         raw=dict(raw),
     )
+
+
+def _unknown_options_hint(unknown: list[str]) -> str:
+    """E004's hint: the option each unknown one most likely misspells, and every option
+    when one of them is like none."""
+    guesses = {name: meant(name, DEFAULTS) for name in unknown}
+    fixes = [(name, guess) for name, guess in guesses.items() if guess is not None]
+    said = []
+    if len(fixes) == 1 and len(unknown) == 1:
+        said.append(f"Did you mean {fixes[0][1]!r}?")
+    elif fixes:
+        spelt = ", ".join(f"{guess!r} for {name!r}" for name, guess in fixes)
+        said.append(f"Did you mean {spelt}?")
+    if len(fixes) < len(unknown):
+        said.append(f"Known options: {', '.join(DEFAULTS)}.")
+    return " ".join(said)
 
 
 def parse(value: Any) -> tuple[dict[str, QueueConfig], list[Problem]]:

@@ -2,6 +2,7 @@
 ``unique_for``, before anything is written or deferred (see engine/keyed.py for how a key
 is stored)."""
 
+import difflib
 import math
 from collections.abc import Sequence
 from datetime import timedelta
@@ -10,7 +11,7 @@ from typing import Any
 from delayqueue_django.core.encoding import LATEST_DELAY_SECONDS
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.keyed import KEY_MAX_BYTES
-from delayqueue_django.exceptions import ConflictingOptions, InvalidKey
+from delayqueue_django.exceptions import ConflictingOptions, InvalidKey, InvalidKeyOption
 
 IF_EXISTS = ("keep", "replace", "error")
 KEEP = "keep"
@@ -43,7 +44,7 @@ def key_fields(key: Any, if_exists: Any, unique_for: Any) -> tuple[str | None, s
     if key is None and if_exists == KEEP and unique_for is None:
         return UNKEYED  # the common case: one comparison more than before keys
     if if_exists not in IF_EXISTS:
-        raise InvalidKey(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
+        raise InvalidKeyOption(if_exists_refusal(if_exists))
     if key is None:
         given = "if_exists" if unique_for is None else "unique_for"
         raise ConflictingOptions(
@@ -52,25 +53,37 @@ def key_fields(key: Any, if_exists: Any, unique_for: Any) -> tuple[str | None, s
     return check_key(key), if_exists, 0 if unique_for is None else unique_ms(unique_for)
 
 
+def if_exists_refusal(if_exists: Any) -> str:
+    """Why ``if_exists`` is refused, with the value it was likely meant to be."""
+    allowed = f"{IF_EXISTS[0]!r}, {IF_EXISTS[1]!r} or {IF_EXISTS[2]!r}"
+    refusal = f"if_exists must be {allowed}, not {if_exists!r}"
+    if isinstance(if_exists, str):
+        guesses = difflib.get_close_matches(if_exists.lower(), IF_EXISTS, n=1)
+        if guesses:
+            return f"{refusal}: did you mean {guesses[0]!r}?"
+    return refusal
+
+
 def unique_ms(unique_for: Any) -> int:
     """How long a key stays held after the send that creates its message: seconds (an int
-    or float, finite, more than 0) or a timedelta, in whole ms rounded up."""
+    or float, finite, more than 0) or a timedelta, in whole ms rounded up; InvalidKeyOption
+    if it is neither."""
     if isinstance(unique_for, timedelta):
         seconds: int | float = unique_for.total_seconds()
     elif isinstance(unique_for, bool) or not isinstance(unique_for, int | float):
-        raise InvalidKey(
+        raise InvalidKeyOption(
             "unique_for must be a number of seconds or a timedelta, "
             f"not {type(unique_for).__name__}"
         )
     else:
         seconds = unique_for
     if isinstance(seconds, float) and not math.isfinite(seconds):
-        raise InvalidKey(f"unique_for must be a finite number of seconds, not {unique_for!r}")
+        raise InvalidKeyOption(f"unique_for must be a finite number of seconds, not {unique_for!r}")
     if seconds <= 0:
-        raise InvalidKey("unique_for must be more than 0 seconds")
+        raise InvalidKeyOption("unique_for must be more than 0 seconds")
     # Compared before converting (a huge int would overflow a float), as send's delay is.
     if seconds > LATEST_DELAY_SECONDS:
-        raise InvalidKey(f"unique_for is too long (at most {LATEST_DELAY_SECONDS:g} s)")
+        raise InvalidKeyOption(f"unique_for is too long (at most {LATEST_DELAY_SECONDS:g} s)")
     if isinstance(unique_for, timedelta):
         return -(-unique_for // timedelta(milliseconds=1))
     if isinstance(seconds, int):

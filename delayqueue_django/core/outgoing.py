@@ -1,5 +1,6 @@
 """A message to send in bulk, each with its own timing and key."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,3 +28,22 @@ class Outgoing:
     group: str | None = None
     # When the message expires if not handed out yet (see Queue.send).
     expires: float | timedelta | datetime | None = None
+
+
+# What ``send`` takes for its one message and ``send_many`` takes per message, on Outgoing:
+# one key (or group) for a whole call would keep or replace all of its messages but one.
+PER_MESSAGE = ("key", "if_exists", "unique_for", "group")
+
+
+def refuse_call_options(call: str, given: Mapping[str, Any]) -> None:
+    """TypeError for keyword arguments a bulk send does not take (``given``, those its
+    signature did not name): one that goes on each message says so, any other is refused
+    in Python's own words."""
+    for option in given:
+        if option in PER_MESSAGE:
+            raise TypeError(
+                f"{call}() takes {option} per message, not for the call: give each message "
+                f"as Outgoing(payload, {option}=...) (from delayqueue_django import Outgoing)"
+            )
+    for option in given:
+        raise TypeError(f"{call}() got an unexpected keyword argument {option!r}")

@@ -2,7 +2,8 @@
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, Never
 
 from asgiref.sync import sync_to_async
 
@@ -10,9 +11,14 @@ from delayqueue_django.core import connections, tracing
 from delayqueue_django.core.encoding import due_spec
 from delayqueue_django.core.group_options import check_group
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
+from delayqueue_django.core.outgoing import refuse_call_options
 from delayqueue_django.core.queue.base import _areaching_redis, _check_address
 from delayqueue_django.core.queue.operating import QueueOperating
-from delayqueue_django.core.queue.producing import QueueProducing, _named_ids
+from delayqueue_django.core.queue.producing import (
+    QueueProducing,
+    _named_ids,
+    refusals_worded_for,
+)
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.sharded_store import ShardedStore
@@ -68,8 +74,10 @@ class QueueAsync(QueueProducing, QueueOperating):
         on_commit: bool | None = None,
         using: str | None = None,
         outbox: bool | None = None,
+        **per_message: Never,
     ) -> list[str]:
         """``send_many`` for async code."""
+        refuse_call_options("asend_many", per_message)
         return await self._asend_all(
             messages,
             batch=True,
@@ -129,17 +137,24 @@ class QueueAsync(QueueProducing, QueueOperating):
             return []
         if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
-                return await self._awrite(stamped)
-        return await self._awrite(prepared)
+                return await self._awrite(stamped, batch)
+        return await self._awrite(prepared, batch)
 
-    async def _awrite(self, prepared: list[NewMessage]) -> list[str]:
+    async def _awrite(self, prepared: list[NewMessage], batch: bool) -> list[str]:
         """``_write`` on redis.asyncio (the keyed messages first, likewise)."""
         store = self.async_store()
         keyed = [message for message in prepared if message.key is not None]
         if store is None or (keyed and self._drains()):
             # (A key's message may wait on an earlier layout's shard: the sync store finds
             # it, see engine.sharded_store.)
-            return await sync_to_async(self._write, thread_sensitive=False)(prepared)
+            write = partial(self._write, batch=batch)
+            return await sync_to_async(write, thread_sensitive=False)(prepared)
+        with refusals_worded_for(batch):
+            return await self._awrite_keyed_first(store, prepared, keyed)
+
+    async def _awrite_keyed_first(
+        self, store: AsyncRedisStore, prepared: list[NewMessage], keyed: list[NewMessage]
+    ) -> list[str]:
         if not keyed:
             await store.send(prepared)
             return [message.id for message in prepared]

@@ -1,10 +1,12 @@
 """``Queue``'s producer API: send, send_many, cancel and reschedule, each send written now,
 at the commit, or as an outbox row."""
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Never
 
 from django.db import transaction
 
@@ -13,11 +15,11 @@ from delayqueue_django.core.encoding import due_spec, encode_payload, new_messag
 from delayqueue_django.core.expiry import expiry_spec
 from delayqueue_django.core.group_options import check_group, check_key_and_group
 from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
-from delayqueue_django.core.outgoing import Outgoing
+from delayqueue_django.core.outgoing import Outgoing, refuse_call_options
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
 from delayqueue_django.engine import KeyedSent, NewMessage
 from delayqueue_django.engine.shards import key_shard, place, with_shard
-from delayqueue_django.exceptions import ConflictingOptions
+from delayqueue_django.exceptions import ConflictingOptions, DelayQueueError
 
 # A message's timing for NewMessage: at_ms, delay_us, budget, expires_at_ms, expires_in_us.
 Timing = tuple[int | None, int, int, int | None, int]
@@ -57,8 +59,9 @@ class QueueProducing(QueueBase):
         also holds the key for that long after the send that creates its message, whatever
         becomes of the message: a send with the key meanwhile sends nothing and returns the
         holder's id (``"error"``: raises DuplicateKey). A kept or held send does not extend
-        the hold. Bad key options raise InvalidKey (``if_exists`` or ``unique_for`` without
-        a key: ConflictingOptions), with nothing written.
+        the hold. A bad key raises InvalidKey, a bad ``if_exists`` or ``unique_for``
+        InvalidKeyOption (an InvalidKey too; either without a key: ConflictingOptions),
+        with nothing written.
 
         ``on_commit`` (default: the queue's SEND_ON_COMMIT) writes it to Redis only when the
         current transaction on database ``using`` commits, and never if it rolls back; the id
@@ -115,6 +118,7 @@ class QueueProducing(QueueBase):
         on_commit: bool | None = None,
         using: str | None = None,
         outbox: bool | None = None,
+        **per_message: Never,
     ) -> list[str]:
         """Schedule many messages in one round trip; returns their ids in order.
 
@@ -129,8 +133,11 @@ class QueueProducing(QueueBase):
         and written before the unkeyed ones, in a round trip of their own: an
         ``if_exists="error"`` refusal (DuplicateKey) writes nothing of the call (on a
         sharded queue, nothing of the refused item's shard: items bound for other shards
-        before it stay written, see engine.sharded_store).
+        before it stay written, see engine.sharded_store). So is a group: ``key``,
+        ``if_exists``, ``unique_for`` or ``group`` given to the call raises TypeError
+        saying to give them on each ``Outgoing``.
         """
+        refuse_call_options("send_many", per_message)
         return self._send_all(
             messages,
             batch=True,
@@ -176,8 +183,8 @@ class QueueProducing(QueueBase):
         refuse_deferred_error(prepared, self._deferred(through_outbox, on_commit, using))
         if tracing.active():
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
-                return self._dispatch(stamped, through_outbox, on_commit, using)
-        return self._dispatch(prepared, through_outbox, on_commit, using)
+                return self._dispatch(stamped, through_outbox, on_commit, using, batch)
+        return self._dispatch(prepared, through_outbox, on_commit, using, batch)
 
     def _dispatch(
         self,
@@ -185,21 +192,27 @@ class QueueProducing(QueueBase):
         through_outbox: bool,
         on_commit: bool | None,
         using: str | None,
+        batch: bool,
     ) -> list[str]:
         """Write (or defer) the messages; their ids, as the keys named them when written
-        now, else the new ones."""
+        now, else the new ones. ``batch``: as for _send_all."""
         if through_outbox:
             features.outbox().write(self.name, prepared, using=using)
         elif self._on_commit(on_commit):
             # A delay still counts from when Redis receives the message, at the commit.
-            transaction.on_commit(partial(self._write, prepared), using=using)
+            transaction.on_commit(partial(self._write, prepared, batch=batch), using=using)
         else:
-            return self._write(prepared)
+            return self._write(prepared, batch=batch)
         return [message.id for message in prepared]
 
     @_reaching_redis
-    def _write(self, prepared: list[NewMessage]) -> list[str]:
-        """Write the messages now; returns each one's id (a keyed one's: its key's)."""
+    def _write(self, prepared: list[NewMessage], *, batch: bool = True) -> list[str]:
+        """Write the messages now; returns each one's id (a keyed one's: its key's).
+        ``batch``: as for _send_all."""
+        with refusals_worded_for(batch):
+            return self._write_keyed_first(prepared)
+
+    def _write_keyed_first(self, prepared: list[NewMessage]) -> list[str]:
         keyed = [message for message in prepared if message.key is not None]
         if not keyed:
             self.store.send(prepared)
@@ -358,6 +371,26 @@ class QueueProducing(QueueBase):
             delay_us=delay_us,
         )
         return due is not None
+
+
+@contextmanager
+def refusals_worded_for(batch: bool) -> Iterator[None]:
+    """The store words a refusal for the batch of messages it refused ("nothing in its
+    batch was written"); a single send's batch was its one message, and the caller knows
+    of no other: "nothing was written"."""
+    try:
+        yield
+    except DelayQueueError as error:
+        if not batch:
+            error.args = tuple(
+                _IN_ITS_BATCH.sub("nothing was written", arg) if isinstance(arg, str) else arg
+                for arg in error.args
+            )
+        raise
+
+
+# How the stores end a refusal's message (engine.errors, engine.store, the memory store).
+_IN_ITS_BATCH = re.compile(r"nothing in (?:its|their) batch was written")
 
 
 def _named_ids(prepared: list[NewMessage], sent: list[KeyedSent]) -> list[str]:
