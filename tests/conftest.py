@@ -1,14 +1,19 @@
+import asyncio
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.worker import async_handling
 from tests.backends import (
     BACKEND_OPTIONS,
     REDIS_BACKENDS,
@@ -150,6 +155,29 @@ def _private_redis(redis_server: RedisServer, settings: Any) -> None:
         "redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server.url},
     }
     settings.DELAYQUEUES = queue_settings(redis_server.url)
+
+
+@pytest.fixture(autouse=True)
+def _no_async_orm_connection_left() -> Iterator[None]:
+    """...and with no database connection left open in asgiref's one thread for
+    thread-sensitive calls (the async ORM's, and sync_to_async's in an asyncio.run): one a
+    test opened there would outlive it, and the next worker running an async handler
+    refreshes it, which pytest-django refuses in a test without the database."""
+    opened = set(async_handling._connections_opened_in)
+    yield
+    if async_handling._connections_opened_in - opened:
+        close_async_orm_connections()
+
+
+def close_async_orm_connections() -> None:
+    """Close the connections of asgiref's thread-sensitive thread, from a thread of its own:
+    from the test's thread, async_to_sync would run the call in the test's thread."""
+    thread = threading.Thread(
+        target=asyncio.run,
+        args=(sync_to_async(connections.close_all, thread_sensitive=True)(),),
+    )
+    thread.start()
+    thread.join()
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,12 @@ Two things differ from a handler thread:
 - Database connections: the async ORM runs every query through
   ``sync_to_async(thread_sensitive=True)``, in one shared thread, whose connections are the
   ones to close when broken or past CONN_MAX_AGE, around each handler as around sync ones.
-  That costs a hop to that thread each time, so it is paid only once this process has
-  opened a database connection at all: a handler that never touches the database pays
-  nothing for it.
+  That costs a hop to that thread each time, so it is paid only once a connection was
+  opened in that thread: handlers that never use the async ORM pay nothing for it.
 """
 
 import asyncio
+import threading
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -27,17 +27,31 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.exceptions import TimeLimitExceeded
 from delayqueue_django.worker.handling import Outcome, judge_error, judge_result
 
-_database_used = False
+# The threads (by ident) where this process opened a database connection, and the thread
+# where the async ORM runs its queries (asgiref's thread for thread-sensitive calls, learnt
+# once it matters): until a connection was opened there, there is nothing to refresh.
+_connections_opened_in: set[int] = set()
+_orm_thread: int | None = None
 
 
-def _note_database_used(**kwargs: Any) -> None:
-    global _database_used
-    _database_used = True
+def _note_connection_opened(**kwargs: Any) -> None:
+    _connections_opened_in.add(threading.get_ident())
 
 
-connection_created.connect(_note_database_used, dispatch_uid="delayqueue-async-database-used")
+connection_created.connect(_note_connection_opened, dispatch_uid="delayqueue-connection-opened")
 
 _close_old_connections = sync_to_async(close_old_connections, thread_sensitive=True)
+
+
+async def _refresh_connections() -> None:
+    """close_old_connections() where the async ORM's connections are, if it has any."""
+    global _orm_thread
+    if not _connections_opened_in:
+        return
+    if _orm_thread is None:
+        _orm_thread = await sync_to_async(threading.get_ident, thread_sensitive=True)()
+    if _orm_thread in _connections_opened_in:
+        await _close_old_connections()
 
 
 async def acall_handler(
@@ -69,8 +83,8 @@ async def _traced_call(
 async def _call(
     handler: Handler, message: Message, manage_connections: bool, time_limit: float | None
 ) -> Outcome:
-    if manage_connections and _database_used:
-        await _close_old_connections()
+    if manage_connections:
+        await _refresh_connections()
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
@@ -89,8 +103,8 @@ async def _call(
     else:
         outcome = judge_result(message, result, loop.time() - started)
     finally:
-        if manage_connections and _database_used:
-            await _close_old_connections()
+        if manage_connections:
+            await _refresh_connections()
     return outcome
 
 
