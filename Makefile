@@ -74,8 +74,8 @@ else
 # API), the schedules' failure handling and catch-ups on every store, the send fuzzer, the
 # worker's in-process tests (its threads, batches and verdicts), the demo script's
 # processes, the package's build (make dist), a test run's Ctrl-C, the keys' engine
-# contract, Redis, memory, shard and race tests, the supervisor's processes, and the flow
-# control's contract and worker-process tests.
+# contract, Redis, memory, shard and race tests, the supervisor's processes, the flow
+# control's contract and worker-process tests, and the worker processes of async handlers.
 NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.py \
 	--ignore=tests/test_shard_outage.py --ignore=tests/test_resharding.py \
 	--ignore=tests/test_worker_processes.py --ignore=tests/test_worker_faults.py \
@@ -93,7 +93,7 @@ NOT_DJANGO := --ignore-glob="tests/test_engine_*.py" --ignore=tests/test_shards.
 	--ignore=tests/test_worker_supervisor.py --ignore=tests/test_flow_gates_contract.py \
 	--ignore=tests/test_flow_gates_workers.py --ignore=tests/test_groups_contract.py \
 	--ignore=tests/test_groups_workers.py --ignore=tests/test_expiry_contract.py \
-	--ignore=tests/test_expiry_workers.py
+	--ignore=tests/test_expiry_workers.py --ignore=tests/test_async_workers.py
 test-next: $(VENV_NEXT)/.installed
 	@echo "== pytest: $$($(VENV_NEXT)/bin/python --version), Django $$($(VENV_NEXT)/bin/python -m django --version)"
 	@echo "== (what drives Redis and worker processes rather than Django ran in the first run)"

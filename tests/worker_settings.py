@@ -18,9 +18,9 @@ DELAYQUEUES = {
     }
 }
 if "DQ_TEST_SECOND_REDIS_URL" in os.environ:
-    # A second queue, on a server of its own, for a worker of two consumers.
+    # A second queue, on a server of its own (or the same one), for a worker of two consumers.
     DELAYQUEUES["second"] = {
         "URL": os.environ["DQ_TEST_SECOND_REDIS_URL"],
-        "HANDLER": "tests.worker_handlers.handle",
+        "HANDLER": os.environ.get("DQ_TEST_SECOND_HANDLER", "tests.worker_handlers.handle"),
         "NACK_REDELIVERY_DELAY": 0,
     }

@@ -14,6 +14,8 @@ from tests.chaos.figures import FIGURES, Figures
 from tests.chaos.fleet import WorkerFleet
 
 HANDLER = "tests.chaos.handlers.handle"
+# The same, as an ``async def`` handler: run on each worker process's event loop.
+ASYNC_HANDLER = "tests.chaos.handlers.ahandle"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,8 @@
 """Soak with crashes: four worker processes, many messages with mixed delays, workers killed
 with ``kill -9`` at random moments and restarted. Every message is handled at least once,
-none is exhausted, and every duplicate comes from a delivery whose worker was killed."""
+none is exhausted, and every duplicate comes from a delivery whose worker was killed; with a
+sync handler (in each process's handler threads) and with an ``async def`` one (on each
+process's event loop, up to the default --async-concurrency of 100 in flight)."""
 
 import random
 import time
@@ -14,7 +16,7 @@ from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Queue
 from tests.chaos import ledger
 from tests.chaos.accounting import WAITING_STATES, drain, tally
-from tests.chaos.conftest import queue_settings
+from tests.chaos.conftest import ASYNC_HANDLER, HANDLER, queue_settings
 from tests.chaos.figures import Figures
 from tests.chaos.fleet import WorkerFleet
 from tests.chaos.ledger import Entry
@@ -90,14 +92,17 @@ def unexplained_duplicates(entries: list[Entry], killed: dict[int, float]) -> li
     return unexplained
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
 def test_workers_killed_at_random_lose_nothing(
     redis_server: RedisServer,
     use_settings: Callable[[dict[str, Any]], Queue],
     fleets: Callable[..., WorkerFleet],
     report_figures: Callable[[Figures], None],
     chaos_messages: int,
+    kind: str,
 ) -> None:
-    config = queue_settings(redis_server.url, MAX_CONSUME_DURATION=CONSUME_SECONDS)
+    handler = ASYNC_HANDLER if kind == "async" else HANDLER
+    config = queue_settings(redis_server.url, HANDLER=handler, MAX_CONSUME_DURATION=CONSUME_SECONDS)
     queue = use_settings(config)
     rng = random.Random(2024)
     ids = send_all(queue, chaos_messages, rng)
@@ -118,7 +123,7 @@ def test_workers_killed_at_random_lose_nothing(
 
     report_figures(
         Figures(
-            "soak: kill -9 of workers",
+            "soak: kill -9 of workers" + (", async handler" if kind == "async" else ""),
             len(ids),
             len(result.lost),
             result.duplicates,
