@@ -478,10 +478,11 @@ local release_groups
 
 -- Dead letters with a reason of their own, announced like exhausted ones; `total` names
 -- the running total they count in. A dead letter forgets its expiry: it no longer waits,
--- and passes its ordered group on (as any burial does).
+-- and passes its ordered group on (as any burial does). Returns the earliest due time of
+-- the groups' next messages, back in pending (nil when none passed on).
 local function bury_for(ids, now, reason, total)
   if #ids == 0 then
-    return
+    return nil
   end
   local scored, reasons = at_score(int(now), ids), {}
   for i, id in ipairs(ids) do
@@ -492,7 +493,7 @@ local function bury_for(ids, now, reason, total)
   call_chunked('HSET', dead_reasons, reasons)
   call_chunked('ZREM', expiries, ids)
   count_total(total, #ids)
-  release_groups(ids, false)
+  return release_groups(ids, false)
 end
 
 -- Messages leaving the queue, or starting a new life (requeue): their expiry, postpone

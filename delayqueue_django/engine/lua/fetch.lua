@@ -114,7 +114,12 @@ local function drop_expired(ids)
   for _, id in ipairs(ids) do
     table.insert(gone[id] and dead or kept, id)
   end
-  bury_for(dead, now, 'expired', 'expired')
+  -- A holder of an ordered group passes it on: the group's next message is back in pending,
+  -- maybe due now, where the head read before may be its parked score (issue #33).
+  local passed = bury_for(dead, now, 'expired', 'expired')
+  if passed and (pending_head == nil or passed < pending_head) then
+    pending_head = passed
+  end
   return kept
 end
 
