@@ -1207,22 +1207,23 @@ end
 -- know of: with a rate set at run time on the queue, the fetch takes nothing and says so,
 -- and the caller reserves from then on). Returns the allowance, when a held-back fetch
 -- should look again (ms, nil when nothing held it back), the rate in force ({limit,
--- period}, nil for none) for flow_record, and 1 when the fetch needs a reservation, else 0.
+-- period}, nil for none) for flow_record, 1 when the fetch needs a reservation, else 0,
+-- and 1 when the cap cut the allowance (below what the rest allowed), else 0.
 local function flow_gate(count, now, rate_setting, cap, mode)
   local fields = flow_fields()
   if fields[1] == '1' then
     -- A paused fetch looks again within a second: resume's wake-up may be lost.
-    return 0, now + 1000, nil, 0
+    return 0, now + 1000, nil, 0, 0
   end
   if mode == 'reserved' then
-    return count, nil, nil, 0
+    return count, nil, nil, 0, 0
   elseif mode == 'shard' then
     if fields[3] then
-      return 0, now, nil, 1
+      return 0, now, nil, 1, 0
     end
-    return count, nil, nil, 0
+    return count, nil, nil, 0, 0
   end
-  local allowance, again = count, nil
+  local allowance, again, capped = count, nil, 0
   local rate = rate_in_force(fields[2], rate_setting)
   if rate then
     allowance, again = window_room(count, now, rate[1], rate[2])
@@ -1231,11 +1232,13 @@ local function flow_gate(count, now, rate_setting, cap, mode)
     local in_flight = call('ZCARD', unack) - call('ZCOUNT', unack, '-inf', int(now))
     local room = math.max(cap - in_flight, 0)
     if room < allowance then
-      -- A slot frees on an ack (whose worker fetches again itself) or a lease running out.
+      -- A slot frees on an ack (whose worker, told by `capped`, fetches again at once) or
+      -- a lease running out.
       allowance, again = room, math.min(again or now + 1000, now + 1000)
+      capped = 1
     end
   end
-  return allowance, again, rate, 0
+  return allowance, again, rate, 0, capped
 end
 
 -- Logs the deliveries a rate-limited fetch handed out (flat, six fields each: see
