@@ -71,6 +71,36 @@ def test_lag_measures_how_long_the_oldest_due_message_has_waited(queue: Queue) -
     assert queue.stats()["lag_ms"] >= 50
 
 
+@pytest.mark.parametrize("where", ["ready", "retry", "handed back"])
+def test_lag_counts_due_messages_already_staged(queue: Queue, where: str) -> None:
+    # Issue #33: lag counted only pending, so a message a fetch had staged (in ready or
+    # retry), or a worker had handed back, showed lag 0 however long it waited there.
+    queue.send("waiting")
+    if where == "retry":
+        [message] = fetch_when_due(queue)
+        queue.nack([message], delay=0)
+    elif where == "handed back":
+        [message] = fetch_when_due(queue)
+        queue.release([message])
+    queue.fetch(0)  # stages what is due, hands nothing out
+    time.sleep(0.2)
+    stats = queue.stats()
+    place = "ready" if where == "handed back" else where
+    assert (stats["pending"], stats[place]) == (0, 1)
+    assert 200 <= stats["lag_ms"] < 5000
+
+
+def test_lag_is_the_longest_wait_of_pending_and_staged_messages(queue: Queue) -> None:
+    queue.send("first")
+    time.sleep(0.2)
+    queue.fetch(0)  # "first" waits in ready
+    queue.send("second")
+    time.sleep(0.1)
+    stats = queue.stats()
+    assert (stats["pending"], stats["ready"]) == (1, 1)
+    assert stats["lag_ms"] >= 300
+
+
 def test_list_pages_through_a_state_in_due_order(queue: Queue) -> None:
     ids = [queue.send(i, delay=100 + i) for i in range(25)]
     page1 = queue.list_messages("pending", offset=0, limit=10)

@@ -147,6 +147,44 @@ def test_max_in_flight_caps_unacked_deliveries(configure: Callable[..., Queue]) 
     assert queue.stats()["unack"] <= 6
 
 
+def test_a_fetch_the_cap_holds_back_says_so(configure: Callable[..., Queue]) -> None:
+    # Issue #33: told, a consumer fetches again once an ack frees a slot (the worker does),
+    # rather than at next_ms, the held-back look a second on.
+    queue = configure(MAX_IN_FLIGHT=2)
+    send_due(queue, 5)
+    held = []
+    for _ in range(5):
+        held += queue.fetch(100).messages
+    assert len(held) == 2
+    fetched = queue.fetch(100)
+    assert fetched.messages == []
+    assert fetched.capped
+    assert fetched.next_ms is not None
+    assert fetched.next_ms > fetched.now_ms
+    queue.ack(held[:1])
+    [refill] = wait_for(lambda: queue.fetch(100).messages, timeout=1.0, what="the freed slot")
+    queue.ack([held[1], refill])
+    rest = []
+    for _ in range(5):
+        rest += queue.fetch(100).messages
+    assert len(rest) == 2
+    queue.ack(rest)
+    # Nothing waits: nothing to say.
+    assert not queue.fetch(100).capped
+
+
+@pytest.mark.parametrize("options", [{"RATE_LIMIT": "2/m"}, {}])
+def test_a_fetch_only_the_cap_holds_back_says_so(
+    configure: Callable[..., Queue], options: dict[str, str]
+) -> None:
+    # A rate limit holding work back is no news an ack changes; nor a queue without gates.
+    queue = configure(MAX_IN_FLIGHT=10, **options)
+    send_due(queue, 5)
+    fetched = [queue.fetch(100) for _ in range(5)]
+    assert sum(len(f.messages) for f in fetched) == (2 if options else 5)
+    assert not any(f.capped for f in fetched)
+
+
 def test_a_lease_running_out_gives_its_slot_back(configure: Callable[..., Queue]) -> None:
     queue = configure(MAX_IN_FLIGHT=6, MAX_CONSUME_DURATION=0.3)
     send_due(queue, 12)

@@ -307,6 +307,35 @@ def test_an_expired_message_passes_its_group_on(queue: Queue) -> None:
     assert ids_of(fetch_ids(store)) == [later.id]
 
 
+@pytest.mark.parametrize("staged", ["by that fetch", "by an earlier one"])
+def test_a_fetch_that_dead_letters_an_expired_holder_says_its_group_has_work_now(
+    queue: Queue, staged: str
+) -> None:
+    # Issue #33: the fetch read the pending head (the next one's parked score, the year
+    # 142,000,000) before the expiry passed the group on, and answered it as next_ms: a
+    # consumer sleeping until then stalled with the group's next message due. The holder
+    # expires as the fetch stages it, or as it takes it from the staging list.
+    store = queue.store
+    now = store_time_ms(queue)
+    expiring = replace(grouped("g", 1, at_ms=now), expires_in_us=300_000)
+    following = grouped("g", 2, at_ms=now)
+    if staged == "by that fetch":
+        holder = grouped("g", 0, at_ms=now)
+        store.send([holder, expiring, following])
+        [(_, lease)] = fetch_ids(store)
+        store.ack([(holder.id, lease)])  # the group passes to the expiring one
+    else:
+        store.send([expiring, following])
+        store.fetch(0)  # stages the expiring one, the group's holder; parks the other
+        assert store.stats()["ready"] == 1
+    until = store_time_ms(queue) + 301
+    wait_for(lambda: store_time_ms(queue) > until, what="the expiry to pass")
+    fetched = store.fetch(10)
+    assert fetched.deliveries == []
+    assert fetched.next_ms == fetched.now_ms
+    assert ids_of(fetch_ids(store)) == [following.id]
+
+
 def test_a_message_postponed_too_often_passes_its_group_on(queue: Queue) -> None:
     store = queue.store
     first, second = grouped("g", 1), grouped("g", 2)

@@ -112,6 +112,22 @@ def test_a_lagging_queue_exits_3() -> None:
     assert caught.value.returncode == 3
 
 
+def test_messages_waiting_in_the_staging_lists_count_as_lag() -> None:
+    # Issue #33: a slow worker's fetch stages every due message (up to STAGE_BATCH_SIZE)
+    # and takes a few; the rest wait in ready, where lag did not look: "lag 0.0 s", and
+    # --max-lag passed however long they waited.
+    queue = get_queue()
+    queue.send_many([{"n": n} for n in range(10)])
+    assert len(queue.fetch(3).messages) == 3
+    time.sleep(0.3)
+    assert (queue.stats()["pending"], queue.stats()["ready"]) == (0, 7)
+    [_, row] = stats("default").splitlines()
+    assert re.search(r" 0\.[3-9] s ", row), row
+    with pytest.raises(CommandError, match=r"lagging more than 0\.2 s: default") as caught:
+        stats("--max-lag", "0.2")
+    assert caught.value.returncode == 3
+
+
 def test_a_queue_without_workers_exits_4_when_workers_are_required() -> None:
     with pytest.raises(CommandError, match="no live worker for default, other") as caught:
         stats("--require-workers")

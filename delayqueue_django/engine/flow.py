@@ -70,6 +70,8 @@ class Reservation:
     # and how far that may be off (s), as in FetchResult.
     read_at: float = 0.0
     read_within: float = 0.0
+    # The cap cut the grant (below what the rate allowed): see FetchResult.capped.
+    capped: bool = False
 
 
 def rate_wire(rate: tuple[int, int] | None) -> str:

@@ -176,6 +176,9 @@ class FetchResult:
     # A shard of a sharded queue fetched without a reservation took nothing: the queue has
     # a rate set at run time, and its fetches must reserve (see engine.flow).
     unreserved: bool = False
+    # MAX_IN_FLIGHT held waiting work back (next_ms is then the held-back look, a second
+    # on): a slot an ack frees lets some of it go, so the acker should fetch again at once.
+    capped: bool = False
 
 
 @dataclass(frozen=True, slots=True)

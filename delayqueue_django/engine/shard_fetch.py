@@ -254,6 +254,7 @@ class ShardFetching(ShardLayouts):
             exhaustions_owed=owed,
             read_at=reservation.read_at,
             read_within=reservation.read_within,
+            capped=reservation.capped,
         )
 
     def _visits(self, now: float, fetcher: str, request: str) -> tuple[list[str], bool, bool]:
@@ -576,9 +577,9 @@ def _gated(result: FetchResult, reservation: Reservation) -> FetchResult:
     """A fetch the gates granted less than it asked for: the work they held back waits for
     them (look again when shard 0 said, never at once: no spin), and what went out is due
     from its release for the lateness figures (the wait was the gates', not a worker's)."""
-    next_ms = result.next_ms
+    next_ms, capped = result.next_ms, False
     if reservation.again_ms is not None and next_ms is not None and next_ms <= result.now_ms:
-        next_ms = reservation.again_ms
+        next_ms, capped = reservation.again_ms, reservation.capped
     deliveries = result.deliveries
     if len(deliveries) == reservation.granted:
         # (By the later of shard 0's clock and the reply's: on a Redis Cluster, two masters.)
@@ -586,7 +587,7 @@ def _gated(result: FetchResult, reservation: Reservation) -> FetchResult:
         deliveries = [
             replace(delivery, due_ms=max(delivery.due_ms, released_ms)) for delivery in deliveries
         ]
-    return replace(result, next_ms=next_ms, deliveries=deliveries)
+    return replace(result, next_ms=next_ms, deliveries=deliveries, capped=capped)
 
 
 def _clock_offset(result: FetchResult) -> float:

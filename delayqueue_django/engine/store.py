@@ -451,7 +451,7 @@ class RedisStore:
         ``gated``: whether a reservation bound ``count`` (see engine.flow)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, next_ms, expired, flat, owed, now_us, tracked, groups, unreserved, _ = self._run(
+        reply = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
@@ -462,6 +462,7 @@ class RedisStore:
         )
         # Redis read its clock between sending and receiving: the middle is the best guess.
         received_at = time.monotonic()
+        now, next_ms, expired, flat, owed, now_us, tracked, groups, unreserved, capped, _ = reply
         read_at = (sent_at + received_at) / 2
         deadline = (now if leased_from is None else leased_from) + limits.consume_ms
         deliveries = []
@@ -504,6 +505,7 @@ class RedisStore:
             read_at=read_at,
             read_within=(received_at - sent_at) / 2,
             unreserved=bool(unreserved),
+            capped=bool(capped),
         )
 
     def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
@@ -522,7 +524,7 @@ class RedisStore:
         as entries named after ``name`` (see flow_reserve.lua)."""
         limits = self.limits
         sent_at = time.monotonic()
-        now, granted, again, rate_text, _ = self._run(
+        now, granted, again, rate_text, capped, _ = self._run(
             "flow_reserve",
             [count, name, rate_wire(limits.rate_limit), limits.max_in_flight, limits.consume_ms],
         )
@@ -534,6 +536,7 @@ class RedisStore:
             parse_rate_wire(_text(rate_text)),
             read_at=(sent_at + received_at) / 2,
             read_within=(received_at - sent_at) / 2,
+            capped=bool(capped),
         )
 
     def settle(

@@ -222,6 +222,7 @@ class QueueConsumer(ConsumerVerdicts, ConsumerHousekeeping):
         fetched = self.queue.fetch(count, fetcher=self._fetcher, request=str(self._request))
         self.worker.outages.reached(self.queue.address)
         self._request += 1
+        self._capped = fetched.capped
         store_ms = fetched.now_ms + fetched.now_us / 1000
         self._clock.learn(store_ms, fetched.read_at, fetched.read_within)
         if fetched.expired:

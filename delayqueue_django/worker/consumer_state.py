@@ -136,6 +136,9 @@ class ConsumerState(threading.Thread):
         # now: the loop fetches then, not at once (a fetch now would only learn that time).
         # Cleared just before a fetch, which sees whatever was announced until then.
         self._announced_ms = math.inf
+        # The last fetch left work waiting for a slot of MAX_IN_FLIGHT (Fetched.capped): a
+        # committed verdict frees one, so it calls for a look at once.
+        self._capped = False
         # True while this consumer waits for room in the pool (shared by all queues): a
         # handler thread done, or buffered jobs handed back, wakes it.
         self.starved = False

@@ -164,13 +164,17 @@ class ConsumerVerdicts(ConsumerPool):
             idle = self._in_flight == 0
         if any(outcome.verdict is Verdict.RELEASE for outcome in committed):
             self.worker.shares_freed()
-        if any(outcome.verdict is not Verdict.ACK for outcome in committed) or (
-            idle and self.worker.burst
+        if (
+            any(outcome.verdict is not Verdict.ACK for outcome in committed)
+            or (idle and self.worker.burst)
+            or self._capped
         ):
             # Retries and hand-backs change what is due: look again; so does a burst run
-            # with nothing left in hand, which ends on the look that finds the queue empty.
-            # Acks only take work away: the last fetch's plan stands (a message sent since,
-            # due earlier, announced itself), so at a trickle an ack costs no extra fetch.
+            # with nothing left in hand, which ends on the look that finds the queue empty,
+            # and an ack while MAX_IN_FLIGHT holds work back: the slot it frees is taken at
+            # once, not at the held-back fetch's look a second on.
+            # Other acks only take work away: the last fetch's plan stands (a message sent
+            # since, due earlier, announced itself), so at a trickle an ack costs no fetch.
             self._woken = True
         if exhausted:
             # After the commit, and never failing it: see _announce_exhaustions.

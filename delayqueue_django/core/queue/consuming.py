@@ -41,6 +41,10 @@ class Fetched:
     round trip), to turn ``next_ms`` into a local wake-up time."""
     read_within: float = 0.0
     """How far ``read_at`` may be off, in seconds: half the round trip."""
+    capped: bool = False
+    """``MAX_IN_FLIGHT`` held waiting messages back (``next_ms`` is then a look a second
+    on): a slot an ack (or any verdict) frees lets one go, so fetch again once a verdict is
+    in rather than wait until ``next_ms``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +145,7 @@ class QueueConsuming(QueueBase):
             result.now_us,
             result.read_at,
             result.read_within,
+            result.capped,
         )
 
     @_reaching_redis

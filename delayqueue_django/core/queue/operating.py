@@ -27,12 +27,13 @@ class QueueOperating(QueueBase):
 
         Keys: pending, ready, unack, retry, garbage, due (pending and already due),
         unannounced (exhaustions not yet signalled), server_time_ms, next_due_ms (-1 when
-        nothing is pending), lag_ms (age of the oldest due pending message), and the
-        running totals since the queue began: acked_total, failed_total, retried_total,
-        timed_out_total, exhausted_total, superseded_total (keyed messages removed on their
-        way back to waiting, see docs/guides/keys.md). A queue whose ``OUTBOX`` option is on
-        also has ``outbox`` and ``outbox_age_ms`` (see ``outbox_stats``), read from its
-        database: its senders write there, so whoever reads its stats can too.
+        nothing is pending), lag_ms (age of the oldest due message not yet handed out,
+        pending or staged in ready or retry), and the running totals since the queue began:
+        acked_total, failed_total, retried_total, timed_out_total, exhausted_total,
+        superseded_total (keyed messages removed on their way back to waiting, see
+        docs/guides/keys.md). A queue whose ``OUTBOX`` option is on also has ``outbox``
+        and ``outbox_age_ms`` (see ``outbox_stats``), read from its database: its senders
+        write there, so whoever reads its stats can too.
 
         ``shards_down`` (always there, 0 normally) counts the shards of a sharded queue
         whose Redis could not be read: the other figures then leave them out (the counts

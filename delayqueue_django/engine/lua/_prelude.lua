@@ -478,10 +478,11 @@ local release_groups
 
 -- Dead letters with a reason of their own, announced like exhausted ones; `total` names
 -- the running total they count in. A dead letter forgets its expiry: it no longer waits,
--- and passes its ordered group on (as any burial does).
+-- and passes its ordered group on (as any burial does). Returns the earliest due time of
+-- the groups' next messages, back in pending (nil when none passed on).
 local function bury_for(ids, now, reason, total)
   if #ids == 0 then
-    return
+    return nil
   end
   local scored, reasons = at_score(int(now), ids), {}
   for i, id in ipairs(ids) do
@@ -492,7 +493,7 @@ local function bury_for(ids, now, reason, total)
   call_chunked('HSET', dead_reasons, reasons)
   call_chunked('ZREM', expiries, ids)
   count_total(total, #ids)
-  release_groups(ids, false)
+  return release_groups(ids, false)
 end
 
 -- Messages leaving the queue, or starting a new life (requeue): their expiry, postpone
@@ -1206,22 +1207,23 @@ end
 -- know of: with a rate set at run time on the queue, the fetch takes nothing and says so,
 -- and the caller reserves from then on). Returns the allowance, when a held-back fetch
 -- should look again (ms, nil when nothing held it back), the rate in force ({limit,
--- period}, nil for none) for flow_record, and 1 when the fetch needs a reservation, else 0.
+-- period}, nil for none) for flow_record, 1 when the fetch needs a reservation, else 0,
+-- and 1 when the cap cut the allowance (below what the rest allowed), else 0.
 local function flow_gate(count, now, rate_setting, cap, mode)
   local fields = flow_fields()
   if fields[1] == '1' then
     -- A paused fetch looks again within a second: resume's wake-up may be lost.
-    return 0, now + 1000, nil, 0
+    return 0, now + 1000, nil, 0, 0
   end
   if mode == 'reserved' then
-    return count, nil, nil, 0
+    return count, nil, nil, 0, 0
   elseif mode == 'shard' then
     if fields[3] then
-      return 0, now, nil, 1
+      return 0, now, nil, 1, 0
     end
-    return count, nil, nil, 0
+    return count, nil, nil, 0, 0
   end
-  local allowance, again = count, nil
+  local allowance, again, capped = count, nil, 0
   local rate = rate_in_force(fields[2], rate_setting)
   if rate then
     allowance, again = window_room(count, now, rate[1], rate[2])
@@ -1230,11 +1232,13 @@ local function flow_gate(count, now, rate_setting, cap, mode)
     local in_flight = call('ZCARD', unack) - call('ZCOUNT', unack, '-inf', int(now))
     local room = math.max(cap - in_flight, 0)
     if room < allowance then
-      -- A slot frees on an ack (whose worker fetches again itself) or a lease running out.
+      -- A slot frees on an ack (whose worker, told by `capped`, fetches again at once) or
+      -- a lease running out.
       allowance, again = room, math.min(again or now + 1000, now + 1000)
+      capped = 1
     end
   end
-  return allowance, again, rate, 0
+  return allowance, again, rate, 0, capped
 end
 
 -- Logs the deliveries a rate-limited fetch handed out (flat, six fields each: see

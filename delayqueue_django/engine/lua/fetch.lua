@@ -45,7 +45,7 @@
            the gates, not the work, bound `count`, so handing all of it out wakes no peer
 
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
-  warnings}:
+  capped, warnings}:
     now_ms      the Redis server's clock
     next_ms     when this consumer should look again: now_ms if work is waiting,
                 else the earliest pending due time, unack deadline or lapse of an
@@ -63,6 +63,9 @@
                 (false for none); else empty, so that other queues pay nothing for it
     unreserved  1 if a fetch of mode "shard" took nothing because the queue has a rate set
                 at run time: its fetches must reserve (flow_reserve.lua) from now on
+    capped      1 if MAX_IN_FLIGHT held waiting work back (next_ms is then its look a
+                second on): a slot an ack frees lets some go, so the acker fetches again
+                at once instead
   Publishes now_ms when work is still waiting after a full batch, to wake idle peers (not
   when the flow gates bound the batch).
 ]]
@@ -114,7 +117,12 @@ local function drop_expired(ids)
   for _, id in ipairs(ids) do
     table.insert(gone[id] and dead or kept, id)
   end
-  bury_for(dead, now, 'expired', 'expired')
+  -- A holder of an ordered group passes it on: the group's next message is back in pending,
+  -- maybe due now, where the head read before may be its parked score (issue #33).
+  local passed = bury_for(dead, now, 'expired', 'expired')
+  if passed and (pending_head == nil or passed < pending_head) then
+    pending_head = passed
+  end
   return kept
 end
 
@@ -326,9 +334,9 @@ if request ~= '' then
 end
 -- Flow gates (issue #27: pause, RATE_LIMIT, MAX_IN_FLIGHT; see flow_gate in the prelude):
 -- a new request takes no more than they allow (a repeat hands out what it took before).
-local asked, flow_again, flow_rate, unreserved = count, nil, nil, 0
+local asked, flow_again, flow_rate, unreserved, cap_bound = count, nil, nil, 0, 0
 if not recorded then
-  count, flow_again, flow_rate, unreserved = flow_gate(count, now, args[6] or '',
+  count, flow_again, flow_rate, unreserved, cap_bound = flow_gate(count, now, args[6] or '',
     tonumber(args[7]) or 0, args[8] or '')
 end
 if recorded then
@@ -382,8 +390,9 @@ if waiting or (pending_head and pending_head <= now) or (unack_head and unack_he
 end
 
 -- Flow gates: work the gates held back waits for them, not for a worker (never a spin).
+local capped = 0
 if flow_again and next_ms == now then
-  next_ms = flow_again
+  next_ms, capped = flow_again, cap_bound
 end
 
 -- An exhaustion to announce now, or a claim that lapses later (its announcer may be dead).
@@ -421,4 +430,5 @@ if handed > 0 and not options_unused() then
     tracked = 1
   end
 end
-return {now, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved, warnings}
+return {now, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved, capped,
+  warnings}

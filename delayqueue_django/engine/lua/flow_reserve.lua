@@ -20,9 +20,10 @@
   ARGV[4]  the MAX_IN_FLIGHT setting, 0 for none
   ARGV[5]  consume_ms, how long a reserved slot holds before it is settled
 
-  Returns {now_ms, granted, again_ms, rate, warnings}: shard 0's clock, how many were
-  granted, when a fetch held back should look again (-1 when nothing held it back), and
-  the rate in force ("<limit>:<period ms>", "" for none).
+  Returns {now_ms, granted, again_ms, rate, capped, warnings}: shard 0's clock, how many
+  were granted, when a fetch held back should look again (-1 when nothing held it back),
+  the rate in force ("<limit>:<period ms>", "" for none), and 1 when the cap cut the grant
+  (below what the rate allowed), else 0: a slot an ack frees then lets more go at once.
 ]]
 
 local count, name = tonumber(args[1]), args[2]
@@ -33,9 +34,9 @@ local rate = rate_in_force(fields[2], rate_setting)
 local rate_text = rate and (rate[1] .. ':' .. rate[2]) or ''
 if fields[1] == '1' then
   -- A paused fetch looks again within a second: resume's wake-up may be lost.
-  return {now, 0, now + 1000, rate_text, warnings}
+  return {now, 0, now + 1000, rate_text, 0, warnings}
 end
-local granted, again = count, nil
+local granted, again, capped = count, nil, 0
 if rate then
   granted, again = window_room(count, now, rate[1], rate[2])
 end
@@ -43,8 +44,9 @@ if cap > 0 then
   call('ZREMRANGEBYSCORE', flow_slots, '-inf', int(now))
   local room = math.max(cap - call('ZCARD', flow_slots), 0)
   if room < granted then
-    -- A slot frees on an ack (whose worker fetches again itself) or a lease running out.
-    granted, again = room, math.min(again or now + 1000, now + 1000)
+    -- A slot frees on an ack (whose worker, told by `capped`, fetches again at once) or a
+    -- lease running out.
+    granted, again, capped = room, math.min(again or now + 1000, now + 1000), 1
   end
 end
 if granted > 0 and (rate or cap > 0) then
@@ -56,4 +58,4 @@ if granted > 0 and (rate or cap > 0) then
     call_chunked('ZADD', flow_slots, at_score(int(now + consume_ms), entries))
   end
 end
-return {now, granted, again or -1, rate_text, warnings}
+return {now, granted, again or -1, rate_text, capped, warnings}

@@ -12,8 +12,9 @@
     unannounced  exhausted messages whose message_exhausted signal is still owed
     next_due_ms  the earliest due time in pending, parked messages left out (-1 when
                  none is left)
-    lag_ms       how long the oldest due pending message has been waiting (0 if none),
-                 parked ones left out
+    lag_ms       how long the oldest due message not yet handed out has been waiting (0 if
+                 none): the oldest due in pending, parked ones left out, or the next of
+                 either staging list, whichever is due longest (see staged_lag)
     acked …      the running totals kept in throughput (see _prelude.lua)
     paused       1 while the queue is paused (see "Flow gates" in the prelude), else 0
 ]]
@@ -43,6 +44,32 @@ if not foreign[pending] then
     lag = now - next_due
   end
 end
+
+-- A staging list's messages are due and wait for a worker as those in pending do (up to
+-- STAGE_BATCH_SIZE of them, and those a stopping worker handed back), so lag counts them
+-- too (issue #33). Each list hands out from its head, where what waited there longest is
+-- (staged in due order, handed back to the front), so the head stands for the list: a few
+-- reads here, and nothing added to a fetch. Its due time is in its meta record, or, for a
+-- message never handed out, at the start of its payload.
+local function staged_lag(list)
+  if foreign[list] then
+    return 0
+  end
+  local id = redis.call('LINDEX', list, 0)
+  if not id then
+    return 0
+  end
+  local record = not foreign[metas] and redis.call('HGET', metas, id)
+  if not record and not foreign[payloads] then
+    record = first_meta(redis.call('HGET', payloads, id))
+  end
+  local _, _, _, due = parse_meta(record)
+  if due and due > 0 and due <= now then
+    return now - due
+  end
+  return 0
+end
+lag = math.max(lag, staged_lag(ready), staged_lag(retry))
 
 local totals = {0, 0, 0, 0, 0, 0, 0, 0}
 if not foreign[throughput] then

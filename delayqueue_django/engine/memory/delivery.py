@@ -138,13 +138,15 @@ class MemoryDelivery(MemoryStoreBase):
             read_at = time.monotonic()
             deadline = (now if leased_from is None else leased_from) + self._limits.consume_ms
             last = state.fetches.pop(fetcher, None) if request else None
-            again, unreserved = None, False
+            again, unreserved, capped = None, False, False
             if last is not None and last[0] == request and last[2] > now:
                 deliveries = self._hand_out_again(state, last[1], deadline)
                 expired = 0
             else:
                 # The flow gates (see fetch.lua and memory/flow.py).
-                allowed, again, unreserved = flow.gate(state, self._limits, count, now, gates)
+                allowed, again, unreserved, capped = flow.gate(
+                    state, self._limits, count, now, gates
+                )
                 deliveries, expired = self._take_due(state, now, allowed, deadline)
                 flow.record(state, self._limits, len(deliveries), now, gates)
                 if allowed < count and len(deliveries) == allowed:
@@ -158,7 +160,7 @@ class MemoryDelivery(MemoryStoreBase):
             if unreserved:
                 result = replace(result, unreserved=True)
             if again is not None and result.next_ms == now:
-                return replace(result, next_ms=again)
+                return replace(result, next_ms=again, capped=capped)
             return result
 
     def _hand_out_again(

@@ -34,18 +34,19 @@ def window_room(
 
 def gate(
     state: QueueState, limits: StoreLimits, count: int, now: int, gates: str
-) -> tuple[int, int | None, bool]:
+) -> tuple[int, int | None, bool, bool]:
     """How many of ``count`` a fetch may hand out, when to look again if the gates held
-    work back (None when they did not), and whether the fetch needs a reservation."""
+    work back (None when they did not), whether the fetch needs a reservation, and whether
+    the cap cut the allowance (flow_gate's ``capped``)."""
     if state.paused:
-        return 0, now + LOOK_AGAIN_MS, False
+        return 0, now + LOOK_AGAIN_MS, False, False
     if gates == GATES_RESERVED:
-        return count, None, False
+        return count, None, False, False
     if gates == GATES_SHARD:
         if state.queue_rate is not None:
-            return 0, now, True
-        return count, None, False
-    allowance, again = count, None
+            return 0, now, True, False
+        return count, None, False, False
+    allowance, again, capped = count, None, False
     rate = state.rate or limits.rate_limit
     if rate is not None:
         allowance, again = window_room(state, count, now, rate)
@@ -53,9 +54,9 @@ def gate(
         in_flight = len(state.unack) - len(state.unack.upto(now, len(state.unack)))
         room = max(limits.max_in_flight - in_flight, 0)
         if room < allowance:
-            allowance = room
+            allowance, capped = room, True
             again = min(again or now + LOOK_AGAIN_MS, now + LOOK_AGAIN_MS)
-    return allowance, again, False
+    return allowance, again, False, capped
 
 
 def record(state: QueueState, limits: StoreLimits, handed: int, now: int, gates: str) -> None:
@@ -107,14 +108,14 @@ class MemoryFlow(MemoryStoreBase):
             read_at = time.monotonic()
             if state.paused:
                 return Reservation(now, 0, now + LOOK_AGAIN_MS, rate, read_at=read_at)
-            granted, again = count, None
+            granted, again, capped = count, None, False
             if rate is not None:
                 granted, again = window_room(state, count, now, rate)
             if limits.max_in_flight:
                 state.flow_slots.pop_upto(now, len(state.flow_slots))
                 room = max(limits.max_in_flight - len(state.flow_slots), 0)
                 if room < granted:
-                    granted = room
+                    granted, capped = room, True
                     again = min(again or now + LOOK_AGAIN_MS, now + LOOK_AGAIN_MS)
             entries = [f"{name}:{n}" for n in range(1, granted + 1)]
             if rate is not None:
@@ -123,7 +124,7 @@ class MemoryFlow(MemoryStoreBase):
             if limits.max_in_flight:
                 for entry in entries:
                     state.flow_slots.add(entry, now + limits.consume_ms)
-            return Reservation(now, granted, again, rate, read_at=read_at)
+            return Reservation(now, granted, again, rate, read_at=read_at, capped=capped)
 
     def settle(
         self, name: str, reserved: int, used: int, ids: Sequence[str], beyond: int = 0

@@ -94,6 +94,12 @@ class MemoryOperators(MemoryStoreBase):
             head = state.pending.head()
             next_due = -1 if head is None or head[1] >= groups.PARKED else head[1]
             parked = len(state.pending) - state.pending.count_upto(groups.PARKED - 1)
+            # The next of each staging list counts too (staged_lag in stats.lua).
+            waited = [
+                now - state.metas[queued[0]].due
+                for queued in (state.ready, state.retry)
+                if queued and 0 < state.metas[queued[0]].due <= now
+            ]
             return {
                 "pending": len(state.pending),
                 "ready": len(state.ready),
@@ -104,7 +110,7 @@ class MemoryOperators(MemoryStoreBase):
                 "unannounced": len(state.exhausted),
                 "server_time_ms": now,
                 "next_due_ms": next_due,
-                "lag_ms": now - next_due if 0 <= next_due <= now else 0,
+                "lag_ms": max([now - next_due if 0 <= next_due <= now else 0, *waited]),
                 **{
                     f"{name}_total": state.totals.get(name, 0)
                     for name in (
