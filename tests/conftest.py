@@ -101,6 +101,14 @@ def database(request: pytest.FixtureRequest, settings: Any) -> str:
     return alias
 
 
+@pytest.fixture(params=database_params(("postgresql", "mariadb")))
+def row_locking_database(request: pytest.FixtureRequest, settings: Any) -> str:
+    """A database whose relays lock the rows they take and skip the others' (not SQLite)."""
+    alias: str = request.param
+    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
+    return alias
+
+
 @pytest.fixture
 def cluster() -> Iterator[RedisClusterServers]:
     """A 3-master cluster of the test's own, for tests that pause (SIGSTOP) or stop its

@@ -21,17 +21,8 @@ from delayqueue_django.outbox.models import OutboxMessage
 from delayqueue_django.outbox.relay import RELAY_RECORD_MS, OutboxRelay
 from delayqueue_django.outbox.table import now_ms
 from delayqueue_django.worker import Worker
-from tests.databases import database_params
 from tests.helpers import short_lock_waits, wait_for
 from tests.redis_servers import RedisServer
-
-
-@pytest.fixture(params=database_params(("postgresql", "mariadb")))
-def row_locking_database(request: pytest.FixtureRequest, settings: Any) -> str:
-    """A database whose relays lock the rows they take and skip the others' (not SQLite)."""
-    alias: str = request.param
-    settings.DELAYQUEUE_OUTBOX_DATABASES = [alias]
-    return alias
 
 
 def rows(alias: str) -> list[OutboxMessage]:

@@ -3,11 +3,12 @@ row's key when it writes the row to Redis, as a direct send would, in the rows' 
 still writes each row at most once. The relay step itself on every store (Redis, Cluster,
 memory, sharded), then the outbox on SQLite, PostgreSQL and MariaDB."""
 
+import threading
 import uuid
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 
 import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing
@@ -32,13 +33,27 @@ def keyed_row(
     if_exists: str = "keep",
     unique_ms: int = 0,
     at_ms: int = 0,
+    row: tuple[str, int] | None = None,
 ) -> NewMessage:
     """A keyed message as an outbox row brings it to the relay: a new id placed on its
-    key's shard (as send places it), an absolute due time."""
+    key's shard (as send places it), an absolute due time, and its row (database, id)."""
     [message_id] = queue.store.place([uuid.uuid4().hex], [key])
     return NewMessage(
-        message_id, payload, 2, at_ms=at_ms, key=key, if_exists=if_exists, unique_ms=unique_ms
+        message_id,
+        payload,
+        2,
+        at_ms=at_ms,
+        key=key,
+        if_exists=if_exists,
+        unique_ms=unique_ms,
+        outbox_row=row,
     )
+
+
+def replacing(queue: Queue, payload: str, row: int, database: str = "default") -> NewMessage:
+    """A keyed row with if_exists="replace": row ``row`` of ``database``."""
+    later = store_time_ms(queue) + LATER_MS
+    return keyed_row(queue, payload, if_exists="replace", at_ms=later, row=(database, row))
 
 
 def relay(queue: Queue, *messages: NewMessage) -> list[int | None]:
@@ -152,6 +167,115 @@ def test_a_relay_refuses_a_keyed_row_whose_if_exists_is_error(queue: Queue) -> N
     assert queue.stats()["pending"] == 0
 
 
+# Rows that reach Redis out of their order (issue #33): relays take rows at once, and one
+# that stalls between its take and its Redis call brings older rows after newer ones.
+
+
+def test_a_replace_row_older_than_the_one_that_wrote_the_keys_message_writes_nothing(
+    queue: Queue,
+) -> None:
+    newer = replacing(queue, '"newer"', row=8)
+    [created] = relay(queue, newer)
+    assert created is not None
+    assert relay(queue, replacing(queue, '"older"', row=7)) == [None]
+    assert payload_of(queue) == '"newer"'
+    # A later row replaces, as ever; and then that one is the row to be older than.
+    assert relay(queue, replacing(queue, '"nine"', row=9)) != [None]
+    assert relay(queue, replacing(queue, '"ten"', row=10)) != [None]
+    assert relay(queue, replacing(queue, '"stale"', row=9)) == [None]
+    assert payload_of(queue) == '"ten"'
+    found = queue.lookup(KEY)
+    assert found is not None
+    assert found.id == newer.id
+    assert queue.stats()["pending"] == 1
+
+
+def test_rows_out_of_order_in_one_call_are_decided_in_row_order(queue: Queue) -> None:
+    newer, older = replacing(queue, '"newer"', row=2), replacing(queue, '"older"', row=1)
+    first, second = relay(queue, newer, older)
+    assert first is not None
+    assert second is None
+    assert payload_of(queue) == '"newer"'
+
+
+def test_row_ids_are_compared_as_numbers_however_large(queue: Queue) -> None:
+    relay(queue, replacing(queue, '"newer"', row=10**18))
+    assert relay(queue, replacing(queue, '"older"', row=10**18 - 1)) == [None]
+    assert relay(queue, replacing(queue, '"shorter"', row=99)) == [None]
+    assert payload_of(queue) == '"newer"'
+
+
+def test_an_older_replace_row_still_replaces_a_message_a_newer_keep_created(
+    queue: Queue,
+) -> None:
+    """In row order the replace came first and the keep kept its message: its payload is
+    the one to run."""
+    later = store_time_ms(queue) + LATER_MS
+    kept = keyed_row(queue, '"kept"', at_ms=later, row=("default", 2))
+    relay(queue, kept)
+    assert relay(queue, replacing(queue, '"replacing"', row=1)) != [None]
+    assert payload_of(queue) == '"replacing"'
+    # A keep never writes on a waiting message, older or newer.
+    assert relay(queue, keyed_row(queue, '"older keep"', at_ms=later, row=("default", 0))) == [None]
+    assert payload_of(queue) == '"replacing"'
+
+
+def test_rows_of_different_databases_are_decided_as_they_come(queue: Queue) -> None:
+    """Their ids are not comparable: each database's rows keep their own order, and rows
+    of two databases take turns as they reach Redis."""
+    relay(queue, replacing(queue, '"a5"', row=5, database="a"))
+    assert relay(queue, replacing(queue, '"b1"', row=1, database="b")) != [None]
+    assert payload_of(queue) == '"b1"'
+    # Older than a's row 5, which wrote the message before b's row 1 replaced it.
+    assert relay(queue, replacing(queue, '"a4"', row=4, database="a")) == [None]
+    assert relay(queue, replacing(queue, '"b0"', row=0, database="b")) == [None]
+    assert payload_of(queue) == '"b1"'
+    assert relay(queue, replacing(queue, '"a6"', row=6, database="a")) != [None]
+    assert payload_of(queue) == '"a6"'
+
+
+def test_a_key_without_a_remembered_row_is_replaced_as_before(queue: Queue) -> None:
+    """A message a direct send created, or one written before rows were remembered (by an
+    older version, or a keep), has no row to be older than: any replace row replaces it."""
+    waiting = queue.send("direct", key=KEY, delay=60)
+    assert relay(queue, replacing(queue, '"relayed"', row=3)) != [None]
+    assert payload_of(queue) == '"relayed"'
+    # A direct replace is not ordered against the rows: it leaves what they remember.
+    queue.send("direct again", key=KEY, if_exists="replace", delay=60)
+    assert relay(queue, replacing(queue, '"older"', row=2)) == [None]
+    assert payload_of(queue) == '"direct again"'
+    assert queue.lookup(KEY).id == waiting  # type: ignore[union-attr]
+
+
+def test_once_the_keys_message_started_an_older_row_creates_the_next_one(queue: Queue) -> None:
+    """The rows remembered are the waiting message's: a key whose message is in flight or
+    handled is free, for a relayed row as for a send."""
+    created = keyed_row(queue, '"newer"', if_exists="replace", row=("default", 2))
+    relay(queue, created)
+    [message] = queue.fetch(10).messages
+    assert message.id == created.id
+    older = replacing(queue, '"older"', row=1)
+    assert relay(queue, older) != [None]
+    found = queue.lookup(KEY)
+    assert found is not None
+    assert found.id == older.id
+    queue.ack([message])
+    assert payload_of(queue) == '"older"'
+
+
+def test_the_rows_remembered_for_a_key_leave_with_its_message(redis_queue: Queue, raw: Any) -> None:
+    remembered = redis_queue.store.keys.key("key_rows")
+    created = keyed_row(redis_queue, '"one"', if_exists="replace", row=("default", 1))
+    relay(redis_queue, created)
+    assert raw.hlen(remembered) == 1
+    [message] = redis_queue.fetch(10).messages
+    redis_queue.ack([message])
+    assert not raw.exists(remembered)
+    relay(redis_queue, replacing(redis_queue, '"two"', row=2))
+    assert redis_queue.cancel(key=KEY)
+    assert not raw.exists(remembered)
+
+
 # Through the outbox tables
 
 
@@ -205,6 +329,48 @@ def test_of_two_transactions_with_one_key_the_later_commit_replaces(database: st
     drain(database)
     assert payload_of(queue) == '{"v":2}'
     assert queue.stats()["pending"] == 1
+
+
+def test_two_relays_decide_a_keys_replaces_in_row_order_whatever_their_timing(
+    queue: Queue, row_locking_database: str
+) -> None:
+    """Regression (#33): with SKIP LOCKED, a second relay took the newer row while the
+    first still held the older one between its take and its Redis call (a GC pause, a
+    reconnect, a starved CPU); the older replace landed last, and the key's waiting message
+    ran the older payload. On every store, sharded queues included."""
+    alias = row_locking_database
+    for version in ("older", "newer"):
+        queue.send(version, key=KEY, if_exists="replace", delay=60, outbox=True, using=alias)
+    holding, release = threading.Event(), threading.Event()
+
+    class StalledRelay(OutboxRelay):
+        def _send(self, rows: list[Any]) -> list[Any]:
+            holding.set()  # its rows taken, its Redis call not made yet
+            release.wait(30)
+            return super()._send(rows)
+
+    stalled = StalledRelay([queue], databases=[alias], batch_size=1)
+
+    def relay_the_older_row() -> None:
+        try:
+            stalled.relay_batch(alias)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=relay_the_older_row)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        # The newer row, the older one being locked by the stalled relay.
+        assert OutboxRelay([queue], databases=[alias]).relay_batch(alias) == 1
+        assert payload_of(queue) == '"newer"'
+    finally:
+        release.set()
+        thread.join(30)
+    assert payload_of(queue) == '"newer"'
+    assert stalled.repeated == 1  # decided: the waiting message already carries a later row
+    assert queue.stats()["pending"] == 1
+    assert rows(alias) == []
 
 
 def test_a_rolled_back_keyed_send_decides_nothing(database: str) -> None:

@@ -72,7 +72,10 @@ class Store(Protocol):
         queue, is not written again (its entry in the reply is None, the others their due
         times). A keyed message (``if_exists`` keep or replace, never error) is decided as
         ``send_keyed`` decides it, in order: kept or held, it writes nothing (None); a
-        replace answers the replaced message's new due time. ``forget``: ids relayed before
+        replace answers the replaced message's new due time. One with its ``outbox_row``
+        is decided in its rows' order, however late it comes: a replace row older than one
+        of its database that created or replaced the key's waiting message keeps it
+        (None). ``forget``: ids relayed before
         whose outbox rows are now deleted for good; an id never forgotten is forgotten
         ``keep_ms`` after its relay."""
 

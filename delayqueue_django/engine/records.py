@@ -113,6 +113,10 @@ class NewMessage:
     # handed out from then on (see "Expiry and postpones" in _prelude.lua).
     expires_at_ms: int | None = None
     expires_in_us: int = 0
+    # The outbox row a relay brings a keyed message from: (database alias, row id). A key
+    # decides the rows of one database in the order of their ids, whichever relay brings
+    # them first (see "Outbox rows" in _prelude.lua). None for every other send.
+    outbox_row: tuple[str, int] | None = None
 
     @property
     def expires(self) -> bool:

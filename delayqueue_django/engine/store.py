@@ -199,7 +199,8 @@ def relay_calls(
     for number, chunk in enumerate(chunks):
         forgotten = forget if number == 0 else ()
         args: list[Any] = [channel, keep_ms, len(chunk), len(forgotten)]
-        for message in chunk:
+        rows: list[Any] = []
+        for place, message in enumerate(chunk, start=1):
             if message.at_ms is None:
                 raise ValueError(f"a relayed message needs its due time (id {message.id!r})")
             check_relayable(message)
@@ -208,9 +209,15 @@ def relay_calls(
                 args += ["", "", 0]
             else:
                 args += [wire(message.key), message.if_exists, message.unique_ms]
+                if message.outbox_row is not None:
+                    rows += [place, wire(message.outbox_row[0]), message.outbox_row[1]]
             args.append("" if message.group is None else wire(message.group))
         args += forgotten
-        calls.append(args + expiry_args(chunk))
+        # The expiries, then (only when a keyed message carries its row) the rows.
+        tail = expiry_args(chunk)
+        if rows:
+            tail = [*(tail or [0]), len(rows) // 3, *rows]
+        calls.append(args + tail)
     return calls
 
 

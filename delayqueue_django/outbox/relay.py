@@ -12,6 +12,12 @@ other queues' and shards' rows flow. On PostgreSQL and MariaDB the server ends a
 transaction that sits idle longer than
 ``RELAY_IDLE_LIMIT_SECONDS``, freeing its rows should the relay vanish mid-batch.
 
+A key's rows are decided in the order of their ids, however many relays run and whatever
+their timing: a relay that stalls between its take and its Redis call may bring a key's
+older row after another relay brought a newer one, and the key's message remembers the
+newest row (of each database) whose replace wrote it, so the older replace writes nothing
+(see "Outbox rows" in the scripts' prelude). Each message carries its row for that.
+
 Nothing is sent twice, however many relays run and whenever one dies:
 
 - Two relays never hold the same row: PostgreSQL and MySQL/MariaDB lock the rows taken and
@@ -108,9 +114,13 @@ class OutboxRow:
     unique_ms: int
     message_group: str | None
     expires_ms: int | None
+    # The database the row was taken from (not a column): a keyed row's place in the order
+    # of its key's rows is its id on that database.
+    database: str
 
     def message(self) -> NewMessage:
-        """The message the row keeps, as its send prepared it."""
+        """The message the row keeps, as its send prepared it (a keyed one with its row,
+        by which its key decides it in row order: see relay.lua)."""
         return NewMessage(
             self.message_id,
             self.payload,
@@ -121,11 +131,12 @@ class OutboxRow:
             unique_ms=self.unique_ms,
             group=self.message_group,
             expires_at_ms=self.expires_ms,
+            outbox_row=None if self.message_key is None else (self.database, self.pk),
         )
 
 
 # The outbox table's columns a relay reads, in OutboxRow's order.
-ROW_FIELDS = tuple(field.name for field in fields(OutboxRow))
+ROW_FIELDS = tuple(field.name for field in fields(OutboxRow) if field.name != "database")
 ROW_COLUMNS = ("id", *ROW_FIELDS[1:])
 
 
@@ -275,7 +286,9 @@ class OutboxRelay:
                 if found:
                     keys = [row[0] for row in found]
                     cursor.execute(delete_by_keys(connection, table, key, len(keys)), keys)
-        rows = [OutboxRow(*row) for row in found]
+        rows = [
+            OutboxRow(**dict(zip(ROW_FIELDS, row, strict=True)), database=alias) for row in found
+        ]
         rows.sort(key=lambda row: row.pk)
         return rows
 

@@ -5,12 +5,12 @@ Redis and deletes them.
 
 A row keeps the message as ``send`` prepared it: its id (returned at once, as by any send),
 the JSON payload, the retry budget and the due time, and a keyed send's key, ``if_exists``
-and hold (``unique_for``), which the relay applies when it writes the row to Redis, in
-commit order. The due time is fixed when the row is
-written, on the clock of the process that writes it (``time.time()``, which
-``timezone.now()`` reads too): the delay counts from the ``send`` call, and a relay that
-comes late, because Redis or every relay was away, never makes a message due later than
-that; a time already past when it reaches Redis means due at once.
+and hold (``unique_for``), which the relay applies when it writes the row to Redis, in the
+order of the rows' ids whatever the relays' timing (see relay.lua). The due time is fixed
+when the row is written, on the clock of the process that writes it (``time.time()``,
+which ``timezone.now()`` reads too): the delay counts from the ``send`` call, and a relay
+that comes late, because Redis or every relay was away, never makes a message due later
+than that; a time already past when it reaches Redis means due at once.
 """
 
 import threading

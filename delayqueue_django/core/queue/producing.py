@@ -70,7 +70,7 @@ class QueueProducing(QueueBase):
         kept or held its own message. ``outbox`` (default: the queue's OUTBOX) writes it
         instead as a row of that database's outbox table, in the transaction, for a relay
         to move to Redis once it committed (see delayqueue_django.outbox.table), which
-        decides the key then, in commit order; the id returned is likewise the new
+        decides the key then, in the rows' order; the id returned is likewise the new
         message's. Neither can raise DuplicateKey to the caller: ``if_exists="error"`` with
         the outbox, or with ``on_commit`` inside a transaction, raises ConflictingOptions,
         with nothing written.

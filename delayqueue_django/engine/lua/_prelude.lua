@@ -44,6 +44,13 @@
                              nothing more
     <tag>:hold:<key>  string id of the message whose send holds the key (unique_for),
                              set with PX: Redis reclaims it when it expires
+    <tag>:key_rows    hash   key -> the outbox rows that wrote the key's message (see
+                             "Outbox rows" below): "<id bytes>:<id>", the message,
+                             then per outbox database "<name bytes>:<name><row id>;", the
+                             newest of its rows whose replace created or replaced it. An
+                             entry naming another message than the key's is stale, read as
+                             none; dropped with the key's index entry. Only on a queue whose
+                             relays brought keyed replace rows
   A keyed message's stored body starts with "~<key bytes>~<generation>~<key>" (see
   split_key and engine/keyed.py).
 
@@ -91,8 +98,9 @@ local warnings
 -- The microseconds past the millisecond of the last now_ms() reading: fetch hands them
 -- out, so that workers can time their wake-ups to the due time, not up to 1 ms after it.
 local now_us
--- The key index and the start of the holds' names (see "Keys" above).
-local key_index, hold_prefix
+-- The key index, the start of the holds' names and the outbox rows remembered per key (see
+-- "Keys" above); whether the latter exists, nil until asked in this call.
+local key_index, hold_prefix, key_rows, key_rows_present
 -- The flow gates' state and hand-out log (see "Flow gates" at the end).
 local flow_state, flow_log, flow_slots
 -- Whether one EXISTS found none of the flow options' keys in this call (see
@@ -108,7 +116,8 @@ local function begin(keys)
   warnings, now_us = {}, 0
   -- "<tag>:" from "<tag>:payload".
   local tag = string.sub(payloads, 1, -8)
-  key_index, hold_prefix = tag .. 'keys', tag .. 'hold:'
+  key_index, hold_prefix, key_rows = tag .. 'keys', tag .. 'hold:', tag .. 'key_rows'
+  key_rows_present = nil
   flow_state, flow_log, flow_slots = tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots'
   expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
     tag .. 'dead_reason'
@@ -666,30 +675,103 @@ local function remove_superseded(ids)
 end
 
 -- Messages leaving the queue for good (acked, cancelled, deleted, purged): the key index
--- forgets each that still is its key's message. `stored`: their payloads, read before they
--- are deleted.
+-- forgets each that still is its key's message, and the outbox rows remembered for the
+-- key go with it (looked for once per call: a queue no relay brought keyed rows to has
+-- none). `stored`: their payloads, read before they are deleted.
 local function forget_keys(ids, stored)
   for i, id in ipairs(ids) do
     local key = key_in(stored[i])
     if key and call('HGET', key_index, key) == id then
       call('HDEL', key_index, key)
+      if key_rows_present == nil then
+        key_rows_present = redis.call('EXISTS', key_rows) == 1
+      end
+      if key_rows_present then
+        call('HDEL', key_rows, key)
+      end
     end
   end
+end
+
+-- Outbox rows (relay.lua's keyed rows, issue #33). Relays take rows concurrently, so one
+-- may bring a key's older row after another brought a newer one. A key's rows of one
+-- database are decided in the order of their ids all the same: key_rows remembers, for
+-- the key's message, the newest row of each database whose replace created or replaced
+-- it, and a replace row older than that one writes nothing (its payload was overwritten
+-- by a later send's). Rows of different databases have no order between them: each is
+-- decided as it comes. A keep never writes on a waiting message; a message a keep created
+-- remembers no row, so that a replace row, older or newer, still replaces it (as in row
+-- order: a replace, then a keep that keeps it).
+
+-- The message and {database -> row id (digits)} of a key_rows entry (false when none);
+-- nil and {} when missing or unreadable (a foreign write: read as none).
+local function parse_rows(value)
+  if not value then
+    return nil, {}
+  end
+  local size, at = string.match(value, '^(%d+):()')
+  if not size then
+    return nil, {}
+  end
+  local id = string.sub(value, at, at + tonumber(size) - 1)
+  if #id ~= tonumber(size) then
+    return nil, {}
+  end
+  at = at + #id
+  local rows = {}
+  while at <= #value do
+    local name_size, start = string.match(value, '^(%d+):()', at)
+    local row, after
+    if name_size then
+      row, after = string.match(value, '^(%d+);()', start + tonumber(name_size))
+    end
+    if not row then
+      return nil, {}
+    end
+    rows[string.sub(value, start, start + tonumber(name_size) - 1)] = row
+    at = after
+  end
+  return id, rows
+end
+
+local function format_rows(id, rows)
+  local names = {}
+  for name in pairs(rows) do
+    table.insert(names, name)
+  end
+  table.sort(names)
+  local parts = {#id .. ':' .. id}
+  for _, name in ipairs(names) do
+    table.insert(parts, #name .. ':' .. name .. rows[name] .. ';')
+  end
+  return table.concat(parts)
+end
+
+-- Whether row id `a` comes before `b` (both digits without leading zeros, as the
+-- databases number rows): compared as text, exact however large.
+local function row_before(a, b)
+  if #a ~= #b then
+    return #a < #b
+  end
+  return a < b
 end
 
 -- Defined with the ordered groups below: a keyed send's messages join (or leave) theirs.
 local regroup
 
 -- Keyed sends, decided and written (send_keyed.lua, and relay.lua's keyed rows): `items`,
--- in order, each {id, key, mode, due, budget, payload, unique_ms, group} as send_keyed.lua's
--- header describes them (`due` already worked out: ms, not in the past; `group` nil for
--- none). Each is decided seeing the earlier ones' effect:
+-- in order, each {id, key, mode, due, budget, payload, unique_ms, group, row} as
+-- send_keyed.lua's header describes them (`due` already worked out: ms, not in the past;
+-- `group` nil for none; `row`, a relayed row's {database, id}, see "Outbox rows" above, nil
+-- for any other send). Each is decided seeing the earlier ones' effect:
 --   1. its id is stored with this key: a replay of a send whose reply was lost; nothing
 --      written, outcome created (with another key, or none: refused as send refuses it);
 --   2. else the key's message waits: keep leaves it; replace gives it this payload, due
 --      time and budget, attempt 0 (its meta record, if any, keeps its lease, so a verdict
 --      of an older delivery never matches) and a new generation; staged in ready or
---      retry, it goes back to pending; error refuses the batch;
+--      retry, it goes back to pending; but a replace row older than a row of its database
+--      that created or replaced that message leaves it, outcome kept; error refuses the
+--      batch;
 --   3. else a hold on the key lasts: nothing written, outcome held (error refuses);
 --   4. else a new message with the key, which becomes the key's message; with unique_ms a
 --      hold on the key starts, until now + unique_ms (only here: a kept, held or replaced
@@ -757,6 +839,36 @@ local function send_keys(items, now)
     table.insert(outcomes, due)
   end
 
+  -- The outbox rows remembered per key (read only for an item that carries its row):
+  -- key -> {id, rows} as the batch leaves them, and the keys to write back, in order.
+  local remembered, rewritten = {}, {}
+  local function rows_of(key)
+    local entry = remembered[key]
+    if entry == nil then
+      local id, rows = parse_rows(call('HGET', key_rows, key))
+      entry = {id = id, rows = rows}
+      remembered[key] = entry
+    end
+    return entry
+  end
+  -- Whether a row of the same database newer than `row` created or replaced `holder`.
+  local function overtaken(key, holder, row)
+    local entry = rows_of(key)
+    local newest = entry.id == holder and entry.rows[row.database]
+    return newest and row_before(row.id, newest)
+  end
+  local function remember(key, id, row)
+    local entry = rows_of(key)
+    if entry.id ~= id then
+      entry.id, entry.rows = id, {}
+    end
+    entry.rows[row.database] = row.id
+    if not entry.rewritten then
+      entry.rewritten = true
+      table.insert(rewritten, key)
+    end
+  end
+
   for i, item in ipairs(items) do
     local id, key, mode = item.id, item.key, item.mode
     local holder = pointer[key]
@@ -772,7 +884,7 @@ local function send_keys(items, now)
     elseif holder and waiting(holder) then
       if mode == 'error' then
         return nil, nil, 'DUPLICATE_KEY ' .. i .. ' 0 ' .. holder
-      elseif mode == 'replace' then
+      elseif mode == 'replace' and not (item.row and overtaken(key, holder, item.row)) then
         local entry = fresh[holder]
         if not entry then
           entry = load(holder)
@@ -782,6 +894,9 @@ local function send_keys(items, now)
         entry.key, entry.generation = key, math.max(now, entry.generation + 1)
         entry.due, entry.budget, entry.payload = item.due, item.budget, item.payload
         entry.group = item.group
+        if item.row then
+          remember(key, holder, item.row)
+        end
         answer(holder, 3, entry.due)
       else
         answer(holder, 2, due_if_waiting(holder))
@@ -804,6 +919,9 @@ local function send_keys(items, now)
         pointer[key] = id
         if item.unique_ms > 0 then
           held_by[key] = id
+        end
+        if item.row and mode == 'replace' then
+          remember(key, id, item.row)
         end
         answer(id, 1, fresh[id].due)
       end
@@ -852,6 +970,12 @@ local function send_keys(items, now)
   if #index > 2 then
     call_chunked('HSET', key_index, index)
   end
+  local rows = {}
+  for _, key in ipairs(rewritten) do
+    table.insert(rows, key)
+    table.insert(rows, format_rows(remembered[key].id, remembered[key].rows))
+  end
+  call_chunked('HSET', key_rows, rows)
   regroup(leaving, joining)
   return outcomes, earliest
 end

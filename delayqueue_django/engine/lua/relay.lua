@@ -31,13 +31,18 @@
   then the f ids to forget (their outbox rows are deleted for good);
   then, optionally, the messages' expiries, as send's (see send.lua): never refused, as a
   relay has no caller to refuse to; a message relayed at or after its expiry is
-  dead-lettered as expired by the first fetch that stages it.
+  dead-lettered as expired by the first fetch that stages it;
+  then, optionally (the expiries' count, 0 for none, comes first), r, the number of keyed
+  messages that carry their outbox row, and r triples: the message's place (from 1), the
+  row's database (its alias) and its id there.
 
   A keyed message not relayed before is decided as send_keyed decides it (the prelude's
-  send_keys), the keyed messages of a call in their order, which is the outbox's commit
-  order: it may create a message, replace the key's waiting message, or write nothing (the
-  key's waiting message kept, or a hold). Its id is noted all the same, so a row brought
-  again never decides twice.
+  send_keys), the keyed messages of a call in their order, which is their rows' order: it
+  may create a message, replace the key's waiting message, or write nothing (the key's
+  waiting message kept, or a hold). A replace row older than the row of its database that
+  last created or replaced the key's waiting message (another relay brought that one
+  first) writes nothing: see "Outbox rows" in the prelude. Its id is noted all the same, so
+  a row brought again never decides twice.
 
   Returns {due_ms or -1 per message..., warnings}: -1 for a message not written, because its
   id was relayed before or is already known to the queue (it has a payload or meta record),
@@ -72,7 +77,15 @@ local ids = {}
 for i = 0, n - 1 do
   ids[i + 1] = args[5 + i * WIDTH]
 end
-local expiring = read_expiries(args, 5 + WIDTH * n + f, now)
+local expiries_at = 5 + WIDTH * n + f
+local expiring = read_expiries(args, expiries_at, now)
+-- The keyed messages' rows, by place: {database, id}.
+local rows_at = expiries_at + 1 + 3 * (tonumber(args[expiries_at] or '0') or 0)
+local rows = {}
+for i = 1, tonumber(args[rows_at] or '0') or 0 do
+  local base = rows_at + (i - 1) * 3
+  rows[tonumber(args[base + 1])] = {database = args[base + 2], id = args[base + 3]}
+end
 local expiry_scored = {}
 local noted = gather('ZMSCORE', relayed, ids)
 local metas_found, payloads_found = gather('HMGET', metas, ids), gather('HMGET', payloads, ids)
@@ -96,7 +109,7 @@ for i = 0, n - 1 do
     table.insert(keyed, {id = id, key = key, mode = args[base + 5],
       due = math.max(tonumber(args[base + 1]), now), budget = tonumber(args[base + 2]),
       payload = args[base + 3], unique_ms = tonumber(args[base + 6]),
-      group = args[base + 7] ~= '' and args[base + 7] or nil})
+      group = args[base + 7] ~= '' and args[base + 7] or nil, row = rows[i + 1]})
     table.insert(keyed_at, i + 1)
   else
     taken[id] = true

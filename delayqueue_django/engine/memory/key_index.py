@@ -1,7 +1,9 @@
-"""A memory queue's key index and unique_for holds, as the scripts keep ``{tag}:keys`` and
-``{tag}:hold:<key>`` (see engine/keyed.py and the keys design): which message is each key's,
-when a message leaving storage takes its key's pointer with it, and whether a keyed message
-that would return to waiting is superseded by a newer one.
+"""A memory queue's key index, unique_for holds and the outbox rows remembered per key, as
+the scripts keep ``{tag}:keys``, ``{tag}:hold:<key>`` and ``{tag}:key_rows`` (see
+engine/keyed.py and the keys design): which message is each key's, when a message leaving
+storage takes its key's pointer with it, whether a keyed message that would return to
+waiting is superseded by a newer one, and whether a relayed replace comes after a newer row
+of its database (see "Outbox rows" in _prelude.lua).
 
 A keyed message carries its key in its stored body (``keyed.keyed_body``), so the key of any
 stored message is read from it; an unkeyed body costs one character test."""
@@ -41,6 +43,7 @@ def drop_pointer(state: QueueState, message_id: str) -> None:
     key = key_of(state, message_id)
     if key is not None and state.keys.get(key) == message_id:
         del state.keys[key]
+        state.key_rows.pop(key, None)
 
 
 def superseded(state: QueueState, message_id: str) -> bool:
@@ -97,3 +100,32 @@ def reclaim_holds(state: QueueState, now: int) -> None:
     Redis reclaims an expired key: nobody sweeps."""
     for key, _ in state.hold_ends.pop_upto(now, len(state.hold_ends)):
         state.holders.pop(key, None)
+
+
+# Outbox rows: a relayed keyed row carries (database, row id), see NewMessage.outbox_row.
+
+# key -> (message id, {database: row id}), as {tag}:key_rows holds them.
+KeyRows = dict[str, tuple[str, dict[str, int]]]
+
+
+def overtaken(
+    state: QueueState, remembered: KeyRows, key: str, holder: str, row: tuple[str, int] | None
+) -> bool:
+    """Whether a row of ``row``'s database newer than it created or replaced ``holder``, the
+    key's waiting message; ``remembered``: the rows a batch remembered so far, over the
+    state's."""
+    if row is None:
+        return False
+    message_id, rows = remembered.get(key) or state.key_rows.get(key) or ("", {})
+    newest = rows.get(row[0]) if message_id == holder else None
+    return newest is not None and row[1] < newest
+
+
+def remember(
+    state: QueueState, remembered: KeyRows, key: str, message_id: str, row: tuple[str, int]
+) -> None:
+    """``row``'s replace created or replaced ``message_id``, the key's message."""
+    current = remembered.get(key) or state.key_rows.get(key)
+    rows = dict(current[1]) if current is not None and current[0] == message_id else {}
+    rows[row[0]] = row[1]
+    remembered[key] = (message_id, rows)

@@ -58,7 +58,9 @@ class MemoryKeyed(MemoryStoreBase):
         # (A relay refuses nothing: ``refuse_early`` False, see relay.lua.)
         dues = [self._due(message, now, now_us) if refuse_early else None for message in batch]
         expiries = expiry.refuse_early_expiries(batch, dues, now, now_us, self._keys.queue)
-        decisions = self._decide(state, batch, now)
+        remembered: key_index.KeyRows = {}
+        decisions = self._decide(state, batch, remembered)
+        state.key_rows.update(remembered)
         earliest: int | None = None
         sent = []
         for message, decision, expires in zip(batch, decisions, expiries, strict=True):
@@ -83,10 +85,13 @@ class MemoryKeyed(MemoryStoreBase):
             sent.append(KeyedSent(decision.message_id, outcome, due))
         return sent, earliest
 
-    def _decide(self, state: QueueState, batch: Sequence[NewMessage], now: int) -> list[_Decision]:
+    def _decide(
+        self, state: QueueState, batch: Sequence[NewMessage], remembered: key_index.KeyRows
+    ) -> list[_Decision]:
         """Each message's decision, in order, each seeing the earlier ones' effect (their
-        new ids, the keys they took, the holds they started); raises DuplicateKey for the
-        first ``error`` that meets a waiting message or a hold."""
+        new ids, the keys they took, the holds they started, the outbox rows they left in
+        ``remembered``); raises DuplicateKey for the first ``error`` that meets a waiting
+        message or a hold."""
         new_ids: set[str] = set()
         taken: dict[str, str] = {}  # key -> the id an earlier message of the batch created
         held: dict[str, str] = {}  # key -> its holder, from an earlier message
@@ -101,11 +106,18 @@ class MemoryKeyed(MemoryStoreBase):
                 continue
             waiting = taken.get(key) or key_index.waiting_message(state, key)
             holder = held.get(key) or key_index.live_holder(state, key)
+            row = message.outbox_row
             if waiting is not None:
                 if message.if_exists == "error":
                     raise DuplicateKey(key, waiting)
-                outcome = "replaced" if message.if_exists == "replace" else "kept"
-                decisions.append(_Decision(outcome, waiting))
+                # A replace row older than one of its database that wrote the waiting
+                # message keeps it (see "Outbox rows" in _prelude.lua).
+                replacing = message.if_exists == "replace" and not key_index.overtaken(
+                    state, remembered, key, waiting, row
+                )
+                if replacing and row is not None:
+                    key_index.remember(state, remembered, key, waiting, row)
+                decisions.append(_Decision("replaced" if replacing else "kept", waiting))
             elif holder is not None:
                 if message.if_exists == "error":
                     raise DuplicateKey(key, holder, held=True)
@@ -114,6 +126,8 @@ class MemoryKeyed(MemoryStoreBase):
                 decisions.append(_Decision("created", message.id))
                 new_ids.add(message.id)
                 taken[key] = message.id
+                if row is not None and message.if_exists == "replace":
+                    key_index.remember(state, remembered, key, message.id, row)
                 if message.unique_ms > 0:
                     held[key] = message.id
         return decisions

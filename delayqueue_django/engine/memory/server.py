@@ -81,6 +81,9 @@ class QueueState:
     # and whether the queue has had a keyed message (the index's marker field "").
     keys: dict[str, str] = field(default_factory=dict)
     keys_used: bool = False
+    # The outbox rows remembered per key ({tag}:key_rows, see memory/key_index.py): key ->
+    # (the message they wrote, {database: the newest of its rows whose replace wrote it}).
+    key_rows: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
     # unique_for holds ({tag}:hold:<key>): key -> holder id, and key -> when the hold ends
     # (ms), by which the ended ones are reclaimed as Redis expires the keys.
     holders: dict[str, str] = field(default_factory=dict)
