@@ -456,7 +456,11 @@ def test_the_message_pages_buttons_are_labelled(
     buttons = re.findall(
         r'<button type="submit" class="([^"]*)">([^<]*)</button>', page.content.decode()
     )
-    assert buttons == [("button", "Deliver now"), ("button dq-delete", "Delete")]
+    assert buttons == [
+        ("button", "Deliver now"),
+        ("button", "Reschedule…"),
+        ("button dq-delete", "Delete"),
+    ]
     css = (PACKAGE_STATIC / "admin.css").read_text()
     rule = re.search(r"\.button\.dq-delete \{([^}]*)\}", css)
     assert rule is not None

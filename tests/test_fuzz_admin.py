@@ -87,12 +87,19 @@ def test_message_pages_never_fail(
 
 @FUZZ
 @given(
-    action=st.sampled_from(["requeue", "deliver_now", "delete", ""]) | st.text(max_size=10),
+    action=st.sampled_from(["requeue", "deliver_now", "reschedule", "delete", ""])
+    | st.text(max_size=10),
     state=words | st.text(max_size=10),
     picks=st.lists(st.integers(0, 6), max_size=3),
     odd_ids=st.lists(st.text(max_size=20), max_size=3),
     next_url=st.sampled_from(["", "/admin/", "https://evil.example/", "//evil.example"])
     | st.text(max_size=20),
+    # The reschedule form's fields: the form posted back, or not.
+    due=st.dictionaries(
+        st.sampled_from(["delay", "at", "confirmed"]),
+        st.sampled_from(["", "0", "1", "-1", "nan", "1e400", "2099-01-01T00:00", "2001-01-01"])
+        | st.text(max_size=12),
+    ),
 )
 def test_actions_never_fail_nor_corrupt_the_queue(
     client: Client,
@@ -102,14 +109,27 @@ def test_actions_never_fail_nor_corrupt_the_queue(
     picks: list[int],
     odd_ids: list[str],
     next_url: str,
+    due: dict[str, str],
 ) -> None:
     queue, ids = busy
     url = reverse("admin:delayqueue_django_queue_action", args=["default"])
     chosen = [ids[i] for i in picks] + odd_ids
-    data: dict[str, Any] = {"action": action, "state": state, "ids": chosen, "next": next_url}
+    data: dict[str, Any] = {
+        "action": action,
+        "state": state,
+        "ids": chosen,
+        "next": next_url,
+        **due,
+    }
     response = client.post(url, _text_only(data))
-    assert response.status_code == 302
-    assert not response["Location"].startswith(("https://evil", "//evil"))
+    # A redirect back, or the reschedule form's page (asking, or saying what is wrong).
+    assert response.status_code in (200, 302)
+    if response.status_code == 200:
+        assert action == "reschedule"
+        assert b"Reschedule" in response.content
+        assert b"evil.example" not in response.content  # its way back is on this site
+    else:
+        assert not response["Location"].startswith(("https://evil", "//evil"))
     assert_consistent(queue)
 
 

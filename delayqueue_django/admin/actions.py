@@ -1,5 +1,5 @@
 """The admin's actions (POST only; CSRF is checked by the middleware): on messages (requeue,
-deliver now, delete), on schedules (pause, resume, remove), on the queue's flow (pause,
+deliver now, reschedule, delete), on schedules (pause, resume, remove), on the queue's flow (pause,
 resume, the rate limit), and purging dead letters."""
 
 import logging
@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from redis.exceptions import RedisError
 
+from delayqueue_django.admin.reschedule_form import RescheduleForm
 from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import loggable
@@ -69,6 +70,8 @@ class Actions(ViewsBase):
         if not ids:
             messages.warning(request, "No messages were selected.")
             return HttpResponseRedirect(back)
+        if name == "reschedule":
+            return self._reschedule(request, queue, ids, state, back)
 
         def perform() -> Done:
             done = self._perform(queue, name, ids, state)
@@ -78,6 +81,41 @@ class Actions(ViewsBase):
             return Done(said, {"ids": ",".join(ids), "done": done})
 
         return self._act(request, queue_name, name, back, perform)
+
+    def _reschedule(
+        self, request: HttpRequest, queue: Queue, ids: list[str], state: str, back: str
+    ) -> HttpResponse:
+        """Reschedule…: the POST from a list or a message's page asks for the new time (a
+        page, nothing written); the form's own POST, marked ``confirmed``, gives the
+        messages still waiting that due time, or shows the form again saying what is wrong,
+        having written nothing."""
+        form = RescheduleForm(request.POST if request.POST.get("confirmed") else None)
+        if not form.is_valid():
+            context = self._context(
+                request,
+                f"Reschedule messages of {queue.name}",
+                queue=queue,
+                form=form,
+                ids=ids,
+                state=state,
+                back=back,
+                action_url=self._url("action", queue.name),
+            )
+            return TemplateResponse(request, "admin/delayqueue_django/reschedule.html", context)
+
+        def perform() -> Done:
+            delay, at = form.cleaned_data["delay"], form.cleaned_data["at"]
+            done = sum(queue.reschedule(message_id, delay=delay, at=at) for message_id in ids)
+            said = (
+                f"Reschedule: {done} of {len(ids)} message(s) in queue {queue.name!r}, "
+                f"{form.described()}."
+            )
+            if done < len(ids):
+                said += " The others were no longer waiting (in flight, dead or gone)."
+            due = {"delay": f"{delay:g}"} if delay is not None else {"at": at.isoformat()}
+            return Done(said, {"ids": ",".join(ids), "done": done, **due})
+
+        return self._act(request, queue.name, "reschedule", back, perform)
 
     def _perform(self, queue: Queue, name: str, ids: list[str], state: str) -> int:
         if name == "requeue":

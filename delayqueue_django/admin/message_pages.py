@@ -6,6 +6,7 @@ from django.template.response import TemplateResponse
 from django.utils.http import content_disposition_header
 from redis.exceptions import RedisError
 
+from delayqueue_django.admin.dead_letters import why_it_died
 from delayqueue_django.admin.display import (
     MESSAGE_PAYLOAD_BYTES,
     as_datetime,
@@ -42,6 +43,7 @@ class MessagePages(ViewsBase):
             queue=queue,
             stored=stored,
             when=as_datetime(stored.score_ms),
+            dead_reason=why_it_died(stored) if stored.state == "garbage" else "",
             payload=stored.payload if cut else pretty_payload(stored.payload),
             cut=cut,
             shown_kib=MESSAGE_PAYLOAD_BYTES // 1024,

@@ -16,6 +16,7 @@ from delayqueue_django.admin.display import (
     shard_table,
 )
 from delayqueue_django.admin.message_search import SearchResult, search_messages
+from delayqueue_django.admin.queue_status import queue_status
 from delayqueue_django.admin.view_base import ACTIONS, PAGE_SIZE, ViewsBase
 from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
@@ -59,6 +60,11 @@ class QueuePages(ViewsBase):
                 row["shards_down"] = stats["shards_down"]
                 if stats["shards_down"]:
                     row["partial"] = unreachable(queue, shards or {})
+                # Not read while shard 0, which holds the flow state and the heartbeats, is
+                # down: the row says so.
+                if not shard_down(shards, "0"):
+                    live = heartbeat.live_workers(queue)
+                    row["status"] = queue_status(queue, queue.flow(), live)
             except RedisError as error:
                 row["error"] = str(error)
             rows.append(row)
@@ -102,11 +108,12 @@ class QueuePages(ViewsBase):
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers: list[dict[str, Any]] | None = None
             schedules: list[ScheduleInfo] | None = None
-            flow = None
+            flow = status = None
             if not shard_down(shards, "0"):
                 workers = heartbeat.live_workers(queue)
                 schedules = queue.schedules.all()
                 flow = queue.flow()
+                status = queue_status(queue, flow, workers)
         except RedisError as error:
             return self._unavailable(
                 request, "queue.html", f"Queue {queue_name}", queue, error, **shard_context
@@ -170,6 +177,7 @@ class QueuePages(ViewsBase):
             else [self._schedule_row(queue, info) for info in schedules],
             schedule_action_url=self._url("schedule_action", queue_name),
             flow=flow,
+            status=status,
             flow_action_url=self._url("flow_action", queue_name),
         )
         return TemplateResponse(request, "admin/delayqueue_django/queue.html", context)

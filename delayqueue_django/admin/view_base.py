@@ -18,10 +18,14 @@ from delayqueue_django.exceptions import UnknownQueue
 
 PAGE_SIZE = 50
 
+# The states of a message that waits to be handed out: those a reschedule acts on.
+WAITING = ("pending", "ready", "retry")
 # Which actions apply to which state, and the permission each needs.
 ACTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "requeue": ("Requeue (fresh retry budget)", "change", ("garbage",)),
     "deliver_now": ("Deliver now", "change", ("pending",)),
+    # Asks for the new time on a page of its own (see Actions._reschedule).
+    "reschedule": ("Reschedule…", "change", WAITING),
     "delete": ("Delete", "delete", STATES),
 }
 

@@ -235,7 +235,7 @@ class StoredMessage:
     unannounced: bool = False
     key: str | None = None
     generation: int = 0
-    # Its ordered group (None: none; listings leave it out).
+    # Its ordered group (None: none).
     group: str | None = None
     # A dead letter's reason when it is not the default (see NackOutcome.dead_reason).
     dead_reason: str = ""

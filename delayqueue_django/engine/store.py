@@ -807,8 +807,11 @@ class RedisStore:
             raise ValueError(f"unknown state {state!r}; the states are {', '.join(STATES)}")
         flat, _ = self._run("list", [state, offset, limit, preview_bytes])
         return [
-            _stored(flat[i], state, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], False)
-            for i in range(0, len(flat), 5)
+            replace(
+                _stored(flat[i], state, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], False),
+                group=_optional_shown(flat[i + 5]),
+            )
+            for i in range(0, len(flat), 6)
         ]
 
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:

@@ -1210,6 +1210,27 @@ local function preview(body, limit)
   return prefix .. (limit and utf8_prefix(payload, limit) or payload), string.len(payload)
 end
 
+-- A dead letter's reason when it is not the default ("expired", "postponed too often";
+-- see "Expiry and postpones"), else "".
+local function dead_reason_of(id)
+  if redis.call('TYPE', dead_reasons)['ok'] == 'hash' then
+    return redis.call('HGET', dead_reasons, id) or ''
+  end
+  return ''
+end
+
+-- The meta record peek, lookup and list show for a message without one of its own: made
+-- up from its stored payload (first_meta) for a message never handed out, as a hand-out
+-- writes the first record: one waiting in pending or ready, or a dead letter its expiry
+-- buried before any delivery (reason "expired"); false for any other, whose record is
+-- missing. `reason` is its dead reason (dead_reason_of; "" for one not dead).
+local function made_up_meta(state, reason, stored)
+  if state == 'pending' or state == 'ready' or (state == 'garbage' and reason == 'expired') then
+    return first_meta(stored) or false
+  end
+  return false
+end
+
 -- Where one message is and what it holds, for peek and lookup (read-only): {state, score,
 -- payload, size, meta, unannounced, group, reason, warnings} as peek.lua's header
 -- describes them; the keys in `foreign` (see foreign_keys) read as empty.
@@ -1239,16 +1260,16 @@ local function describe(id, preview_bytes, foreign)
   if not foreign[metas] then
     meta = redis.call('HGET', metas, id)
   end
-  if not meta and (state == 'pending' or state == 'ready') then
-    meta = first_meta(stored) or false
+  -- A dead letter's reason, when not the default (see "Expiry and postpones").
+  local reason = ''
+  if state == 'garbage' then
+    reason = dead_reason_of(id)
+  end
+  if not meta then
+    meta = made_up_meta(state, reason, stored)
   end
   if not foreign[exhausted] and redis.call('ZSCORE', exhausted, id) then
     unannounced = 1
-  end
-  -- A dead letter's reason, when not the default (see "Expiry and postpones").
-  local reason = ''
-  if state == 'garbage' and redis.call('TYPE', dead_reasons)['ok'] == 'hash' then
-    reason = redis.call('HGET', dead_reasons, id) or ''
   end
   -- Ordered groups: a parked message shows its due time, and any grouped one its group.
   if state == 'pending' and score >= PARKED then

@@ -2,7 +2,8 @@
   list: one page of the messages in a state, in queue order (read-only). Ranges are
   bounded by `limit`, so a page costs the same with a million messages as with ten.
 
-  KEYS: the queue's key layout (see _prelude.lua); reads the state's key, payload, meta.
+  KEYS: the queue's key layout (see _prelude.lua); reads the state's key, payload, meta,
+        and a dead letter's reason and a message's group where the queue has them.
   ARGV[1]  state: pending, ready, unack, retry or garbage
   ARGV[2]  offset, ARGV[3] limit
   ARGV[4]  preview_bytes: payloads longer than this are cut to at most this many bytes,
@@ -11,8 +12,9 @@
   Returns {entries, warnings}; entries is a flat list of
     id, score (due time, deadline or burial time in ms; -1 for the lists),
     payload (possibly cut; false if missing), payload size in bytes, meta (false if missing;
-    made up for a message never handed out, as peek does). A keyed message's payload keeps
-    its key prefix whole before the cut payload, and its size leaves the prefix out.
+    made up for a message never handed out, as peek does), ordered group (false for none).
+    A keyed message's payload keeps its key prefix whole before the cut payload, and its
+    size leaves the prefix out.
 ]]
 
 local state, offset, limit = args[1], tonumber(args[2]), tonumber(args[3])
@@ -37,6 +39,9 @@ if key and not foreign[key] and limit > 0 then
       end
     end
   end
+  -- Ordered groups: each message's group, read only on a queue that has had them.
+  local group_of = group_names()
+  local grouped = redis.call('TYPE', group_of)['ok'] == 'hash'
   for i, id in ipairs(ids) do
     local stored, payload = false, false
     local size = 0
@@ -51,14 +56,20 @@ if key and not foreign[key] and limit > 0 then
     if not foreign[metas] then
       meta = redis.call('HGET', metas, id)
     end
-    if not meta and (key == pending or key == ready) then
-      meta = first_meta(stored) or false
+    if not meta then
+      meta = made_up_meta(state, state == 'garbage' and dead_reason_of(id) or '', stored)
+    end
+    local group = false
+    if grouped then
+      local _, named = split_group(redis.call('HGET', group_of, id))
+      group = named or false
     end
     table.insert(entries, id)
     table.insert(entries, scores[i] or -1)
     table.insert(entries, payload)
     table.insert(entries, size)
     table.insert(entries, meta)
+    table.insert(entries, group)
   end
 end
 return {entries, warnings}

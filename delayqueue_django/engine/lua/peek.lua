@@ -12,8 +12,8 @@
     score        due time, deadline or burial time in ms (-1 for ready and retry)
     payload      the JSON text (possibly cut), or false; size its whole length in bytes
                  (0 if missing); meta "lease:attempt:budget:due", or false
-                 (a message never handed out, pending or ready, has its first made
-                 up from its payload: see first_meta)
+                 (a message never handed out, pending or ready, or dead by its expiry,
+                 has its first made up from its payload: see made_up_meta)
     unannounced  1 if its exhaustion is still to be announced
     group        its ordered group, or false (a parked one's score is its due time)
     reason       a dead letter's reason when it is not the default ("expired", "postponed

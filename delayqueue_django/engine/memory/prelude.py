@@ -213,7 +213,7 @@ def stored(
         unannounced=peeked and message_id in state.exhausted,
         key=key,
         generation=generation,
-        group=groups.group_of(state, message_id) if peeked else None,
+        group=groups.group_of(state, message_id),
         dead_reason=state.dead_reasons.get(message_id, "") if where == "garbage" else "",
     )
 

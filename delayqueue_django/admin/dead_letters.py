@@ -1,0 +1,46 @@
+"""Why a dead letter died, in words, from what the queue keeps of it: its dead reason when
+that is not the default, else its attempts against its retry budget, which tell a message
+whose retries were used up from one buried before (a Reject buries at once). The queue
+keeps no history of a message's attempts: what each one raised is in the workers' log."""
+
+from django.template.defaultfilters import date as format_date
+
+from delayqueue_django.admin.display import as_datetime
+from delayqueue_django.engine import EXPIRED, POSTPONED_TOO_OFTEN, StoredMessage
+
+# As every time on the admin's pages (see docs/guides/admin.md).
+TIME_FORMAT = "Y-m-d H:i:s T"
+
+
+def why_it_died(stored: StoredMessage) -> str:
+    """What the page says of a dead letter (``stored`` as peek reads it)."""
+    if stored.dead_reason == EXPIRED:
+        # Buried by a fetch that found its expiry passed, or by the nack whose retry would
+        # have come at or after it: either way its burial time is when.
+        when = format_date(as_datetime(stored.score_ms), TIME_FORMAT) or "an unknown time"
+        return (
+            f"expired: dead-lettered at {when}, when its expiry had passed before it could be "
+            "delivered (or tried again). A requeue runs it without its expiry."
+        )
+    if stored.dead_reason == POSTPONED_TOO_OFTEN:
+        return "postponed too often: one postpone more than the queue's MAX_POSTPONES"
+    if stored.dead_reason:  # (a reason of a later release, or a foreign write)
+        return stored.dead_reason
+    if stored.payload is None:
+        return "its payload is missing: such a message cannot be delivered, and is set aside"
+    attempt, budget, left = stored.attempt, stored.budget, stored.retries_left
+    if attempt is None or budget is None or left is None:
+        return "not known: its delivery record is missing (a damaged message is set aside)"
+    if attempt == 0:
+        return "never delivered: set aside as damaged (the workers' log says why)"
+    if left == 0:
+        tries = "the first, with no retry" if budget == 0 else f"the first and {budget} retr"
+        tries += "" if budget == 0 else ("y" if budget == 1 else "ies")
+        return (
+            f"retries used up: attempt {attempt} was its last ({tries}); it failed, timed out "
+            "or was rejected"
+        )
+    return (
+        f"rejected on attempt {attempt}, with {left} of its {budget} retries left: its handler "
+        "raised Reject, its payload could not be decoded, or Queue.bury() buried it"
+    )

@@ -1,0 +1,122 @@
+"""A dead letter's page says what is known of it (issue #33): an expired one its attempt and
+retries (not "?") and that it expired, and when; another, from its attempts and retry
+budget, whether its retries were used up or it was rejected before they were."""
+
+import html
+import re
+import time
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from delayqueue_django import get_queue
+from tests.helpers import fetch_when_due
+
+pytestmark = pytest.mark.django_db
+
+SHOWN_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+def url(name: str, *args: str) -> str:
+    return reverse(f"admin:delayqueue_django_queue_{name}", args=args)
+
+
+def superuser() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    return client
+
+
+def cells(page: str) -> dict[str, str]:
+    """The message page's rows, heading -> the text of its cell (tags dropped, unescaped)."""
+    rows = re.findall(r"<tr><th>(.*?)</th><td[^>]*>(.*?)</td></tr>", page, re.S)
+    return {
+        html.unescape(re.sub(r"<[^>]+>", "", head)): " ".join(
+            html.unescape(re.sub(r"<[^>]+>", " ", cell)).split()
+        )
+        for head, cell in rows
+    }
+
+
+def message_cells(client: Client, message_id: str) -> dict[str, str]:
+    return cells(client.get(url("message", "default", message_id)).content.decode())
+
+
+def dead_letter_row(client: Client, message_id: str) -> str:
+    page = client.get(url("detail", "default") + "?state=garbage").content.decode()
+    row = re.search(rf"<tr>(?:(?!</tr>).)*?>{re.escape(message_id)}</a>.*?</tr>", page, re.S)
+    assert row is not None
+    return row.group(0)
+
+
+def test_an_expired_dead_letter_shows_its_attempt_and_retries_and_when_it_expired(
+    backend_url: str,
+) -> None:
+    # Buried by a fetch before any delivery: on Redis it has no meta record of its own (a
+    # delivery writes one), and its page said "Attempt ?" and "Retries left ? of ?".
+    queue = get_queue()
+    expired = queue.send({"n": 1}, expires=0.05, retry_count=4)
+    time.sleep(0.1)
+    assert queue.fetch(10).messages == []
+    stored = queue.peek(expired)
+    assert stored is not None
+    assert (stored.state, stored.dead_reason) == ("garbage", "expired")
+    assert (stored.attempt, stored.budget) == (0, 4)
+
+    client = superuser()
+    shown = message_cells(client, expired)
+    assert shown["Attempt"] == "0 (never delivered)"
+    assert shown["Retries left"] == "4 of 4"
+    assert re.fullmatch(
+        rf"expired: dead-lettered at {SHOWN_TIME}, when its expiry had passed before it could "
+        r"be delivered \(or tried again\)\. A requeue runs it without its expiry\.",
+        shown["Why it died"],
+    ), shown["Why it died"]
+    assert "?" not in shown["Attempt"] + shown["Retries left"]
+    # The list of dead letters too: its attempt and retries, not question marks.
+    [page_entry] = [
+        entry
+        for entry in queue.list_messages("garbage", offset=0, limit=10, preview_bytes=10)
+        if entry.id == expired
+    ]
+    assert (page_entry.attempt, page_entry.budget) == (0, 4)
+    row = dead_letter_row(client, expired)
+    assert "<td>0</td>" in row
+    assert "<td>4</td>" in row
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_dead_letter_says_whether_its_retries_were_used_up_or_it_was_rejected(
+    backend: str, settings: Any
+) -> None:
+    if backend == "memory":
+        settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    queue = get_queue()
+    used_up = queue.send({"n": 1}, retry_count=1)
+    rejected = queue.send({"n": 2}, retry_count=3)
+    for _ in range(2):
+        deliveries = {m.id: m for m in fetch_when_due(queue, 10)}
+        queue.nack([deliveries[used_up]], delay=0)
+        if rejected in deliveries:
+            queue.nack([deliveries[rejected]], delay=0)
+    # Attempt 2 of "rejected" is buried at once (a Reject), two of its three retries left.
+    [again] = fetch_when_due(queue, 10)
+    assert again.id == rejected
+    queue.bury([again])
+
+    client = superuser()
+    shown = message_cells(client, used_up)
+    assert shown["Why it died"] == (
+        "retries used up: attempt 2 was its last (the first and 1 retry); it failed, timed out "
+        "or was rejected"
+    )
+    assert shown["Retries left"] == "0 of 1"
+    shown = message_cells(client, rejected)
+    assert shown["Why it died"] == (
+        "rejected on attempt 3, with 1 of its 3 retries left: its handler raised Reject, its "
+        "payload could not be decoded, or Queue.bury() buried it"
+    )
+    assert shown["Retries left"] == "1 of 3"
