@@ -25,6 +25,7 @@ from delayqueue_django.exceptions import (
     Retry,
     TimeLimitExceeded,
 )
+from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.testing import memory_queues
 from delayqueue_django.worker import Worker
 from delayqueue_django.worker.handling import Verdict
@@ -377,3 +378,50 @@ def test_an_async_handler_uses_the_async_orm_and_a_sync_orm_call_is_refused(
     [(refused_id, error)] = nacked
     assert refused_id == refused
     assert isinstance(error, SynchronousOnlyOperation)
+
+
+def test_a_heartbeat_names_the_longest_running_handlers_and_counts_them_all(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    configure(settings, redis_server.url)
+    queue = get_queue()
+    for _ in range(30):
+        queue.send({"do": "sleep", "seconds": 1.0})
+    worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=50)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while worker.details()["running_count"] < 30 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        details = worker.details()
+    finally:
+        thread.join()
+    assert details["running_count"] == 30
+    assert len(details["running"]) == 20
+
+
+def test_a_ticks_schedule_is_read_off_the_event_loop(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """An async queue's tick is judged by its schedule, read from Redis in a thread: the
+    loop's thread never waits on Redis for it."""
+    configure(settings, redis_server.url)
+    queue = get_queue()
+    queue.schedules.add("often", every=1, payload={"do": "ack"})
+    read_in: list[str] = []
+    real = ScheduleRunner.declines
+
+    def spied(self: ScheduleRunner, message: Message) -> bool:
+        read_in.append(threading.current_thread().name)
+        return real(self, message)
+
+    ScheduleRunner.declines = spied  # type: ignore[method-assign]
+    try:
+        time.sleep(1.1)  # its first tick falls due
+        call_command("run_delayqueue", burst=True, stdout=StringIO())
+    finally:
+        ScheduleRunner.declines = real  # type: ignore[method-assign]
+    assert read_in
+    assert "delayqueue-event-loop" not in read_in
+    assert [do for do, _ in RAN][:1] == ["ack"]

@@ -559,6 +559,12 @@ class ScheduleRunner:
 
     # Running ticks
 
+    @staticmethod
+    def may_decline(message: Message) -> bool:
+        """Whether ``message`` is a tick's first delivery, the only kind ``declines`` judges
+        (by the id alone: no read)."""
+        return message.attempt == 1 and parse_tick_id(message.id) is not None
+
     def declines(self, message: Message) -> bool:
         """Whether ``message`` is a tick not to run: the worker acks it without running its
         handler (this logs why). The tick's schedule is read from the store as the tick is

@@ -1,6 +1,7 @@
 """What every part of a ``QueueConsumer`` stands on: the worker it asks (``Host``), its
 state, and what other threads call on it (a wake-up, a handler's run)."""
 
+import asyncio
 import itertools
 import logging
 import math
@@ -239,7 +240,11 @@ class ConsumerState(threading.Thread):
     async def ahandle(self, message: Message) -> Outcome:
         """Await the async handler, on the worker's event loop; its TIME_LIMIT cancels it."""
         started_ms = self.redis_now_ms()
-        if self.schedules.declines(message):
+        # A tick's schedule is read from Redis: in a thread, never on the loop (a Redis
+        # that stalls would stall every coroutine).
+        if self.schedules.may_decline(message) and await asyncio.to_thread(
+            self.schedules.declines, message
+        ):
             return Outcome(message, Verdict.ACK)
         handler = self.handler
         if not self.on_loop:

@@ -43,6 +43,8 @@ logger = logging.getLogger("delayqueue_django.worker")
 SUMMARY_SECONDS = 10.0
 # How often a worker prunes the processed ids of its EXACTLY_ONCE queues.
 PRUNE_PROCESSED_SECONDS = 60.0
+# The longest-running handlers a heartbeat names (running_count counts them all).
+RUNNING_REPORTED = 20
 # How long a burst run waits for a Redis it cannot reach before it gives up. Long enough for
 # a Redis restart (loading a dataset of some GB takes tens of seconds) or a failover
 # (Sentinel's default down-after is 30 s, Redis Cluster's node timeout 15 s), which the burst
@@ -223,13 +225,17 @@ class Worker:
             "time_limit_overruns": self.time_limit_overruns,
             "last_seen": time.time(),
             "running": self.running_handlers(),
+            "running_count": len(self._running()),
         }
 
     def running_handlers(self) -> list[dict[str, Any]]:
-        """The handlers running now, the longest-running first: the message (id, queue,
-        attempt), ``age`` (seconds since the handler started) and ``past_deadline`` (its
-        delivery timed out: the next fetch of any worker delivers the message again)."""
+        """The handlers running now, the longest-running first, at most RUNNING_REPORTED of
+        them (with a thousand coroutines in flight, a heartbeat naming them all would weigh
+        some 100 KB, written every beat): the message (id, queue, attempt), ``age`` (seconds
+        since the handler started) and ``past_deadline`` (its delivery timed out: the next
+        fetch of any worker delivers the message again)."""
         now = time.monotonic()
+        longest = sorted(self._running(), key=lambda running: running.started_at)
         return [
             {
                 "id": running.job.message.id,
@@ -239,7 +245,7 @@ class Worker:
                 "past_deadline": running.job.consumer.redis_now_ms()
                 > running.job.message.deadline_ms,
             }
-            for running in sorted(self._running(), key=lambda running: running.started_at)
+            for running in longest[:RUNNING_REPORTED]
         ]
 
     def _running(self) -> list[Running]:
@@ -320,13 +326,13 @@ class Worker:
         running, verdicts wait for a Redis that does not take them."""
         if self._running():
             logger.warning(
-                "handlers still running after the %.0f s grace period; leaving them "
+                "handlers still running after the %g s grace period; leaving them "
                 "to come back through their deadline",
                 self.grace,
             )
             return
         logger.warning(
-            "verdicts still not committed after the %.0f s grace period (Redis unreachable "
+            "verdicts still not committed after the %g s grace period (Redis unreachable "
             "or refusing them); those messages are delivered again after their lease "
             "(MAX_CONSUME_DURATION)",
             self.grace,
