@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 
 # Every way a client runs server-side Lua: scripts (EVALSHA and kin) and functions (FCALL).
 SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})

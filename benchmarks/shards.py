@@ -20,7 +20,7 @@ from benchmarks.report import Row
 from benchmarks.send import DELAY
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.shards import shard_keys, shard_name, slot_of
+from delayqueue_django.engine.sharding.placement import shard_keys, shard_name, slot_of
 from tests.redis_servers import RedisClusterServers
 
 

@@ -12,7 +12,7 @@ from django.db import connections
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import flush_servers
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.worker import async_handling
 from tests.backends import (
     BACKEND_OPTIONS,

@@ -9,7 +9,7 @@ from django.db import connections
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, RedisStore
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.exceptions import QueueUnavailable
 
 

@@ -18,10 +18,11 @@ from django.urls import reverse
 from delayqueue_django import get_queue
 from delayqueue_django.admin.display import INDENTED_CHARS, MESSAGE_PAYLOAD_BYTES
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import NewMessage, printable, shard_layouts
+from delayqueue_django.engine import NewMessage, printable
 from delayqueue_django.engine.records import ScheduleFailure
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import slot_of
+from delayqueue_django.engine.sharding import layouts as shard_layouts
+from delayqueue_django.engine.sharding.placement import slot_of
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.schedules.definition import Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
 from delayqueue_django.worker import heartbeat

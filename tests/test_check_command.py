@@ -11,7 +11,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.memory import get_server
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from tests.backends import SHARDED_BACKENDS
 
 

@@ -14,7 +14,7 @@ import time_machine
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from tests.helpers import fetch_when_due, store_time_ms, wait_for
 from tests.redis_servers import RedisServer
 

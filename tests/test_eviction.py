@@ -11,7 +11,7 @@ from django.core.management import call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from tests.helpers import redis_store
 from tests.redis_servers import RedisServer
 

@@ -12,8 +12,8 @@ import redis
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.message import Message
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import SHARD_MARK, key_shard
+from delayqueue_django.engine.sharding.placement import SHARD_MARK, key_shard
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.models import OutboxMessage
 from delayqueue_django.outbox import exactly_once
 from delayqueue_django.outbox.exactly_once import prune_queues

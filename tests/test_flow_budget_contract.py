@@ -10,7 +10,7 @@ import pytest
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, FlowState
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from tests.backends import REDIS_BACKENDS
 
 pytestmark = pytest.mark.parametrize("backend_url", [*REDIS_BACKENDS, "memory"], indirect=True)

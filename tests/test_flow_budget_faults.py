@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import FetchResult
-from delayqueue_django.engine.sharded_store import ShardedStore, parts
+from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from tests.flow_gates.scenario import busiest_window
 from tests.test_flow_budget_shards import send_to_one_shard
 

@@ -10,8 +10,8 @@ import pytest
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.flow import Reservation
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import key_shard
+from delayqueue_django.engine.sharding.placement import key_shard
+from delayqueue_django.engine.sharding.store import parts
 from tests.flow_gates.scenario import busiest_window
 
 pytestmark = pytest.mark.parametrize("backend_url", ["standalone", "memory"], indirect=True)

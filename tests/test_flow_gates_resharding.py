@@ -11,8 +11,8 @@ import pytest
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.flow import FlowState
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import shard_of
+from delayqueue_django.engine.sharding.placement import shard_of
+from delayqueue_django.engine.sharding.store import parts
 
 # (On the Cluster, a layout's shards lie on other masters than shard 0.)
 pytestmark = pytest.mark.parametrize(

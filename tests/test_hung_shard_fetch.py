@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from delayqueue_django.engine.records import NewMessage
-from delayqueue_django.engine.shard_hangs import FETCH_PATIENCE_SECONDS
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.engine.sharding.hangs import FETCH_PATIENCE_SECONDS
+from delayqueue_django.engine.sharding.placement import shard_name, shard_of
+from delayqueue_django.engine.sharding.store import ShardedStore
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers
 from tests.test_shard_outage import doomed_master

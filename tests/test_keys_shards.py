@@ -14,10 +14,16 @@ import pytest
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import shard_layouts
 from delayqueue_django.engine.records import KeyedSent, NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore, parts
-from delayqueue_django.engine.shards import key_shard, place, shard_name, shard_of, with_shard
+from delayqueue_django.engine.sharding import layouts as shard_layouts
+from delayqueue_django.engine.sharding.placement import (
+    key_shard,
+    place,
+    shard_name,
+    shard_of,
+    with_shard,
+)
+from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from delayqueue_django.exceptions import DuplicateKey
 from tests.backends import SHARDED_BACKENDS
 from tests.conftest import MEMORY_URL

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import delayqueue_django as delayqueue
-from delayqueue_django.engine import shard_layouts
 from delayqueue_django.engine.records import NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import shard_keys, shard_suffix
+from delayqueue_django.engine.sharding import layouts as shard_layouts
+from delayqueue_django.engine.sharding.placement import shard_keys, shard_suffix
+from delayqueue_django.engine.sharding.store import ShardedStore
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers
 

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 
 import delayqueue_django as delayqueue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.engine.shards import SHARD_MARK, shard_of
+from delayqueue_django.engine.sharding.placement import SHARD_MARK, shard_of
 from delayqueue_django.outbox import queue_index
 from delayqueue_django.outbox.models import OUTBOX_QUEUE_INDEX, OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay

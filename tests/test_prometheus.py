@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.timings import HISTOGRAMS, Timings, histogram_from_totals
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.worker import heartbeat
 from tests.backends import SHARDED_BACKENDS
 from tests.helpers import send_what_reaches_redis, wait_for

@@ -13,8 +13,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import delayqueue_django as delayqueue
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.models import OutboxMessage
 from delayqueue_django.outbox.relay import OutboxRelay
 from tests.helpers import wait_for

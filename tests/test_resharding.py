@@ -12,10 +12,10 @@ from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import shard_layouts
 from delayqueue_django.engine.records import NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore, parts
-from delayqueue_django.engine.shards import LAYOUTS_CHANGED, layout_names, shard_of
+from delayqueue_django.engine.sharding import layouts as shard_layouts
+from delayqueue_django.engine.sharding.placement import LAYOUTS_CHANGED, layout_names, shard_of
+from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from tests.conftest import MEMORY_URL
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer

@@ -13,8 +13,8 @@ from redis.exceptions import RedisError
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore, parts
-from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from tests.helpers import asked_for_stats, wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer
 from tests.test_worker_processes import WorkerProcess, events

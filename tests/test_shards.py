@@ -21,11 +21,11 @@ import delayqueue_django
 from delayqueue_django import get_queue
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import STATES, FetchResult, NewMessage, shard_fetch
+from delayqueue_django.engine import STATES, FetchResult, NewMessage
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import (
+from delayqueue_django.engine.sharding import fetch as shard_fetch
+from delayqueue_django.engine.sharding.layouts import SHARD_RETRY_SECONDS
+from delayqueue_django.engine.sharding.placement import (
     MAX_SHARDS,
     parse_name,
     shard_keys,
@@ -34,6 +34,7 @@ from delayqueue_django.engine.shards import (
     shard_suffix,
     slot_of,
 )
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.worker import Worker
 from tests.helpers import fetch_when_due, wait_for

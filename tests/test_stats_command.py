@@ -18,8 +18,8 @@ from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import slot_of
+from delayqueue_django.engine.sharding.placement import slot_of
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.management.commands.delayqueue_stats import COUNTS
 from delayqueue_django.worker import Worker, heartbeat
 from tests.backends import SHARDED_BACKENDS

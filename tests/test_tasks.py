@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_name, shard_of
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.outbox.models import ProcessedMessage
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall

@@ -20,7 +20,7 @@ from django.dispatch import receiver
 from delayqueue_django import get_queue, handler, signals
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import RedisStore
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.exceptions import Reject
 
 LOG_KEY = "test:log"

@@ -11,7 +11,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from delayqueue_django.core import features
 from delayqueue_django.core.conf_problem import SETTING, Problem
-from delayqueue_django.engine.shards import MAX_SHARDS
+from delayqueue_django.engine.sharding.placement import MAX_SHARDS
 
 # Batch sizes beyond this would make single script calls long (and Lua's stack is small).
 MAX_BATCH_SIZE = 10_000

@@ -6,7 +6,7 @@ from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine import QueueKeys, RedisStore, Store, StoreLimits
 from delayqueue_django.engine.memory import MemoryStore, get_server
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.sharding.store import ShardedStore
 
 
 def store_for(config: QueueConfig) -> Store:

@@ -32,8 +32,8 @@ from typing import Any
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import STATES, meta_numbers
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_name, shard_of
+from delayqueue_django.engine.sharding.store import parts
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,7 @@ from delayqueue_django.engine.records import (
     split_trace,
 )
 from delayqueue_django.engine.scripts import Lua
-from delayqueue_django.engine.shards import LAYOUTS_CHANGED
+from delayqueue_django.engine.sharding.placement import LAYOUTS_CHANGED
 
 logger = logging.getLogger("delayqueue_django.engine")
 

@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayqueue_django.core import client_options
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 
 # The queue's keys that carry a TTL: all a volatile-* policy may evict.
 KEYS_WITH_A_TTL = (

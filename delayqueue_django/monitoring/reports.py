@@ -13,9 +13,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.protocol import ShardStore
-from delayqueue_django.engine.shard_stats import partial_stats, read_stats
-from delayqueue_django.engine.sharded_store import parts
-from delayqueue_django.engine.shards import slot_of
+from delayqueue_django.engine.sharding.placement import slot_of
+from delayqueue_django.engine.sharding.stats import partial_stats, read_stats
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.exceptions import QueueUnavailable
 from delayqueue_django.worker import heartbeat
 

@@ -52,8 +52,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayqueue_django.core.backoff import Backoff
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import SHARD_MARK
+from delayqueue_django.engine.sharding.placement import SHARD_MARK
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.outbox import mysql_errors
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.key_deletes import delete_by_keys

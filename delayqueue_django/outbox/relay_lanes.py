@@ -25,7 +25,7 @@ from typing import TypeVar
 from django.db.models import Q
 
 from delayqueue_django.core.backoff import Backoff
-from delayqueue_django.engine.shards import SHARD_MARK, shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import SHARD_MARK, shard_name, shard_of
 
 logger = logging.getLogger("delayqueue_django.relay")
 

@@ -10,8 +10,8 @@ from redis.exceptions import RedisError
 
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine.errors import is_outage, timed_out
-from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS
-from delayqueue_django.engine.sharded_store import ShardedStore
+from delayqueue_django.engine.sharding.layouts import SHARD_RETRY_SECONDS
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.worker import verdicts
 from delayqueue_django.worker.consumer_pool import ConsumerPool
 from delayqueue_django.worker.handling import Outcome, Verdict

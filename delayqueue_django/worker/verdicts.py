@@ -17,7 +17,7 @@ from delayqueue_django import signals
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import EXPIRED, loggable
-from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_name, shard_of
 from delayqueue_django.worker.handling import Outcome, Verdict
 from delayqueue_django.worker.loop_pool import LoopPool
 

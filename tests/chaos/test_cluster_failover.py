@@ -18,7 +18,7 @@ import pytest
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.keys import QueueKeys
-from delayqueue_django.engine.shards import shard_keys
+from delayqueue_django.engine.sharding.placement import shard_keys
 from tests.chaos import ledger
 from tests.chaos.conftest import queue_settings
 from tests.chaos.failover import conclude_failover

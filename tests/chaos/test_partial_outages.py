@@ -21,8 +21,8 @@ from django.db import transaction
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import shard_keys, shard_name, shard_of
+from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.models import OutboxMessage
 from delayqueue_django.outbox.relay import LANE_PATIENCE_SECONDS
 from tests.chaos import ledger

@@ -9,7 +9,7 @@ from typing import Any
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.invariants import parse_snapshot
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from tests.chaos.fleet import ROOT, WorkerFleet
 from tests.keys_race import journal
 

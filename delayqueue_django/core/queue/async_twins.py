@@ -21,8 +21,8 @@ from delayqueue_django.core.queue.producing import (
 )
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
-from delayqueue_django.engine.sharded_store import ShardedStore
-from delayqueue_django.engine.shards import SHARD_MARK
+from delayqueue_django.engine.sharding.placement import SHARD_MARK
+from delayqueue_django.engine.sharding.store import ShardedStore
 
 
 class QueueAsync(QueueProducing, QueueOperating):

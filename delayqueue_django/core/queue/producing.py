@@ -18,7 +18,7 @@ from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse
 from delayqueue_django.core.outgoing import Outgoing, refuse_call_options
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
 from delayqueue_django.engine import KeyedSent, NewMessage
-from delayqueue_django.engine.shards import key_shard, place, with_shard
+from delayqueue_django.engine.sharding.placement import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions, DelayQueueError
 
 # A message's timing for NewMessage: at_ms, delay_us, budget, expires_at_ms, expires_in_us.

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.memory.base import MemoryStoreBase
-from delayqueue_django.engine.shards import LAYOUTS_CHANGED
+from delayqueue_django.engine.sharding.placement import LAYOUTS_CHANGED
 
 
 class MemoryBookkeeping(MemoryStoreBase):

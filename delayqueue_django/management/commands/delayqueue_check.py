@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.invariants import InvariantReport, check_shard, combined
-from delayqueue_django.engine.sharded_store import parts
+from delayqueue_django.engine.sharding.store import parts
 from delayqueue_django.exceptions import (
     QueueConfigurationError,
     UnknownQueue,

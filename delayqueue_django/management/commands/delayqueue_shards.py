@@ -8,10 +8,10 @@ from django.core.management.base import CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from delayqueue_django.core import registry
-from delayqueue_django.engine.shard_layouts import HELD
-from delayqueue_django.engine.shard_stats import read_stats
-from delayqueue_django.engine.sharded_store import ShardedStore, parts
-from delayqueue_django.engine.shards import MAX_SHARDS, parse_name, slot_of
+from delayqueue_django.engine.sharding.layouts import HELD
+from delayqueue_django.engine.sharding.placement import MAX_SHARDS, parse_name, slot_of
+from delayqueue_django.engine.sharding.stats import read_stats
+from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.own_process import OwnProcessCommand
 

@@ -37,14 +37,14 @@ from delayqueue_django.engine.errors import QueueTimedOut, timed_out
 from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, Reservation
 from delayqueue_django.engine.protocol import ChannelSubscription
 from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult
-from delayqueue_django.engine.shard_hangs import (
+from delayqueue_django.engine.sharding.hangs import (
     FETCH_PATIENCE_SECONDS,
     Hang,
     start_probe,
     wait_for_probes,
 )
-from delayqueue_django.engine.shard_layouts import SHARD_RETRY_SECONDS, ShardLayouts
-from delayqueue_django.engine.shard_plan import ShardPlan
+from delayqueue_django.engine.sharding.layouts import SHARD_RETRY_SECONDS, ShardLayouts
+from delayqueue_django.engine.sharding.plan import ShardPlan
 
 logger = logging.getLogger("delayqueue_django.engine")
 

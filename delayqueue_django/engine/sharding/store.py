@@ -72,11 +72,9 @@ from delayqueue_django.engine.records import (
     StoredMessage,
     Tick,
 )
-from delayqueue_django.engine.shard_fetch import ShardFetching
-from delayqueue_django.engine.shard_flow import spread
-from delayqueue_django.engine.shard_reads import ShardReads
-from delayqueue_django.engine.shard_wakeups import ShardedWakeups
-from delayqueue_django.engine.shards import (
+from delayqueue_django.engine.sharding.fetch import ShardFetching
+from delayqueue_django.engine.sharding.flow import spread
+from delayqueue_django.engine.sharding.placement import (
     SHARD_MARK,
     key_shard,
     layout_names,
@@ -86,6 +84,8 @@ from delayqueue_django.engine.shards import (
     shard_of,
     with_shard,
 )
+from delayqueue_django.engine.sharding.reads import ShardReads
+from delayqueue_django.engine.sharding.wakeups import ShardedWakeups
 
 T = TypeVar("T")
 

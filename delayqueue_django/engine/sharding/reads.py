@@ -4,8 +4,8 @@ every shard it reads (the live and the draining ones)."""
 from collections.abc import Mapping
 
 from delayqueue_django.engine.records import StoredMessage
-from delayqueue_django.engine.shard_layouts import ShardLayouts
-from delayqueue_django.engine.shard_stats import partial_stats, read_stats
+from delayqueue_django.engine.sharding.layouts import ShardLayouts
+from delayqueue_django.engine.sharding.stats import partial_stats, read_stats
 
 
 class ShardReads(ShardLayouts):

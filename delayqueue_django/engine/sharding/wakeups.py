@@ -2,8 +2,8 @@
 
 import time
 
-from delayqueue_django.engine.shard_fetch import ShardFetching
-from delayqueue_django.engine.shards import LAYOUTS_CHANGED
+from delayqueue_django.engine.sharding.fetch import ShardFetching
+from delayqueue_django.engine.sharding.placement import LAYOUTS_CHANGED
 
 
 class ShardedWakeups:

@@ -39,10 +39,9 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.patient_calls import PatientCalls
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.records import StoreLimits
-from delayqueue_django.engine.shard_flow import NO_FLOW, spread
-from delayqueue_django.engine.shard_hangs import HungServers
-from delayqueue_django.engine.shard_plan import ShardPlan
-from delayqueue_django.engine.shards import (
+from delayqueue_django.engine.sharding.flow import NO_FLOW, spread
+from delayqueue_django.engine.sharding.hangs import HungServers
+from delayqueue_django.engine.sharding.placement import (
     MAX_SHARDS,
     key_shard,
     layout_names,
@@ -50,6 +49,7 @@ from delayqueue_django.engine.shards import (
     shard_keys,
     shard_name,
 )
+from delayqueue_django.engine.sharding.plan import ShardPlan
 
 logger = logging.getLogger("delayqueue_django.engine")
 
