@@ -12,14 +12,14 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from delayqueue_django.core import conf, handlers
-from delayqueue_django.core.conf_problem import SETTING
-from delayqueue_django.core.conf_spelling import folded, meant
-from delayqueue_django.core.loop_options import (
+from delayqueue_django.core.conf.loop import (
     DEFAULT_LOOP_BLOCKED_AFTER,
     LOOP_BLOCKED_AFTER_SETTING,
     loop_blocked_after_problem,
 )
-from delayqueue_django.core.queue_config import QueueConfig
+from delayqueue_django.core.conf.problem import SETTING
+from delayqueue_django.core.conf.queue_config import QueueConfig
+from delayqueue_django.core.conf.spelling import folded, meant
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox import table as outbox_table
 from delayqueue_django.outbox.databases import (

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 
 from delayqueue_django import get_queue, send
 from delayqueue_django.core import connections
-from delayqueue_django.core.client_options import (
+from delayqueue_django.core.conf.client import (
     CONNECT_TIMEOUT_SECONDS,
     HEALTH_CHECK_SECONDS,
     SOCKET_TIMEOUT_SECONDS,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import pytest
 
 from delayqueue_django import Outgoing
-from delayqueue_django.core.conf_values import MAX_BATCH_SIZE
+from delayqueue_django.core.conf.values import MAX_BATCH_SIZE
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from tests.backends import one_shard

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 
 from delayqueue_django import get_queue
 from delayqueue_django.checks import check_delayqueues
-from delayqueue_django.core.flow_options import parse_rate, shown_rate
+from delayqueue_django.core.conf.flow import parse_rate, shown_rate
 from delayqueue_django.prometheus import QueueCollector
 from tests.test_admin import client_for, make_user, url
 

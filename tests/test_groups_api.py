@@ -11,8 +11,8 @@ from django.db import transaction
 
 import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing
-from delayqueue_django.core.group_options import GROUP_MAX_BYTES
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue.group_options import GROUP_MAX_BYTES
 from delayqueue_django.engine import BURY, NewMessage
 from delayqueue_django.engine.sharding.placement import key_shard, shard_of
 from delayqueue_django.exceptions import ConflictingOptions, InvalidGroup

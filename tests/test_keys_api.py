@@ -19,9 +19,9 @@ from django.utils import timezone
 import delayqueue_django as delayqueue
 from delayqueue_django import Outgoing, signals
 from delayqueue_django.core import features
-from delayqueue_django.core.key_options import unique_ms
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.core.queue.key_options import unique_ms
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.engine.keyed import KEY_MAX_BYTES
 from delayqueue_django.exceptions import (

@@ -6,7 +6,7 @@ a reason a queue's messages may wait that its counts do not show."""
 from dataclasses import dataclass
 from typing import Any
 
-from delayqueue_django.core.flow_options import shown_rate
+from delayqueue_django.core.conf.flow import shown_rate
 from delayqueue_django.core.queue import Flow, Queue
 from delayqueue_django.monitoring.reports import worker_processes
 

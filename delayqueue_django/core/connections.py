@@ -16,8 +16,8 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from delayqueue_django.core import client_options
-from delayqueue_django.core.queue_config import QueueConfig
+from delayqueue_django.core.conf import client as client_options
+from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.engine.async_store import AsyncRedisClient
 from delayqueue_django.engine.store import RedisClient
 

@@ -15,8 +15,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 
 from delayqueue_django.core import features
+from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.core.message import Message
-from delayqueue_django.core.queue_config import QueueConfig
 
 Handler = Callable[[Message], Any]
 

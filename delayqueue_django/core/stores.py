@@ -2,7 +2,7 @@
 in-process memory store for ``memory://`` URLs; spread over shards with ``SHARDS``."""
 
 from delayqueue_django.core import connections
-from delayqueue_django.core.queue_config import QueueConfig
+from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.engine import QueueKeys, RedisStore, Store, StoreLimits
 from delayqueue_django.engine.memory import MemoryStore, get_server
 from delayqueue_django.engine.protocol import ShardStore

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayqueue_django.core import client_options
+from delayqueue_django.core.conf import client as client_options
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import RedisStore
 from delayqueue_django.engine.sharding.store import parts

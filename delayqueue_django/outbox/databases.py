@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
-from delayqueue_django.core.conf_problem import Problem
+from delayqueue_django.core.conf.problem import Problem
 from delayqueue_django.exceptions import QueueConfigurationError
 
 # The databases whose outbox tables relays read, and where send(outbox=True) may write.

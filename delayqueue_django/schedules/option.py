@@ -6,9 +6,9 @@ from typing import Any, cast
 
 from django.conf import settings
 
-from delayqueue_django.core.conf_problem import SETTING
+from delayqueue_django.core.conf.problem import SETTING
+from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.core.features import Report
-from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.exceptions import InvalidSchedule
 from delayqueue_django.schedules.definition import SETTINGS, Schedule, Subject, build
 

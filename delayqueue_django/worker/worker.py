@@ -23,8 +23,8 @@ import time
 from secrets import token_hex
 from typing import Any
 
+from delayqueue_django.core.conf.loop import loop_blocked_after
 from delayqueue_django.core.handlers import Handler, is_async, loop_router
-from delayqueue_django.core.loop_options import loop_blocked_after
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.prune_rounds import PruneRounds

@@ -9,10 +9,10 @@ from asgiref.sync import sync_to_async
 
 from delayqueue_django.core import connections, tracing
 from delayqueue_django.core.encoding import due_spec
-from delayqueue_django.core.group_options import check_group
-from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.outgoing import refuse_call_options
 from delayqueue_django.core.queue.base import _areaching_redis, _check_address
+from delayqueue_django.core.queue.group_options import check_group
+from delayqueue_django.core.queue.key_options import KEEP, UNKEYED, key_fields
 from delayqueue_django.core.queue.operating import QueueOperating
 from delayqueue_django.core.queue.producing import (
     QueueProducing,

@@ -13,8 +13,8 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, features, stores
-from delayqueue_django.core.key_options import check_key
-from delayqueue_django.core.queue_config import QueueConfig
+from delayqueue_django.core.conf.queue_config import QueueConfig
+from delayqueue_django.core.queue.key_options import check_key
 from delayqueue_django.core.queue_schedules import QueueSchedules
 from delayqueue_django.engine import Store
 from delayqueue_django.engine.async_store import AsyncRedisStore

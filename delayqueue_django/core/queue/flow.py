@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 
-from delayqueue_django.core.flow_options import parse_rate, rate_problem, shown_rate
+from delayqueue_django.core.conf.flow import parse_rate, rate_problem, shown_rate
 from delayqueue_django.core.queue.base import QueueBase, _areaching_redis, _reaching_redis
 
 

@@ -4,8 +4,8 @@ and deleting, requeueing, delivering now and purging messages."""
 from collections.abc import Sequence
 
 from delayqueue_django.core import features
-from delayqueue_django.core.key_options import check_key
 from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
+from delayqueue_django.core.queue.key_options import check_key
 from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
 

@@ -13,10 +13,15 @@ from django.db import transaction
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
 from delayqueue_django.core.expiry import expiry_spec
-from delayqueue_django.core.group_options import check_group, check_key_and_group
-from delayqueue_django.core.key_options import KEEP, UNKEYED, key_fields, refuse_deferred_error
 from delayqueue_django.core.outgoing import Outgoing, refuse_call_options
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
+from delayqueue_django.core.queue.group_options import check_group, check_key_and_group
+from delayqueue_django.core.queue.key_options import (
+    KEEP,
+    UNKEYED,
+    key_fields,
+    refuse_deferred_error,
+)
 from delayqueue_django.engine import KeyedSent, NewMessage
 from delayqueue_django.engine.sharding.placement import key_shard, place, with_shard
 from delayqueue_django.exceptions import ConflictingOptions, DelayQueueError

@@ -5,7 +5,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from delayqueue_django.core.conf_problem import SETTING, Problem
+from delayqueue_django.core.conf.problem import SETTING, Problem
 
 PERIOD_MS = {"s": 1000, "m": 60_000, "h": 3_600_000}
 _RATE = re.compile(r"^\s*([1-9][0-9]{0,8})\s*/\s*([smh])\s*$")

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from delayqueue_django.core import client_options
-from delayqueue_django.core.client_options import CLUSTER_URL_SCHEMES
-from delayqueue_django.core.conf_problem import SETTING, Problem
+from delayqueue_django.core.conf import client as client_options
+from delayqueue_django.core.conf.client import CLUSTER_URL_SCHEMES
+from delayqueue_django.core.conf.problem import SETTING, Problem
 
 URL_SCHEMES = ("redis", "rediss", "unix")
 # "memory://" or "memory://name": the in-process store, for tests and quick local runs.

@@ -4,8 +4,8 @@
 from collections.abc import Mapping
 from typing import Any
 
-from delayqueue_django.core.conf_problem import SETTING, Problem
-from delayqueue_django.core.conf_values import _is_int_in, _seconds_to_ms
+from delayqueue_django.core.conf.problem import SETTING, Problem
+from delayqueue_django.core.conf.values import _is_int_in, _seconds_to_ms
 
 # The most postpones one message may be given (a bound on a bound: a million postpones of
 # a second each is eleven days).

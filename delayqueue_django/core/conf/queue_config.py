@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayqueue_django.core.conf_urls import MEMORY_URL_PREFIX
+from delayqueue_django.core.conf.urls import MEMORY_URL_PREFIX
 
 
 @dataclass(frozen=True)

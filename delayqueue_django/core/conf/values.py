@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
 from delayqueue_django.core import features
-from delayqueue_django.core.conf_problem import SETTING, Problem
+from delayqueue_django.core.conf.problem import SETTING, Problem
 from delayqueue_django.engine.sharding.placement import MAX_SHARDS
 
 # Batch sizes beyond this would make single script calls long (and Lua's stack is small).

@@ -18,11 +18,13 @@ from typing import Any
 
 from django.conf import settings
 
-from delayqueue_django.core.conf_expiry import check_expiry_options, expires_ms
-from delayqueue_django.core.conf_problem import SETTING, Problem
-from delayqueue_django.core.conf_spelling import meant
-from delayqueue_django.core.conf_urls import _check_connection
-from delayqueue_django.core.conf_values import (
+from delayqueue_django.core.conf.expiry import check_expiry_options, expires_ms
+from delayqueue_django.core.conf.flow import check_flow_options, parse_rate
+from delayqueue_django.core.conf.problem import SETTING, Problem
+from delayqueue_django.core.conf.queue_config import QueueConfig
+from delayqueue_django.core.conf.spelling import meant
+from delayqueue_django.core.conf.urls import _check_connection
+from delayqueue_django.core.conf.values import (
     _check_numbers,
     _exactly_once_alias,
     _nack_delays_ms,
@@ -30,8 +32,6 @@ from delayqueue_django.core.conf_values import (
     _seconds_to_ms,
     _time_limit_seconds,
 )
-from delayqueue_django.core.flow_options import check_flow_options, parse_rate
-from delayqueue_django.core.queue_config import QueueConfig
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.exceptions import QueueConfigurationError
 
