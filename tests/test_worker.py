@@ -770,7 +770,7 @@ def test_a_verdict_that_completes_what_the_worker_holds_is_committed_at_once(
     """At a trickle the wait for other verdicts to share a commit would only make each ack
     late (and cost Redis a cold call): a verdict that leaves nothing else in hand goes at
     once. While another delivery is still running, verdicts still wait for it."""
-    from delayqueue_django.worker import consumer_state
+    from delayqueue_django.worker.consumer import state as consumer_state
 
     monkeypatch.setattr(consumer_state, "VERDICT_FLUSH_SECONDS", 30)
     queue = redis_worker_queue()

@@ -208,7 +208,7 @@ def test_a_flush_failing_half_way_counts_what_it_committed_and_repeats_the_rest(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from delayqueue_django.worker import consumer_state
+    from delayqueue_django.worker.consumer import state as consumer_state
 
     # Both verdicts in one flush: the ack is committed, then the nack's call times out.
     monkeypatch.setattr(consumer_state, "VERDICT_FLUSH_SECONDS", 0.5)

@@ -30,7 +30,7 @@ from delayqueue_django.outbox.databases import outbox_databases
 from delayqueue_django.outbox.prune_rounds import PruneRounds
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS, OutboxRelay
 from delayqueue_django.worker.consumer import QueueConsumer
-from delayqueue_django.worker.consumer_state import ConsumerState
+from delayqueue_django.worker.consumer.state import ConsumerState
 from delayqueue_django.worker.loop_pool import LoopPool
 from delayqueue_django.worker.loop_watch import Block
 from delayqueue_django.worker.outages import Outages

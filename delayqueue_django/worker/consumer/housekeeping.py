@@ -9,7 +9,7 @@ from redis.exceptions import RedisError
 
 from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
 from delayqueue_django.worker import heartbeat
-from delayqueue_django.worker.consumer_pool import ConsumerPool
+from delayqueue_django.worker.consumer.pool import ConsumerPool
 
 logger = logging.getLogger("delayqueue_django.worker")
 

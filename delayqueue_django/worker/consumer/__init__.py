@@ -17,8 +17,8 @@ from redis.exceptions import RedisError
 
 from delayqueue_django.core.backoff import Backoff
 from delayqueue_django.worker import verdicts
-from delayqueue_django.worker.consumer_housekeeping import ConsumerHousekeeping
-from delayqueue_django.worker.consumer_verdicts import ConsumerVerdicts
+from delayqueue_django.worker.consumer.housekeeping import ConsumerHousekeeping
+from delayqueue_django.worker.consumer.verdicts import ConsumerVerdicts
 from delayqueue_django.worker.handling import Verdict
 from delayqueue_django.worker.wakeup import WakeupListener
 

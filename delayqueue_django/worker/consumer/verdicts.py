@@ -13,7 +13,7 @@ from delayqueue_django.engine.errors import is_outage, timed_out
 from delayqueue_django.engine.sharding.layouts import SHARD_RETRY_SECONDS
 from delayqueue_django.engine.sharding.store import ShardedStore
 from delayqueue_django.worker import verdicts
-from delayqueue_django.worker.consumer_pool import ConsumerPool
+from delayqueue_django.worker.consumer.pool import ConsumerPool
 from delayqueue_django.worker.handling import Outcome, Verdict
 
 logger = logging.getLogger("delayqueue_django.worker")

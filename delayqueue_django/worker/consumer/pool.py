@@ -7,7 +7,7 @@ import time
 
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
-from delayqueue_django.worker.consumer_state import ConsumerState
+from delayqueue_django.worker.consumer.state import ConsumerState
 from delayqueue_django.worker.pool import Running
 
 logger = logging.getLogger("delayqueue_django.worker")
