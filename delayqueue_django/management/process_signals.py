@@ -9,8 +9,8 @@ from types import FrameType
 from typing import Any
 
 from delayqueue_django.worker import Worker
-from delayqueue_django.worker.child_process import IMMEDIATE_STOP
 from delayqueue_django.worker.supervisor import Supervisor
+from delayqueue_django.worker.supervisor.child_process import IMMEDIATE_STOP
 
 logger = logging.getLogger("delayqueue_django.worker")
 

@@ -34,7 +34,7 @@ from delayqueue_django.management.process_signals import (
 from delayqueue_django.outbox.relay import RELAY_POLL_SECONDS
 from delayqueue_django.worker import Worker, memory
 from delayqueue_django.worker.supervisor import ChildCannotStart, Supervisor
-from delayqueue_django.worker.supervisor_link import MessageReports, SupervisorLink
+from delayqueue_django.worker.supervisor.link import MessageReports, SupervisorLink
 from delayqueue_django.worker.worker import BURST_OUTAGE_SECONDS
 
 # The exit status of a --burst run that gave up on a Redis it could not reach (1 is an

@@ -28,7 +28,7 @@ from typing import Any
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.worker import heartbeat, memory, time_limits
-from delayqueue_django.worker.child_process import ChildProcess, describe_exit
+from delayqueue_django.worker.supervisor.child_process import ChildProcess, describe_exit
 
 logger = logging.getLogger("delayqueue_django.worker")
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from delayqueue_django.core.message import Message
-from delayqueue_django.worker.supervisor_link import (
+from delayqueue_django.worker.supervisor.link import (
     REPORT_MESSAGES_ENV,
     SUPERVISOR_FD_ENV,
     message_from_json,
