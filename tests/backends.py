@@ -25,7 +25,7 @@ REDIS_BACKENDS = [
     *([] if servers_are_valkey() else ["valkey"]),
     "scripts",
 ]
-# The contract again on a queue spread over shards (engine.sharded_store): 6 on the
+# The contract again on a queue spread over shards (engine.sharding.store): 6 on the
 # Cluster (two a master), 4 in memory.
 SHARDED_BACKENDS = [
     pytest.param("sharded-cluster", marks=pytest.mark.cluster),

@@ -1,7 +1,7 @@
 """A pause and a rate set at run time hold on the shards of a layout that comes after them
 (issue #27): a sharded queue's shards take shard 0's flow state when their layout is
 registered, and a pause, resume or rate reaches every layout on the register; the two
-paths race and converge (see engine.shard_flow)."""
+paths race and converge (see engine.sharding.flow)."""
 
 from collections.abc import Callable
 from typing import Any

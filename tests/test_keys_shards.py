@@ -1,7 +1,7 @@
 """Keyed messages on a sharded queue (issue #26): a key's shard follows from the key, so one
 shard decides each keyed send, lookup, cancel and reschedule; and through a change of
 SHARDS, a key whose message sits on an older layout's shard is found, kept, replaced,
-rescheduled and cancelled there (engine.sharded_store's docstring: a key's home)."""
+rescheduled and cancelled there (engine.sharding.store's docstring: a key's home)."""
 
 import json
 import uuid

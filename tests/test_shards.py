@@ -1,4 +1,4 @@
-"""A queue spread over shards (``SHARDS``, engine.shards and engine.sharded_store): ids that
+"""A queue spread over shards (``SHARDS``, engine.sharding: placement and store): ids that
 name their shard, tags whose slots fall evenly over a cluster's masters, the Queue API and
 the worker across shards on Redis Cluster, one call per shard touched, fetches that take
 turns and ask only the shards due, a master that stops answering, and the invariant

@@ -1,7 +1,7 @@
 """Redis clients for queues: a django-redis cache's pool, or one built from a URL.
 
 Clients built from URLs get the package's connection defaults (socket timeouts, TCP
-keepalive, health checks: see client_options) under the queue's OPTIONS; they are shared by
+keepalive, health checks: see core.conf.client) under the queue's OPTIONS; they are shared by
 every queue with the same URL and OPTIONS, and forgotten when settings change.
 """
 

@@ -34,5 +34,5 @@ def store_for(config: QueueConfig) -> Store:
             return RedisStore(client, shard, limits)
 
     # Even a queue of one shard: it still drains, finds and counts what a layout of more
-    # shards left, if it had one (see engine.shard_layouts).
+    # shards left, if it had one (see engine.sharding.layouts).
     return ShardedStore(make(keys), config.shards, make)

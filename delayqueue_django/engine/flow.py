@@ -26,7 +26,7 @@ more per ack, nack, release, lease extension batch and delete in flight. A fetch
 asks one shard.
 
 A sharded queue's pause and a rate set at run time live in shard 0's flow hash, where the
-reservations read them, and every other shard holds a copy (engine.shard_flow, which keeps
+reservations read them, and every other shard holds a copy (engine.sharding.flow, which keeps
 the copies in step across a reshard): a paused shard hands out nothing, whatever the
 mode, and a fetch of a shard without a reservation (GATES_SHARD) that finds the queue's
 rate ("queue_rate") takes nothing and says so (``FetchResult.unreserved``), and the

@@ -2,7 +2,7 @@
 
 Every key of a queue carries the same hash tag, ``{prefix:queue}``, so Redis Cluster keeps
 them in one slot and each Lua script touches a single slot. A queue spread over shards
-(the SHARDS option, see engine.shards) keeps that tag for its first shard and gives each
+(the SHARDS option, see engine.sharding.placement) keeps that tag for its first shard and gives each
 other shard a tag of its own, ``{prefix:queue~<layout>.<index>.<spread>}``: each shard is
 a whole queue to the scripts, in a slot of its own.
 """
@@ -15,7 +15,7 @@ class QueueKeys:
     prefix: str
     queue: str
     # Empty for a queue's first shard (every unsharded queue); else the rest of its tag,
-    # "<layout>.<index>.<spread>" (see engine.shards.shard_keys).
+    # "<layout>.<index>.<spread>" (see engine.sharding.placement.shard_keys).
     shard: str = ""
 
     @property

@@ -46,7 +46,7 @@ class ChannelSubscription(WakeupSubscription, Protocol):
 
 class Store(Protocol):
     """One queue's state. Every method is one atomic step (on a sharded queue, one atomic
-    step per shard it touches: see engine.sharded_store)."""
+    step per shard it touches: see engine.sharding.store)."""
 
     def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
         """New ids as this store files them: a sharded store appends each one's shard (a
@@ -130,7 +130,7 @@ class Store(Protocol):
         workers; "rate" sets the rate limit ``(limit, period_ms)`` that overrides the
         store's limits, or with None goes back to them (a sharded store changes shard 0,
         which keeps the whole queue's budget, and its other shards copy it: see
-        engine.shard_flow)."""
+        engine.sharding.flow)."""
 
     def ack(
         self,
@@ -349,7 +349,7 @@ class ShardStore(Store, Protocol):
     def copy_flow(self, state: FlowState) -> None:
         """Take shard 0's flow ``state``: paused or not, and the whole queue's rate set at
         run time noted (a shard of a sharded queue but shard 0, which enforces no rate of
-        its own; see engine.shard_flow). Lifting a pause or changing the rate wakes the
+        its own; see engine.sharding.flow). Lifting a pause or changing the rate wakes the
         workers, as resume does."""
         ...
 
@@ -398,7 +398,7 @@ class ShardStore(Store, Protocol):
 
     def layouts(self) -> set[int]:
         """The layouts registered as possibly holding messages: on shard 0 only (see
-        engine.shard_layouts). SHARDS of 2 or more, and 1 while keys sent under one shard
+        engine.sharding.layouts). SHARDS of 2 or more, and 1 while keys sent under one shard
         may wait on shard 0."""
         ...
 
@@ -408,10 +408,10 @@ class ShardStore(Store, Protocol):
         the same atomic step: never one without the other. The first on an empty register
         brings layout 1 with it when the queue has had a keyed message (add_layout.lua).
         Returns whether it was new there, and the flow state as the registration left it
-        (read in the same step), which the layout's shards take (engine.shard_flow)."""
+        (read in the same step), which the layout's shards take (engine.sharding.flow)."""
         ...
 
-    # Keys across layouts (engine.sharded_store: a key's home)
+    # Keys across layouts (engine.sharding.store: a key's home)
 
     def holds_key(self, key: str) -> bool:
         """Whether the key is this shard's: a message with it is stored here (in any state,

@@ -523,7 +523,7 @@ class RedisStore:
 
     def copy_flow(self, state: FlowState) -> None:
         """Take shard 0's flow state (a shard of a sharded queue but shard 0; see
-        engine.shard_flow)."""
+        engine.sharding.flow)."""
         self._run("flow", [self._channel, "copy", rate_wire(state.rate), int(state.paused)])
 
     def reserve(self, count: int, name: str) -> Reservation:

@@ -58,7 +58,7 @@ class Advice:
 
 def advise(queues: list[Queue]) -> list[Advice]:
     """Advice for each queue on Redis: for each of its parts (every shard of a sharded
-    queue, see ``engine.sharded_store.parts``), on the server that holds it. A Redis that
+    queue, see ``engine.sharding.store.parts``), on the server that holds it. A Redis that
     cannot be reached is asked nothing more (the caller reports it anyway); each server is
     asked once. Raises UnsupportedRedisVersion for a server older than the queue's Lua
     needs: nothing else matters then."""

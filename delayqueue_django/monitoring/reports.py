@@ -48,7 +48,7 @@ def queue_report(queue: Queue) -> dict[str, Any]:
 
 def shard_reports(queue: Queue) -> dict[str, dict[str, Any]] | None:
     """Each shard of a sharded queue, by name (every part it reads, see
-    ``engine.sharded_store.parts``), one round trip each (see read_stats: a server that did
+    ``engine.sharding.store.parts``), one round trip each (see read_stats: a server that did
     not answer is not asked for its other shards): ``{"ok": True, "tag", "slot", "server",
     **its stats}``, or, when its Redis cannot be reached, ``{"ok": False, "tag", "slot",
     "server", "error"}``. ``slot`` and ``server`` (the master holding the shard) are those

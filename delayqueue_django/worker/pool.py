@@ -38,7 +38,7 @@ class Consumer(Protocol):
 
 class PoolWatcher(Protocol):
     """Told what the pool holds, as it changes: a supervisor that may have to stop this
-    process mid-handler hands back or refuses those messages itself (supervisor_link)."""
+    process mid-handler hands back or refuses those messages itself (worker.supervisor.link)."""
 
     def fetched(self, messages: list[Message]) -> None: ...
 

@@ -5,9 +5,12 @@ Settings are read lazily, on first use, and read again after ``setting_changed``
 serves both the system checks and the ``ImproperlyConfigured`` raised on use, so the two
 always agree.
 
-This module reads and parses the setting; the checks of a queue's connection options are
-in core.conf_urls, those of its other values in core.conf_values, the problems they report
-in core.conf_problem, and what a valid queue parses into in core.queue_config.
+This module reads and parses the setting; the package's other modules are its parts: the
+checks of a queue's connection options in urls (with client: the OPTIONS each redis-py
+client accepts), those of its other values in values, expiry and flow (flow also parses a
+rate for ``Queue.set_rate_limit``), the problems they report in problem, the hints for a
+misspelt name in spelling, what a valid queue parses into in queue_config, and
+DELAYQUEUE_LOOP_BLOCKED_AFTER in loop.
 """
 
 import re
@@ -61,14 +64,14 @@ DEFAULTS: dict[str, Any] = {
     # True or a database alias: handlers' database effects happen once per message.
     "EXACTLY_ONCE": False,
     "EXACTLY_ONCE_RETENTION": timedelta(days=7),
-    # One queue over this many shards, each under its own hash tag (see engine.shards).
+    # One queue over this many shards, each under its own hash tag (see engine.sharding.placement).
     "SHARDS": 1,
     # The flow gates (see docs/guides/flow-control.md): "10/s", "600/m", "5000/h" or None;
     # and the most deliveries in flight over all workers, or None.
     "RATE_LIMIT": None,
     "MAX_IN_FLIGHT": None,
     # A message not handed out this long after its due time is dead-lettered (None: never),
-    # and how often a handler may postpone one message (see core.conf_expiry).
+    # and how often a handler may postpone one message (see core.conf.expiry).
     "EXPIRES": None,
     "MAX_POSTPONES": 100,
 }

@@ -42,7 +42,7 @@ class QueueConfig:
     max_in_flight: int = 0
     # Seconds a handler may run before it is stopped (see worker.time_limits), or None.
     time_limit: float | None = None
-    # Expiry and postpones (see core.conf_expiry): the default expiry after a message's due
+    # Expiry and postpones (see core.conf.expiry): the default expiry after a message's due
     # time (None: none), and how often one message may be postponed.
     expires_ms: int | None = None
     max_postpones: int = 100

@@ -146,7 +146,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         keyed = [message for message in prepared if message.key is not None]
         if store is None or (keyed and self._drains()):
             # (A key's message may wait on an earlier layout's shard: the sync store finds
-            # it, see engine.sharded_store.)
+            # it, see engine.sharding.store.)
             write = partial(self._write, batch=batch)
             return await sync_to_async(write, thread_sensitive=False)(prepared)
         with refusals_worded_for(batch):

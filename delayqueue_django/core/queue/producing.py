@@ -138,7 +138,7 @@ class QueueProducing(QueueBase):
         and written before the unkeyed ones, in a round trip of their own: an
         ``if_exists="error"`` refusal (DuplicateKey) writes nothing of the call (on a
         sharded queue, nothing of the refused item's shard: items bound for other shards
-        before it stay written, see engine.sharded_store). So is a group: ``key``,
+        before it stay written, see engine.sharding.store). So is a group: ``key``,
         ``if_exists``, ``unique_for`` or ``group`` given to the call raises TypeError
         saying to give them on each ``Outgoing``.
         """

@@ -73,7 +73,7 @@ class QueueState:
     schedule_declared: dict[str, int] = field(default_factory=dict)
     # Ids written by relay from a database outbox -> when (see relay.lua).
     relayed: ScoredSet = field(default_factory=ScoredSet)
-    # The layouts registered as possibly holding messages (see engine.shard_layouts).
+    # The layouts registered as possibly holding messages (see engine.sharding.layouts).
     layouts: set[int] = field(default_factory=set)
     # task result id -> (record, expiry ms or None)
     results: dict[str, tuple[dict[str, str], int | None]] = field(default_factory=dict)
@@ -91,7 +91,7 @@ class QueueState:
     # The flow gates ({tag}:flow, {tag}:flow:log and {tag}:flow:slots, see memory/flow.py):
     # paused, the rate set at run time ((limit, period ms) or None) that this queue (shard
     # 0 of a sharded one) enforces and the whole queue's (a sharded queue's other shards
-    # hold a copy of shard 0's paused and queue_rate, see engine.shard_flow), the
+    # hold a copy of shard 0's paused and queue_rate, see engine.sharding.flow), the
     # hand-outs in the rate limit's window ((time, name): a reservation's entries are
     # named, a fetch's ""), oldest first, and a sharded queue's slots in flight under its
     # cap: id or entry -> deadline.

@@ -13,7 +13,7 @@ SHARD_RETRY_SECONDS while the others keep flowing; a fetch whose shards all fail
 the others, and raises only when none answers. A shard is waited for
 FETCH_PATIENCE_SECONDS at the most: one whose server does not answer by then (or times
 out) has that server's shards left out of every fetch until a probe of it answers
-(engine.shard_hangs), so the deliveries a fetch took from the others never wait for a
+(engine.sharding.hangs), so the deliveries a fetch took from the others never wait for a
 socket timeout, and no later fetch waits on that server while it stays hung.
 
 Clocks: each shard's scripts judge what is due by its own server's clock, so nothing is
@@ -271,7 +271,7 @@ class ShardFetching(ShardLayouts):
             order = self._order[self._cursor :] + self._order[: self._cursor]
             # (Asked before its retry, a shard that failed would hold up every fetch, and
             # the others' messages with it, for its timeout again.)
-            # A shard whose server is hung is left out even then (see shard_hangs).
+            # A shard whose server is hung is left out even then (see engine.sharding.hangs).
             unheld = [name for name in order if not self._plans[name].held]
             reachable = [name for name in unheld if self._plans[name].retry_at <= now] or unheld
             if not self._listening:

@@ -8,7 +8,7 @@ Two paths write the copies:
 - A pause, resume or rate (``ShardedStore.flow``) changes shard 0 first. Then it reads the
   register of layouts again and copies shard 0's state to every shard of every layout on
   it (draining ones and ones just added) and to this store's own shards.
-- A layout's registration (engine.shard_layouts, before its shards are first written)
+- A layout's registration (engine.sharding.layouts, before its shards are first written)
   reads shard 0's state in the same call as its SADD and copies it to the layout's
   shards.
 

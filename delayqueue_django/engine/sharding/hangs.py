@@ -23,7 +23,7 @@ logger = logging.getLogger("delayqueue_django.engine")
 # How long a fetch waits for one shard before it holds that shard's server as hung.
 FETCH_PATIENCE_SECONDS = 1.0
 # How long a hung server waits before its first probe (as long as a shard that failed
-# waits for its retry, engine.shard_layouts.SHARD_RETRY_SECONDS), and at most between the
+# waits for its retry, engine.sharding.layouts.SHARD_RETRY_SECONDS), and at most between the
 # end of one and the next (a probe of a server still hung takes the socket timeout too).
 FIRST_PROBE_SECONDS = 1.0
 PROBE_LIMIT_SECONDS = 2.0

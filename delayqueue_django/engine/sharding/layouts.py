@@ -10,12 +10,12 @@ than this store's own are *draining*: fetched, counted, listed and listened to l
 live ones, only never sent to. Once a draining layout's shards are empty, ``retire``
 takes it off the register (the ``delayqueue_shards --retire`` command); nothing retires a
 layout on its own, since only the operator knows that no process still sends to it. A
-layout's registration also gives its shards shard 0's flow state (engine.shard_flow), so a
+layout's registration also gives its shards shard 0's flow state (engine.sharding.flow), so a
 pause or a rate set at run time holds on them from their first message.
 
 Layout 1 (SHARDS 1: shard 0 alone, which every layout fetches) is on the register only for
 its keys: a keyed message sent under one shard waits on shard 0, while the key's shard of
-another layout is mostly another one (engine.sharded_store: a key's home). It goes on the
+another layout is mostly another one (engine.sharding.store: a key's home). It goes on the
 register with the first layout put on an empty register of a queue that has had keys
 (add_layout.lua; an empty register says that only processes of one shard wrote, since the
 others register their layout before any write, shard 0 included), and before a keyed
@@ -71,7 +71,7 @@ HELD = ("pending", "ready", "unack", "retry", "garbage", "unannounced")
 class ShardLayouts:
     """The part of a ``ShardedStore`` that knows its shards: the live ones of ``layout``,
     those of the other layouts on the register (draining), and any other an id names. Its
-    ``__init__`` builds the whole store's state, the fetch plan's too (engine.shard_fetch)."""
+    ``__init__`` builds the whole store's state, the fetch plan's too (engine.sharding.fetch)."""
 
     def __init__(
         self,
@@ -263,7 +263,7 @@ class ShardLayouts:
 
     def _add_layout(self, layout: int, writing: set[str]) -> None:
         """Put ``layout`` on the register; its shards take shard 0's flow state when it is
-        new there or not the default (see engine.shard_flow). A shard whose Redis cannot
+        new there or not the default (see engine.sharding.flow). A shard whose Redis cannot
         take the copy holds up no other: only a write to it (of ``writing``, the shards
         about to be written) fails, and only if the state is a pause or a rate, which no
         message may go around; the default it lacks (left over from a pause since

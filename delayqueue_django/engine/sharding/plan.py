@@ -1,5 +1,5 @@
 """What a process knows of one shard of a sharded queue: the record its fetch plan keeps
-per shard (see engine.shard_fetch)."""
+per shard (see engine.sharding.fetch)."""
 
 import math
 from dataclasses import dataclass
@@ -24,5 +24,5 @@ class ShardPlan:
     failing_since: float | None = None
     retry_at: float = -math.inf
     # Its server did not answer in time: not asked until a probe of it answers
-    # (engine.shard_hangs), retry_at then the time of the next probe.
+    # (engine.sharding.hangs), retry_at then the time of the next probe.
     held: bool = False

@@ -24,7 +24,7 @@ layout, and the rule that keeps one key in one place is:
   layout the message's id names (this store's, unless a relay writes what another process
   placed; an id of shard 0 names every layout, and counts as this store's). A key found
   nowhere lives on that last one. Layout 1 is on the register while keys sent under one
-  shard may wait on shard 0 (engine.shard_layouts), and its shard is shard 0 for every key.
+  shard may wait on shard 0 (engine.sharding.layouts), and its shard is shard 0 for every key.
 - ``send_keyed`` asks the other layouts' shards first (one ``holds_key`` each, once per
   key and call; none at all while the register holds this layout only) and sends each
   message to its key's home, its id's suffix rewritten to name that shard when it names
@@ -46,9 +46,9 @@ it, where the relay's guard against writing it twice is kept) and is decided the
 Retiring a layout ends the holds on its shards (a hold is no message: ``retire`` does not
 count them). Once the older layouts are retired, a key is one shard's again.
 
-The store is composed of its parts: the shards and their layouts (engine.shard_layouts),
-fetching by plan (engine.shard_fetch, with engine.shard_wakeups) and the readers that add
-the shards up (engine.shard_reads); what stays here routes each call by the ids it names.
+The store is composed of its parts: the shards and their layouts (engine.sharding.layouts),
+fetching by plan (engine.sharding.fetch, with engine.sharding.wakeups) and the readers that add
+the shards up (engine.sharding.reads); what stays here routes each call by the ids it names.
 """
 
 import dataclasses
@@ -93,9 +93,9 @@ logger = logging.getLogger("delayqueue_django.engine")
 
 
 class ShardedStore(ShardFetching, ShardReads):
-    """A queue spread over the shards of ``layout`` (see engine.shards), which also reads
-    and drains the shards of the other layouts registered on shard 0. A store of layout 1
-    is an unsharded queue that still finds, drains and lists what an earlier layout left."""
+    """A queue spread over the shards of ``layout`` (see engine.sharding.placement), which also
+    reads and drains the shards of the other layouts registered on shard 0. A store of layout
+    1 is an unsharded queue that still finds, drains and lists what an earlier layout left."""
 
     # Where messages go
 
@@ -428,7 +428,7 @@ class ShardedStore(ShardFetching, ShardReads):
     def flow(self, action: str = "read", rate: tuple[int, int] | None = None) -> FlowState:
         """Shard 0's flow state, after ``action``: shard 0 holds the queue's (and its
         budget), and a change is copied to every other shard, those of each layout on the
-        register as read after it (see engine.shard_flow). A read asks shard 0 only. A
+        register as read after it (see engine.sharding.flow). A read asks shard 0 only. A
         shard whose Redis fails keeps none of the others from their copy; its error is
         raised after them (call it again once that shard is back)."""
         state = self.base.flow(action, rate)

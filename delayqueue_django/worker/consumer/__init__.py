@@ -7,6 +7,10 @@ after the first of them, or before the next fetch), then the signals are sent, s
 ``message_acked`` always follows a committed ack. It sleeps until the queue's next due time
 (timed on the client, from the Redis clock) or a wake-up, and never gives up because Redis is
 away: it logs, backs off and tries again.
+
+The loop is built from mixins over one state (state: what a consumer holds and its handler
+calls), one module each: pool (handing deliveries to the handlers), verdicts (committing
+them) and housekeeping (heartbeats, garbage expiry, the schedules' ticks, its goodbye).
 """
 
 import logging

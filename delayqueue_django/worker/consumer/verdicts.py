@@ -80,7 +80,7 @@ class ConsumerVerdicts(ConsumerPool):
         On a queue of many shards, a commit to a shard that cannot be reached stays in line
         with the rest of its shard's, tried again after SHARD_RETRY_SECONDS, while the other
         shards' go on: a master down holds up only its own messages (its fetches are left
-        out the same way, see engine.shard_fetch)."""
+        out the same way, see engine.sharding.fetch)."""
         committed: list[Outcome] = []
         exhausted = False
         now = time.monotonic()

@@ -14,6 +14,9 @@ that a replacement loads the code as it is on disk now).
   to, once its resident set passes the size) recycle a child: a fresh one takes its place.
 - TIME_LIMIT with ``--concurrency 1``: a child whose handler runs past it is killed, and the
   delivery refused (time_limits).
+
+The supervisor's side of one child is child_process; link is the socket between them (what
+a child reports of the messages it holds).
 """
 
 import logging

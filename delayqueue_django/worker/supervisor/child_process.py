@@ -1,5 +1,5 @@
 """One worker process as its supervisor sees it: the running ``run_delayqueue`` copy, the
-socket it reports on (supervisor_link), and what it said it holds."""
+socket it reports on (supervisor.link), and what it said it holds."""
 
 import contextlib
 import json
