@@ -381,6 +381,8 @@ def test_a_worker_started_before_redis_says_so_once_and_then_that_it_connected(
     # The default verbosity; heartbeats every 0.5 s meet the outage too.
     worker = spawn(workers, url, "-v", "1", "--heartbeat", "0.5")
     worker.wait_for_line(f"cannot reach Redis at 127.0.0.1:{port}, retrying: Error 111 ")
+    # The banner could not read the queue's flow state, and says so.
+    assert "\n    pause and run-time rate limit: unknown until Redis answers\n" in worker.output
     time.sleep(6)  # the consumer, its heartbeats and the wake-up listener all retry meanwhile
     server = RedisServer(port=port)
     try:

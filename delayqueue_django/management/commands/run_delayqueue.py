@@ -25,6 +25,7 @@ from delayqueue_django.exceptions import (
     UnsupportedRedisVersion,
 )
 from delayqueue_django.management import redis_checks
+from delayqueue_django.management.banner_limits import limits_lines
 from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.management.process_signals import (
     child_signals,
@@ -430,6 +431,8 @@ class Command(OwnProcessCommand):
                 f"batch {worker.batch_size or config.fetch_batch_size}"
                 + (f", exactly once on {config.exactly_once!r}" if config.exactly_once else "")
             )
+            for line in limits_lines(consumer.queue):
+                self.stdout.write(line)
         if worker.relay is not None and worker.relay.databases:
             databases = ", ".join(map(repr, worker.relay.databases))
             self.stdout.write(f"  outbox relay: database {databases}")
