@@ -129,17 +129,24 @@ class Postpone(DelayQueueError):
 
     def __init__(self, delay: float | timedelta, reason: str = "") -> None:
         self.delay_ms = verdict_delay_ms(delay, "Postpone")
+        # The handler's own words ("" for none): the worker's log line says the delay.
+        self.reason = reason
         super().__init__(reason or f"postponed for {self.delay_ms} ms")
 
 
 class Retry(DelayQueueError):
     """Raised by a handler: this attempt failed; retry after ``delay`` (seconds or a
-    timedelta) instead of the queue's NACK_REDELIVERY_DELAY. It uses a retry as any failure
-    does: with none left, the message is buried."""
+    timedelta), or without one after the queue's NACK_REDELIVERY_DELAY. It uses a retry as
+    any failure does: with none left, the message is buried. A failure the handler expects
+    (a partner down, "Retry-After"): the worker logs one line with the ``reason``, where an
+    unexpected exception gets its traceback."""
 
-    def __init__(self, delay: float | timedelta, reason: str = "") -> None:
-        self.delay_ms = verdict_delay_ms(delay, "Retry")
-        super().__init__(reason or f"retry in {self.delay_ms} ms")
+    def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
+        self.delay_ms = None if delay is None else verdict_delay_ms(delay, "Retry")
+        # The handler's own words ("" for none): the worker's log line says the delay.
+        self.reason = reason
+        default = "retry" if self.delay_ms is None else f"retry in {self.delay_ms} ms"
+        super().__init__(reason or default)
 
 
 def verdict_delay_ms(delay: Any, verdict: str) -> int:

@@ -2,6 +2,7 @@
 on Redis, and with the test helpers (``delayqueue_django.testing``) on memory queues, the way
 a project tests its own queue code without a worker and without waiting."""
 
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -84,11 +85,21 @@ def test_an_unpaid_order_is_cancelled_a_paid_one_is_kept(settings: Any) -> None:
     assert unpaid.status == Order.Status.CANCELLED  # too late to pay
 
 
-def test_the_failing_warehouse_handler_ends_in_the_garbage_list() -> None:
+def test_the_failing_warehouse_handler_ends_in_the_garbage_list(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     client = Client()
     order = create_order(client, "toaster")
     time.sleep(1.1)  # the warehouse notification is sent with a 1 s delay
-    run_worker()
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django.worker"):
+        run_worker()
+    # A failure on purpose, expected: one line each, where a traceback of 11 lines was.
+    assert not [r for r in caplog.records if r.exc_info]
+    retried = [r.getMessage() for r in caplog.records if "asked to retry" in r.getMessage()]
+    assert len(retried) == 3
+    assert retried[0].endswith(
+        f"attempt=1: warehouse API unreachable for order #{order.pk} (failing on purpose)"
+    )
 
     warehouse = get_queue("warehouse")
     [dead] = warehouse.list_messages("garbage")

@@ -2,6 +2,7 @@
 handler raising Postpone or Retry (in the test's thread, as the worker runs it), the signals,
 the Tasks backend, Prometheus, and a plain queue's Redis untouched by any of it."""
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,14 @@ def retry_in_an_hour(message: Message) -> None:
     raise Retry(3600, "the partner said Retry-After: 3600")
 
 
+def retry_as_the_queue_says(message: Message) -> None:
+    raise Retry(reason="the partner is down")
+
+
+def retry_in_a_second(message: Message) -> None:
+    raise Retry(1)
+
+
 @pytest.fixture
 def queues(settings: Any) -> Iterator[MemoryQueues]:
     settings.DELAYQUEUES = {
@@ -53,6 +62,13 @@ def queues(settings: Any) -> Iterator[MemoryQueues]:
             "RETRY_COUNT": 1,
         },
         "expiring": {"REDIS": "redis", "HANDLER": "tests.test_expiry_api.ok", "EXPIRES": 60},
+        "partner": {
+            "REDIS": "redis",
+            "HANDLER": "tests.test_expiry_api.retry_as_the_queue_says",
+            "RETRY_COUNT": 1,
+            "NACK_REDELIVERY_DELAY": 5,
+        },
+        "soon": {"REDIS": "redis", "HANDLER": "tests.test_expiry_api.retry_in_a_second"},
     }
     with memory_queues(start=datetime(2030, 1, 1, tzinfo=UTC)) as queues:
         yield queues
@@ -170,6 +186,48 @@ def test_a_handler_raising_retry_uses_an_attempt_after_its_own_delay(
     [last] = queues.run_due("retrying")
     assert last.message.attempt == 2
     assert announced == [("exhausted", message_id, "")]
+
+
+def test_a_retry_without_a_delay_waits_the_queues_nack_redelivery_delay(
+    queues: MemoryQueues, announced: list[Any]
+) -> None:
+    queue = get_queue("partner")
+    message_id = queue.send({"n": 1})
+    [outcome] = queues.run_due("partner")
+    assert (outcome.verdict, outcome.delay_ms, str(outcome.error)) == (
+        Verdict.NACK,
+        None,
+        "the partner is down",
+    )
+    queues.advance(4.9)
+    assert queues.run_due("partner") == []
+    queues.advance(0.1)
+    [last] = queues.run_due("partner")
+    assert last.message.attempt == 2
+    assert announced == [("exhausted", message_id, "")]
+
+
+def test_a_handlers_verdict_is_logged_in_one_line_that_says_things_once(
+    queues: MemoryQueues, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, "retry in 1000 ms: retry in 1000 ms": the line's words, then the exception's
+    # default text saying the same.
+    for name in ("soon", "retrying", "partner", "default"):
+        get_queue(name).send({"n": 1})
+    with caplog.at_level(logging.INFO, logger="delayqueue_django.worker"):
+        for name in ("soon", "retrying", "partner", "default"):
+            queues.run_due(name)
+    said = [
+        (r.getMessage().split(" id=")[0], r.getMessage().split("attempt=1")[1])
+        for r in (caplog.records)
+    ]
+    assert said == [
+        ("handler asked to retry message", " in 1000 ms"),
+        ("handler asked to retry message", " in 3600000 ms: the partner said Retry-After: 3600"),
+        ("handler asked to retry message", ": the partner is down"),
+        ("handler postponed message", " by 1000 ms"),
+    ]
+    assert not [r for r in caplog.records if r.exc_info]  # none of them is a fault
 
 
 def test_an_expired_message_is_announced_with_message_expired_only(

@@ -246,6 +246,30 @@ def test_verbosity_two_shows_each_message_and_the_banner(
     assert f"handled message id={message_id} queue=default attempt=1 verdict=ack" in out
 
 
+def test_the_banner_shows_the_limits_set_a_run_time_rate_and_a_pause(
+    worker_queue: Callable[..., Queue],
+) -> None:
+    queue = worker_queue()
+    assert "\n    " not in run_burst(verbosity=1)  # none set: no line for them
+    queue = worker_queue(RATE_LIMIT="2/s", MAX_IN_FLIGHT=5, TIME_LIMIT=2, EXPIRES=60)
+    out = run_burst(verbosity=1)
+    assert "\n    rate limit 2/s, max in flight 5, time limit 2 s, expires 60 s after due\n" in out
+    assert "PAUSED" not in out
+    # Before, a rate set at run time replaced the setting's unseen, and a pause went
+    # unsaid until the first heartbeat's log line.
+    queue.set_rate_limit("3/m")
+    queue.pause()
+    out = run_burst(verbosity=1)
+    assert (
+        "\n    rate limit 3/m (set at run time, in place of RATE_LIMIT 2/s), max in flight 5, "
+        "time limit 2 s, expires 60 s after due\n"
+    ) in out
+    assert (
+        "\n    PAUSED: no worker hands out its messages until it is resumed "
+        "(manage.py delayqueue_pause default --resume, or the admin)\n"
+    ) in out
+
+
 def test_the_default_verbosity_summarizes_instead_of_a_line_per_message(
     worker_queue: Callable[..., Queue],
 ) -> None:

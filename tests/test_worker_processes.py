@@ -350,6 +350,29 @@ def test_a_worker_process_with_a_broken_handler_stops_at_once_naming_it(
     assert "Traceback" not in worker.output
 
 
+@pytest.mark.parametrize("handler", ["", "root", "package"])
+def test_each_log_line_prints_once_whatever_handlers_the_projects_logging_has(
+    workers: list[WorkerProcess], redis_server: RedisServer, settings: Any, handler: str
+) -> None:
+    """Before, with a console handler on the root logger in the project's LOGGING, every
+    line printed twice: through it, and through the handler the command added."""
+    message_id = queue_for(settings, redis_server.url).send({"n": 1})
+    worker = spawn(
+        workers,
+        redis_server.url,
+        "--burst",
+        DJANGO_SETTINGS_MODULE="tests.logging_settings",
+        DQ_TEST_LOGGING=handler,
+    )
+    assert worker.wait(timeout=30) == 0, worker.output
+    [line] = [
+        line for line in worker.output.splitlines() if f"handled message id={message_id} " in line
+    ]
+    # Through the project's handler where it has one, else the command's own.
+    said_by = {"root": "ROOT DEBUG ", "package": "PACKAGE DEBUG "}.get(handler, "")
+    assert line.startswith(said_by) if said_by else re.match(r"\d{4}-\d\d-\d\d ", line)
+
+
 def test_a_worker_started_before_redis_says_so_once_and_then_that_it_connected(
     workers: list[WorkerProcess], settings: Any
 ) -> None:
@@ -358,6 +381,8 @@ def test_a_worker_started_before_redis_says_so_once_and_then_that_it_connected(
     # The default verbosity; heartbeats every 0.5 s meet the outage too.
     worker = spawn(workers, url, "-v", "1", "--heartbeat", "0.5")
     worker.wait_for_line(f"cannot reach Redis at 127.0.0.1:{port}, retrying: Error 111 ")
+    # The banner could not read the queue's flow state, and says so.
+    assert "\n    pause and run-time rate limit: unknown until Redis answers\n" in worker.output
     time.sleep(6)  # the consumer, its heartbeats and the wake-up listener all retry meanwhile
     server = RedisServer(port=port)
     try:

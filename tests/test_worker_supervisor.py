@@ -2,9 +2,12 @@
 with real signals."""
 
 import argparse
+import logging
 import os
 import re
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +17,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delayqueue_django.management.commands.run_delayqueue import process_count
+from delayqueue_django.worker import heartbeat, supervisor
+from delayqueue_django.worker.supervisor import Supervisor
+from delayqueue_django.worker.supervisor_link import SUPERVISOR_FD_ENV
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 from tests.test_worker_processes import (
@@ -80,6 +86,11 @@ def test_two_processes_drain_a_queue_and_stop_cleanly_on_sigterm(
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    # Its last word, once its worker processes are gone.
+    assert re.search(
+        r"\nSupervisor \S+ stopped: every worker process finished its running handlers\.\n$",
+        worker.output,
+    ), worker.output
 
 
 def test_a_child_killed_mid_drain_is_replaced_and_nothing_is_lost_or_burned(
@@ -156,6 +167,13 @@ def test_a_second_signal_stops_the_children_at_once(
     worker.signal(signal.SIGINT)
     assert worker.wait(timeout=10) == 1, worker.output
     assert time.monotonic() - stopped < 5
+    # Asked for, so said as such: no CommandError, no worker process reported as failing.
+    assert "Error" not in worker.output, worker.output
+    assert "stopped: exit status" not in worker.output
+    assert worker.output.count("leave now") == 1  # the signal's line, not a second one
+    assert "stopped at once (a second stop request): running handlers were cut short" in (
+        worker.output
+    )
 
 
 def test_a_bad_handler_path_stops_the_command_with_one_clear_line(
@@ -273,7 +291,15 @@ def test_a_handler_past_its_time_limit_is_stopped_and_retried(
     )
     [first] = ready_children(worker, 1)
     [began] = wait_for(lambda: events("start"), timeout=20, what="the handler started")
+
+    def listed(pid: int) -> list[dict[str, Any]]:
+        return [w for w in heartbeat.live_workers(queue) if w.get("pid") == pid]
+
+    assert listed(first)  # (its heartbeat lives 30 s: three of its 10 s intervals)
     [nacked] = wait_for(lambda: events("nacked"), timeout=10, what="the refusal")
+    # Killed, it is no longer listed as a live worker running its handler: its supervisor
+    # removed its heartbeat at once.
+    wait_for(lambda: not listed(first), timeout=3, what="the killed process unlisted")
     assert nacked["id"] == stuck
     assert "time limit" in nacked["error"]
     # Stopped within 3 s of its start (2 s of limit, then the kill and the refusal).
@@ -338,6 +364,7 @@ def test_a_burst_drains_with_every_process_and_exits_0(
     assert worker.wait(timeout=60) == 0, worker.output
     assert {e["id"] for e in events("acked")} == ids
     assert worker.output.count(" is done: exit status 0") == 2
+    assert "done: every worker process finished its burst." in worker.output
 
 
 def test_worker_processes_stop_gracefully_when_their_supervisor_is_killed(
@@ -403,3 +430,64 @@ def test_a_reload_whose_new_process_cannot_start_keeps_the_old_ones(
     assert children_of(worker) == [old]
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output
+
+
+def test_a_max_memory_below_a_fresh_process_is_refused_at_start(
+    workers: list[WorkerProcess], redis_server: RedisServer
+) -> None:
+    # Before, every worker process was replaced about once a second, for ever, as a fresh
+    # one holds some 60 MB.
+    worker = spawn(workers, redis_server.url, "--processes", "2", "--max-memory", "20")
+    assert worker.wait(timeout=30) == 1, worker.output
+    assert "--max-memory 20 is below what a fresh worker process holds: this supervisor" in (
+        worker.output
+    )
+    assert "delayqueue_django worker" not in worker.output  # no worker process started
+    assert "replacing it" not in worker.output
+
+
+FAKE_CHILD = f"""
+import os, signal, socket, sys, time
+signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
+link = socket.socket(fileno=int(os.environ[{SUPERVISOR_FD_ENV!r}]))
+link.sendall(b'{{"event": "ready", "worker_id": "fake"}}\\n')
+time.sleep(60)
+"""
+
+
+def test_replacements_for_memory_back_off_while_processes_pass_the_limit_young(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where a fresh process holds about the limit (the supervisor's own size, checked at
+    start, may be just under it), the replacements back off as the restarts of processes
+    that keep dying do, instead of one each second for ever."""
+    monkeypatch.setattr(supervisor, "MEMORY_CHECK_SECONDS", 0.05)
+    # Processes that only say they are ready: each holds more than 1 MB.
+    watched = Supervisor(
+        processes=1,
+        argv=[sys.executable, "-c", FAKE_CHILD],
+        env=dict(os.environ),
+        queues=[],
+        grace=1,
+        max_memory_mb=1,
+    )
+
+    def replaced() -> int:
+        return sum("over --max-memory 1: replacing it" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.INFO, logger="delayqueue_django.worker"):
+        running = threading.Thread(target=watched.run)
+        running.start()
+        try:
+            wait_for(lambda: replaced() >= 3, timeout=20, what="three replacements")
+            # The next waits 2 s, the one after 4 s; before, each process was replaced as
+            # soon as it was ready.
+            time.sleep(3)
+            assert replaced() <= 4
+        finally:
+            watched.request_stop()
+            running.join(timeout=20)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "replacing processes for their size backs off" in warnings[0]
+    assert "raise --max-memory" in warnings[0]

@@ -62,13 +62,13 @@ class OwnProcessCommand(BaseCommand):
 
     @contextmanager
     def package_log(self, verbosity: int) -> Iterator[None]:
-        """Show the package's log on this command's stdout at the level ``verbosity`` asks
-        for, unless the project's LOGGING already gives the package a handler."""
+        """Show the package's log at the level ``verbosity`` asks for: through the handlers
+        the project's LOGGING gives it, else on this command's stdout."""
         package = logging.getLogger("delayqueue_django")
         previous_level = package.level
         package.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
         added = None
-        if not package.handlers:
+        if not self._logged_by_the_project(package):
             added = logging.StreamHandler(self.stdout)
             added.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             package.addHandler(added)
@@ -78,3 +78,12 @@ class OwnProcessCommand(BaseCommand):
             package.setLevel(previous_level)
             if added is not None:
                 package.removeHandler(added)
+
+    def _logged_by_the_project(self, package: logging.Logger) -> bool:
+        """Whether the package's records reach a handler already. In a process of its own,
+        any handler up the loggers' tree is the project's LOGGING (a root console handler,
+        say): a handler of the command's besides would print every line twice. Through
+        call_command, the process's handlers are the caller's (a test run's capture, an
+        app's): the command prints on the stdout it was given unless the package itself
+        has a handler."""
+        return package.hasHandlers() if self.own_process else bool(package.handlers)

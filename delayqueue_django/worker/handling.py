@@ -220,33 +220,34 @@ def judge_error(message: Message, error: BaseException, seconds: float) -> Outco
         return Outcome(message, Verdict.ACK, None, seconds)
     if isinstance(error, Postpone):
         logger.info(
-            "handler postponed message id=%s queue=%s attempt=%s by %d ms: %s",
+            "handler postponed message id=%s queue=%s attempt=%s by %d ms%s",
             loggable(message.id),
             message.queue,
             message.attempt,
             error.delay_ms,
-            error,
+            _said(error.reason),
         )
         return Outcome(
             message, Verdict.NACK, error, seconds, delay_ms=error.delay_ms, postponed=True
         )
     if isinstance(error, Retry):
+        # A failure the handler expected: one line, no traceback.
         logger.warning(
-            "handler asked to retry message id=%s queue=%s attempt=%s in %d ms: %s",
+            "handler asked to retry message id=%s queue=%s attempt=%s%s%s",
             loggable(message.id),
             message.queue,
             message.attempt,
-            error.delay_ms,
-            error,
+            "" if error.delay_ms is None else f" in {error.delay_ms} ms",
+            _said(error.reason),
         )
         return Outcome(message, Verdict.NACK, error, seconds, delay_ms=error.delay_ms)
     if isinstance(error, Reject):
         logger.warning(
-            "handler rejected message id=%s queue=%s attempt=%s: %s",
+            "handler rejected message id=%s queue=%s attempt=%s%s",
             loggable(message.id),
             message.queue,
             message.attempt,
-            error,
+            _said(str(error)),
         )
         return Outcome(message, Verdict.BURY, error, seconds)
     if isinstance(error, HandlerReturnedAwaitable | TimeLimitExceeded):
@@ -267,3 +268,9 @@ def judge_error(message: Message, error: BaseException, seconds: float) -> Outco
         exc_info=(type(error), error, error.__traceback__),
     )
     return Outcome(message, Verdict.NACK, error, seconds)
+
+
+def _said(reason: str) -> str:
+    """A verdict's reason for its log line, after a colon; nothing when the handler gave
+    none (the exception's own default text would repeat what the line says)."""
+    return f": {reason}" if reason else ""

@@ -43,6 +43,10 @@ logger = logging.getLogger("delayqueue_django.worker")
 SUMMARY_SECONDS = 10.0
 # How often a worker prunes the processed ids of its EXACTLY_ONCE queues.
 PRUNE_PROCESSED_SECONDS = 60.0
+# How often the main thread of a worker looks at its state (a stop request, an outage
+# given up on, the grace's end); consumers finishing wake it at once.
+IDLE_LOOK_SECONDS = 1.0
+STOPPING_LOOK_SECONDS = 0.1
 # The longest-running handlers a heartbeat names (running_count counts them all).
 RUNNING_REPORTED = 20
 # How long a burst run waits for a Redis it cannot reach before it gives up. Long enough for
@@ -83,6 +87,7 @@ class Worker:
         self.started_at = time.time()
         self._started_monotonic = time.monotonic()
         self.stopping = threading.Event()
+        self._stop_requested_at: float | None = None
         # Set by the first stop request; not by --max-messages, which only stops gracefully.
         self.stop_requested = threading.Event()
         self.abandoning = threading.Event()
@@ -280,6 +285,8 @@ class Worker:
         self._stop_gracefully()
 
     def _stop_gracefully(self) -> None:
+        # When the grace starts: the main thread may notice the stop a look later.
+        self._stop_requested_at = self._stop_requested_at or time.monotonic()
         self.stopping.set()
         for consumer in self.consumers:
             consumer.wake()
@@ -296,16 +303,19 @@ class Worker:
             self.loop_pool.start()
         for consumer in self.consumers:
             consumer.start()
-        stop_requested_at: float | None = None
-        while not all(consumer.finished.is_set() for consumer in self.consumers):
-            # Short waits keep the main thread responsive to signals.
-            self.consumers[0].finished.wait(0.1)
+        while unfinished := [c for c in self.consumers if not c.finished.is_set()]:
+            # Signal handlers run during the wait. A burst run ends as soon as its consumers
+            # are all done; an idle worker looks each IDLE_LOOK_SECONDS only (its main
+            # thread's wake-ups were most of an idle worker's CPU); a stopping one looks
+            # each STOPPING_LOOK_SECONDS, for the grace's end and a second signal.
+            stopping = self.stopping.is_set()
+            unfinished[0].finished.wait(STOPPING_LOOK_SECONDS if stopping else IDLE_LOOK_SECONDS)
             if self.abandoning.is_set():
                 break
             if self.outages.gave_up_on is not None and not self.stopping.is_set():
                 self._give_up(self.outages.gave_up_on)
             if self.stopping.is_set():
-                stop_requested_at = stop_requested_at or time.monotonic()
+                stop_requested_at = self._stop_requested_at or time.monotonic()
                 if time.monotonic() - stop_requested_at > self.grace:
                     self._say_what_the_grace_leaves()
                     self.abandoning.set()

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from delayqueue_django import Message
+from delayqueue_django import Message, Retry
 from shop.models import Event, Order
 
 
@@ -30,7 +30,12 @@ def on_order_message(message: Message) -> None:
 
 
 def notify_warehouse(message: Message) -> Any:
-    """Fails on purpose, so retries, exhaustion and the admin's garbage list can be seen."""
-    raise ConnectionError(
-        f"warehouse API unreachable for order #{message.payload['order']} (failing on purpose)"
+    """Fails on purpose, so retries, exhaustion and the admin's garbage list can be seen.
+
+    A failure the handler expects, so it raises Retry: the worker logs one line with the
+    reason and retries after the queue's NACK_REDELIVERY_DELAY. (An exception it did not
+    expect would be logged with its traceback.)"""
+    raise Retry(
+        reason=f"warehouse API unreachable for order #{message.payload['order']} "
+        "(failing on purpose)"
     )

@@ -25,6 +25,7 @@ from delayqueue_django.exceptions import (
     UnsupportedRedisVersion,
 )
 from delayqueue_django.management import redis_checks
+from delayqueue_django.management.banner_limits import limits_lines
 from delayqueue_django.management.own_process import OwnProcessCommand
 from delayqueue_django.management.process_signals import (
     child_signals,
@@ -430,6 +431,8 @@ class Command(OwnProcessCommand):
                 f"batch {worker.batch_size or config.fetch_batch_size}"
                 + (f", exactly once on {config.exactly_once!r}" if config.exactly_once else "")
             )
+            for line in limits_lines(consumer.queue):
+                self.stdout.write(line)
         if worker.relay is not None and worker.relay.databases:
             databases = ", ".join(map(repr, worker.relay.databases))
             self.stdout.write(f"  outbox relay: database {databases}")
@@ -467,6 +470,10 @@ class Command(OwnProcessCommand):
         handlers = self._handlers_for(queues)
         if checks:  # --reload: the checks skipped at the command's start
             self.check(display_num_errors=True)
+        if max_memory is not None:
+            unmet = memory.unmet_by_a_fresh_process(max_memory)
+            if unmet is not None:
+                raise CommandError(unmet)
         chosen = [queue for queue, _ in handlers]
         # An async handler's limit is a cancellation on its process's loop (the others on
         # the loop go on): never a reason to kill the process.
@@ -507,12 +514,19 @@ class Command(OwnProcessCommand):
                 code = supervisor.run()
             except ChildCannotStart as error:
                 raise CommandError(str(error)) from None
+        if verbosity >= 1:
+            self.stdout.write(supervisor.closing_line())
+            self.stdout.flush()
         if code == GAVE_UP:
             raise CommandError(
                 "a worker process gave up on a Redis it could not reach (--burst); the "
                 "messages stay in Redis",
                 returncode=GAVE_UP,
             )
+        if supervisor.left_at_once and not supervisor.failed_exits:
+            # Asked for (a second signal), and said so above: exit 1, as a worker does,
+            # without an error of the command's.
+            raise SystemExit(1)
         if code:
             raise CommandError("worker processes did not all stop cleanly", returncode=code)
 

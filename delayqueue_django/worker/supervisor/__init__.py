@@ -12,6 +12,11 @@ that a replacement loads the code as it is on disk now).
   messages go back), so no delivery is dropped or run twice by the change.
 - ``--max-messages`` (the child stops itself) and ``--max-memory`` (the supervisor asks it
   to, once its resident set passes the size) recycle a child: a fresh one takes its place.
+  Children that keep passing the size soon after they start (a limit near a fresh
+  process's size) are replaced with the crash loop's growing backoff, and a warning says so.
+- A child that did not stop cleanly (killed for TIME_LIMIT, crashed) left its heartbeat
+  behind: the supervisor removes it at once, so that the admin and delayqueue_stats do not
+  list a dead process, running its handler, until the heartbeat expires.
 - TIME_LIMIT with ``--concurrency 1``: a child whose handler runs past it is killed, and the
   delivery refused (time_limits).
 
@@ -85,7 +90,14 @@ class Supervisor:
         self._rollout: list[ChildProcess] = []  # children still to replace after a SIGHUP
         self._rollout_new: ChildProcess | None = None
         # Children that exited with an error while the command was stopping.
-        self._failed_exits = 0
+        self.failed_exits = 0
+        # Whether a second stop request had the children leave at once.
+        self.left_at_once = False
+        # --max-memory's backoff (as the restarts'): no replacement for size before
+        # _recycle_not_before (monotonic) while children pass the size young.
+        self._recycle_backoff = FIRST_BACKOFF_SECONDS
+        self._recycle_not_before = 0.0
+        self._told_recycle_backoff = False
         # --burst: the worst exit status of the children, each done once.
         self._burst_status = 0
         # Why the command ends with an error: a child could not start.
@@ -115,22 +127,22 @@ class Supervisor:
             self._start()
         next_beat = next_memory_check = 0.0
         stopping_since: float | None = None
-        told_now = False
         try:
             while True:
                 now = time.monotonic()
-                self._reap(stopping=stopping_since is not None)
+                if self._reap(stopping=stopping_since is not None):
+                    next_beat = now  # the heartbeat lists the children: tell it now
                 if (self._stop_requests or self._cannot_start) and stopping_since is None:
                     stopping_since = now
                     self._stop_all()
-                if self._stop_requests > 1 and not told_now:
-                    told_now = True
+                if self._stop_requests > 1 and not self.left_at_once:
+                    self.left_at_once = True
                     self._stop_all_now()
                 if stopping_since is not None:
                     if not self.children:
                         if self._cannot_start is not None:
                             raise ChildCannotStart(self._cannot_start)
-                        return 1 if told_now or self._failed_exits else 0
+                        return 1 if self.left_at_once or self.failed_exits else 0
                     if now - stopping_since > self.grace + EXIT_MARGIN_SECONDS:
                         for child in self.children:
                             child.kill("did not stop after the grace")
@@ -141,7 +153,7 @@ class Supervisor:
                     self._enforce_time_limits(now)
                     if self.max_memory_mb is not None and now >= next_memory_check:
                         next_memory_check = now + MEMORY_CHECK_SECONDS
-                        self._recycle_big_children()
+                        self._recycle_big_children(now)
                     self._roll_out()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
@@ -150,7 +162,9 @@ class Supervisor:
         finally:
             for child in self.children:
                 child.kill("the supervisor is leaving")
-            self._forget()
+                if child.worker_id is not None:
+                    self._forget(child.worker_id)
+            self._forget(self.supervisor_id)
 
     def _start(self) -> ChildProcess:
         child = ChildProcess(self.argv, self.env, report_messages=bool(self.time_limits))
@@ -164,14 +178,22 @@ class Supervisor:
             for _ in due:
                 self._start()
 
-    def _reap(self, *, stopping: bool) -> None:
+    def _reap(self, *, stopping: bool) -> bool:
+        """Take in the children that exited; whether there were any."""
+        reaped = False
         for child in list(self.children):
             code = child.poll()
             if code is None:
                 continue
+            reaped = True
             self.children.remove(child)
             child.close()
+            if code != 0 and child.worker_id is not None:
+                # A clean stop removes its own heartbeat; this one's would stay listed,
+                # running its handler, until it expired.
+                self._forget(child.worker_id)
             self._exited(child, code, stopping=stopping)
+        return reaped
 
     def _exited(self, child: ChildProcess, code: int, *, stopping: bool) -> None:
         how = describe_exit(code)
@@ -195,8 +217,10 @@ class Supervisor:
             # One stopped before it was ready had taken nothing: it says "ready" once its
             # signal handlers are in place, before its first fetch, so a SIGTERM before
             # then ended it as Python's default action does, and that is a clean stop.
-            if code != 0 and not (code == -signal.SIGTERM and not child.ready.is_set()):
-                self._failed_exits += 1
+            # After a second stop request, leaving with an error is what it was told to do.
+            clean = code == 0 or (code == -signal.SIGTERM and not child.ready.is_set())
+            if not clean and not self.left_at_once:
+                self.failed_exits += 1
                 logger.warning("worker process pid %d stopped: %s", child.pid, how)
             return
         if child.stop_reason is not None:
@@ -240,9 +264,27 @@ class Supervisor:
             child.stop("stop requested")
 
     def _stop_all_now(self) -> None:
-        logger.warning("second stop request: worker processes leave now")
         for child in self.children:
             child.stop_now()
+
+    def closing_line(self) -> str:
+        """What the command says once the supervisor is done (every child gone)."""
+        if self.left_at_once:
+            how = (
+                "stopped at once (a second stop request): running handlers were cut short, "
+                "and their messages are delivered again once their lease ends "
+                "(MAX_CONSUME_DURATION)"
+            )
+        elif self.failed_exits:
+            how = f"stopped: {_processes(self.failed_exits)} did not stop cleanly"
+        elif self.stop_requested:
+            how = "stopped: every worker process finished its running handlers"
+        elif self._burst_status:
+            how = f"done: a worker process ended with exit status {self._burst_status}"
+        else:
+            how = "done: every worker process finished its burst"
+        restarts = f" ({self.restarts} restart{'s' if self.restarts != 1 else ''})"
+        return f"Supervisor {self.supervisor_id} {how}{restarts if self.restarts else ''}."
 
     # Recycling
 
@@ -251,20 +293,58 @@ class Supervisor:
         self._start()
         child.stop(reason)
 
-    def _recycle_big_children(self) -> None:
-        assert self.max_memory_mb is not None
+    def _recycle_big_children(self, now: float) -> None:
+        limit = self.max_memory_mb
+        assert limit is not None
+        backing_off = now < self._recycle_not_before
+        youngest: float | None = None
         for child in list(self.children):
             if child.stop_reason is not None or not child.ready.is_set():
                 continue
             size = memory.resident_mb(child.pid)
-            if size is not None and size > self.max_memory_mb:
-                logger.info(
-                    "worker process pid %d holds %.0f MB, over --max-memory %g: replacing it",
-                    child.pid,
-                    size,
-                    self.max_memory_mb,
-                )
-                self._replace(child, "--max-memory")
+            if size is None or size <= limit:
+                continue
+            if child.over_memory_since is None:
+                child.over_memory_since = now
+            # How young it passed the size (a backoff that keeps it longer changes nothing).
+            young_at = child.over_memory_since - child.started_at
+            if backing_off:
+                self._say_recycling_backs_off(child, size, young_at)
+                continue
+            logger.info(
+                "worker process pid %d holds %.0f MB, over --max-memory %g: replacing it",
+                child.pid,
+                size,
+                limit,
+            )
+            self._replace(child, "--max-memory")
+            youngest = young_at if youngest is None else min(youngest, young_at)
+        if youngest is None:
+            return
+        # As for children that die young: a replacement that passes the size young as well
+        # (a limit near what a fresh process holds) would be replaced again at once, for
+        # ever. The next waits, longer each time, until one lived long under it.
+        if youngest >= LIVED_LONG_SECONDS:
+            self._recycle_backoff = FIRST_BACKOFF_SECONDS
+        else:
+            self._recycle_not_before = now + self._recycle_backoff
+            self._recycle_backoff = min(self._recycle_backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _say_recycling_backs_off(self, child: ChildProcess, size: float, young_at: float) -> None:
+        if self._told_recycle_backoff:
+            return
+        self._told_recycle_backoff = True
+        logger.warning(
+            "worker process pid %d passed --max-memory %g %.0f s after its start (%.0f MB), "
+            "as the one before it did: replacing processes for their size backs off (up to "
+            "%g s apart) while they pass it young. If a fresh process holds about that "
+            "much, raise --max-memory",
+            child.pid,
+            self.max_memory_mb,
+            young_at,
+            size,
+            MAX_BACKOFF_SECONDS,
+        )
 
     def _roll_out(self) -> None:
         """SIGHUP: one child at a time, a fresh one started and ready before the old stops."""
@@ -343,9 +423,16 @@ class Supervisor:
             except Exception as error:  # a heartbeat is best effort: the loop goes on
                 logger.debug("supervisor heartbeat on queue=%s failed: %s", queue.name, error)
 
-    def _forget(self) -> None:
+    def _forget(self, worker_id: str) -> None:
+        """Remove the heartbeat of this supervisor or of one of its children."""
         for queue in self.queues:
             try:
-                heartbeat.forget(queue, self.supervisor_id)
-            except Exception as error:
-                logger.debug("supervisor heartbeat removal queue=%s failed: %s", queue.name, error)
+                heartbeat.forget(queue, worker_id)
+            except Exception as error:  # best effort: it expires on its own
+                logger.debug(
+                    "heartbeat removal id=%s queue=%s failed: %s", worker_id, queue.name, error
+                )
+
+
+def _processes(count: int) -> str:
+    return f"{count} worker process{'es' if count != 1 else ''}"

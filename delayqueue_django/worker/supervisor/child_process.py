@@ -46,6 +46,8 @@ class ChildProcess:
         self.worker_id: str | None = None
         # Why the supervisor stopped it (None: it was not asked to stop).
         self.stop_reason: str | None = None
+        # When the supervisor first saw it over --max-memory (time.monotonic()), or None.
+        self.over_memory_since: float | None = None
         self._lock = threading.Lock()
         self._buffered: dict[MessageKey, Message] = {}
         self._running: dict[MessageKey, tuple[Message, float]] = {}
