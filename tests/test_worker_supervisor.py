@@ -19,7 +19,7 @@ from django.core.management import CommandError, call_command
 from delayqueue_django.management.commands.run_delayqueue import process_count
 from delayqueue_django.worker import heartbeat, supervisor
 from delayqueue_django.worker.supervisor import Supervisor
-from delayqueue_django.worker.supervisor_link import SUPERVISOR_FD_ENV
+from delayqueue_django.worker.supervisor.link import SUPERVISOR_FD_ENV
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 from tests.test_worker_processes import (

@@ -5,7 +5,7 @@ line. The pause and the run-time rate are kept in Redis: one round trip reads th
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.core.flow_options import shown_rate
+from delayqueue_django.core.conf.flow import shown_rate
 from delayqueue_django.core.queue import Flow, Queue
 from delayqueue_django.exceptions import DelayQueueError
 
