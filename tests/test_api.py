@@ -16,8 +16,8 @@ from django.test import override_settings
 import delayqueue_django as delayqueue
 from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import store as store_module
 from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.store import base as store_module
 from delayqueue_django.exceptions import (
     DelayQueueError,
     DuplicateMessageId,

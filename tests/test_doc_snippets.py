@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from delayqueue_django.engine.store import STATS_NAMES
+from delayqueue_django.engine.store.replies import STATS_NAMES
 from tests.helpers import wait_for
 from tests.redis_servers import RedisServer
 

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from delayqueue_django.core.conf import client as client_options
 from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.engine.async_store import AsyncRedisClient
-from delayqueue_django.engine.store import RedisClient
+from delayqueue_django.engine.store.base import RedisClient
 
 _clients: dict[tuple[str, str], RedisClient] = {}
 _lock = threading.Lock()

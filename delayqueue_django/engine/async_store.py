@@ -23,16 +23,9 @@ from delayqueue_django.engine.keyed_calls import (
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage, StoreLimits
 from delayqueue_django.engine.scripts import AsyncLua
-from delayqueue_django.engine.store import (
-    described,
-    log_warnings,
-    oldest_version,
-    parse_stats,
-    removed_state,
-    require_supported,
-    send_calls,
-    send_error,
-)
+from delayqueue_django.engine.store.base import log_warnings, oldest_version, require_supported
+from delayqueue_django.engine.store.calls import send_calls, send_error
+from delayqueue_django.engine.store.replies import described, parse_stats, removed_state
 
 AsyncRedisClient: TypeAlias = AsyncRedis | AsyncRedisCluster
 

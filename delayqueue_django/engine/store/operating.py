@@ -1,0 +1,141 @@
+"""A ``RedisStore``'s operator calls: requeue, promote, drop dead letters, the stats and
+running totals, listing and peeking, and the snapshots the invariant checker reads."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from delayqueue_django.engine.keyed import split_keyed
+from delayqueue_django.engine.keyed_calls import wire
+from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
+from delayqueue_django.engine.store.base import RedisStoreBase
+from delayqueue_django.engine.store.replies import (
+    _id,
+    _optional_shown,
+    _payload_text,
+    _shown,
+    _stored,
+    described,
+    parse_stats,
+)
+
+
+class RedisOperating(RedisStoreBase):
+    """What the admin, the commands and the monitoring ask of a queue."""
+
+    def requeue(self, message_ids: Sequence[str], default_budget: int) -> list[str]:
+        """Move dead letters back to pending, due now, with a fresh retry budget."""
+        if not message_ids:
+            return []
+        requeued, _ = self._run("requeue", [self._channel, default_budget, *map(wire, message_ids)])
+        return [_id(message_id) for message_id in requeued]
+
+    def promote(self, message_ids: Sequence[str]) -> list[str]:
+        """Make pending messages due now."""
+        if not message_ids:
+            return []
+        promoted, _ = self._run("promote", [self._channel, *map(wire, message_ids)])
+        return [_id(message_id) for message_id in promoted]
+
+    def drop_garbage(
+        self,
+        *,
+        older_than_ms: int | None,
+        limit: int,
+        keep_unannounced: bool,
+        offset: int = 0,
+        buried_before_ms: int | None = None,
+    ) -> tuple[int, int]:
+        """Delete dead letters (all, buried at least older_than_ms ago, or buried before
+        buried_before_ms), examining at most limit after the oldest ``offset``; returns how
+        many were deleted and how many kept."""
+        age = -1 if older_than_ms is None else older_than_ms
+        before = -1 if buried_before_ms is None else buried_before_ms
+        dropped, kept, _ = self._run(
+            "drop_garbage", [age, limit, int(keep_unannounced), offset, before]
+        )
+        return int(dropped), int(kept)
+
+    def stats(self) -> dict[str, int]:
+        return parse_stats(self._run("stats", []))
+
+    def snapshot(self) -> list[Any]:
+        """Every id the queue holds, read atomically (snapshot.lua; see engine.invariants)."""
+        reply: list[Any] = self._run("snapshot", [])
+        return reply
+
+    def unreadable_payloads(self) -> list[Any]:
+        """Read a page at a time (HSCAN), never holding Redis up; see engine.invariants."""
+        client: Any = self.client  # redis-py types hscan_iter loosely
+        unreadable = []
+        for message_id, payload in client.hscan_iter(self.keys.key("payload"), count=1000):
+            if _payload_text(payload) is None:
+                unreadable.append(message_id)
+        return unreadable
+
+    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
+        _, flat, _ = self._run("throughput", [minutes])
+        return [
+            (int(flat[i]) * 60_000, int(flat[i + 1]), int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    def add_totals(self, increments: Mapping[str, int]) -> None:
+        """Add worker-measured counts to the queue's running totals (names without "all:")."""
+        pairs = [(name, count) for name, count in increments.items() if count]
+        if pairs:
+            self._run("add_totals", [len(pairs), *(value for pair in pairs for value in pair)])
+
+    def totals(self) -> dict[str, int]:
+        """Every running total, by name: the scripts' own and those added by workers."""
+        flat, _ = self._run("totals", [])
+        return {_shown(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def prune_throughput(self, keep_minutes: int) -> int:
+        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
+        pruned, _ = self._run("prune_throughput", [keep_minutes])
+        return int(pruned)
+
+    def list(
+        self, state: str, *, offset: int, limit: int, preview_bytes: int
+    ) -> list[StoredMessage]:
+        """One page of the messages in ``state``, in queue order."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; the states are {', '.join(STATES)}")
+        flat, _ = self._run("list", [state, offset, limit, preview_bytes])
+        return [
+            replace(
+                _stored(flat[i], state, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], False),
+                group=_optional_shown(flat[i + 5]),
+            )
+            for i in range(0, len(flat), 6)
+        ]
+
+    def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """Where a message is and what it holds, or None if the queue does not know it; its
+        payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
+        args = [wire(message_id)] if preview_bytes is None else [wire(message_id), preview_bytes]
+        return described(message_id, self._run("peek", args))
+
+    def peek_payload(self, message_id: str) -> bytes | None:
+        """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
+        (only a foreign write stores them) stay those bytes, where peek shows them as
+        escapes."""
+        payload = self._run("peek", [wire(message_id)])[2]
+        if payload is None:
+            return None
+        body = split_keyed(_id(payload))[2]
+        return split_trace(wire(body))[1]
+
+    def held(self, message_ids: Sequence[str]) -> set[str]:
+        # Every message held, whatever its state, has its payload: ack, remove and the
+        # dropping of dead letters delete it with the message.
+        if not message_ids:
+            return set()
+        pipe: Any = self.client.pipeline(transaction=False)
+        payloads = self.keys.key("payload")
+        for message_id in message_ids:
+            pipe.hexists(payloads, wire(message_id))
+        found = pipe.execute()
+        return {message_id for message_id, there in zip(message_ids, found, strict=True) if there}
