@@ -21,6 +21,10 @@ ever handed out early. The plan takes the shards' clocks for one (on one server 
 a Redis Cluster's masters agree to within what NTP keeps them): a master whose clock runs
 ahead of the others by some milliseconds has its shards' messages fetched up to that much
 late, one behind by as much early, which its script answers with the due time again.
+
+The fetch is here, with the flow gates' reservation around it; what the plan learns is
+kept by engine.sharding.planning, a hung server's shards are held and probed by
+engine.sharding.holding, and the exhausted messages are claimed by engine.sharding.claims.
 """
 
 import logging
@@ -29,22 +33,17 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
-from functools import partial
 
 from redis.exceptions import RedisError
 
 from delayqueue_django.engine.errors import QueueTimedOut, timed_out
 from delayqueue_django.engine.flow import GATES_RESERVED, GATES_SHARD, Reservation
-from delayqueue_django.engine.protocol import ChannelSubscription
-from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult
-from delayqueue_django.engine.sharding.hangs import (
-    FETCH_PATIENCE_SECONDS,
-    Hang,
-    start_probe,
-    wait_for_probes,
-)
-from delayqueue_django.engine.sharding.layouts import SHARD_RETRY_SECONDS, ShardLayouts
+from delayqueue_django.engine.records import Delivery, FetchResult
+from delayqueue_django.engine.sharding.claims import ShardClaims
+from delayqueue_django.engine.sharding.hangs import FETCH_PATIENCE_SECONDS
+from delayqueue_django.engine.sharding.holding import ShardHolding
 from delayqueue_django.engine.sharding.plan import ShardPlan
+from delayqueue_django.engine.sharding.planning import ShardPlanning
 
 logger = logging.getLogger("delayqueue_django.engine")
 
@@ -63,7 +62,7 @@ LOOK_AGAIN_SECONDS = 30.0
 LOOK_AGAIN_MS = 1000
 
 
-class ShardFetching(ShardLayouts):
+class ShardFetching(ShardPlanning, ShardHolding, ShardClaims):
     """The part of a ``ShardedStore`` that fetches: the plan, kept from fetches and
     wake-ups, of which shards to ask."""
 
@@ -183,11 +182,6 @@ class ShardFetching(ShardLayouts):
         it has a rate limit or a cap, set or (as last heard) a rate set at run time."""
         limits = self.limits
         return limits.rate_limit is not None or limits.max_in_flight > 0 or self._run_time_rate
-
-    def _failing(self, name: str) -> bool:
-        with self._lock:
-            plan = self._plans.get(name)
-            return plan is not None and plan.failing_since is not None
 
     def _settle(self, entries: str, reserved: int, handed: list[Delivery], lost: int) -> None:
         """Settle a reservation on shard 0 once the shards answered (one call, only when
@@ -338,143 +332,6 @@ class ShardFetching(ShardLayouts):
         self._learn(name, plan, result)
         return result
 
-    def on_same_server(self, name: str) -> list[str]:
-        """The other shards fetched from whose keys are on shard ``name``'s server, as the
-        client last learned it (no round trip): a server that hangs hangs them all."""
-        server = self._store(name).server_name()
-        with self._lock:
-            order = list(self._order)
-        return [
-            other for other in order if other != name and self._store(other).server_name() == server
-        ]
-
-    def hold_siblings(self, name: str) -> list[str]:
-        """Shard ``name``'s server did not answer in time: it is held as hung, its shards
-        (the other shards on it too) not asked until a probe of it answers (each would
-        wait out its own timeout, the other servers' shards held up meanwhile: a queue of
-        12 shards on one server, 12 socket timeouts). Returns the others."""
-        siblings = self.on_same_server(name)
-        server = self._store(name).server_name()
-        now = time.monotonic()
-        with self._lock:
-            new = server not in self._hung.hangs
-            hang = self._hung.hold(server, {name, *siblings}, now)
-            self._hold_plans(hang)
-        if new:
-            logger.warning(
-                "queue %s: server %s did not answer in time; its shards (%s) are left out "
-                "of fetches until it answers a probe",
-                self.keys.queue,
-                server,
-                ", ".join(sorted(hang.shards)),
-            )
-        return siblings
-
-    def _hold_plans(self, hang: Hang) -> None:
-        """The plans of a hung server's shards: held, looked at again at its next probe
-        (the consumer wakes then: it may have answered); lock held."""
-        for shard in hang.shards:
-            plan = self._plans.get(shard)
-            if plan is not None:
-                plan.held = True
-                plan.retry_at = hang.probe_at
-
-    def _probe_hung(self, now: float) -> None:
-        """Start a probe of each hung server whose backoff is over (none on a healthy
-        queue: an empty dict looked at). With every shard held, the fetch has nothing
-        else to ask: it waits for them, FETCH_PATIENCE_SECONDS at the most."""
-        if not self._hung.hangs:
-            return
-        with self._lock:
-            due, passed = self._hung.due(now)
-            for hang in passed:
-                self._hold_plans(hang)
-        probes = [
-            start_probe(
-                server,
-                partial(self._store(min(hang.shards)).fetch, 0),
-                partial(self._probed, server),
-            )
-            for server, hang in due
-        ]
-        with self._lock:
-            every_shard_held = all(self._plans[name].held for name in self._order)
-        if probes and every_shard_held:
-            wait_for_probes(probes, FETCH_PATIENCE_SECONDS)
-
-    def _probed(self, server: str, answered: bool) -> None:
-        """A probe's outcome: an answer ends the hold, its shards looked at at once."""
-        with self._lock:
-            hang = self._hung.hangs.get(server)
-            if hang is None:
-                return
-            if not answered:
-                hang.probe_failed(time.monotonic())
-                self._hold_plans(hang)
-                return
-            del self._hung.hangs[server]
-            for shard in hang.shards:
-                plan = self._plans.get(shard)
-                if plan is not None:
-                    plan.held = False
-                    plan.retry_at = -math.inf
-                    plan.due_ms = -math.inf
-        logger.warning(
-            "queue %s: server %s answers again after %.1f s; its shards are fetched from again",
-            self.keys.queue,
-            server,
-            time.monotonic() - hang.since,
-        )
-
-    def _failed(self, name: str, plan: ShardPlan, error: Exception) -> None:
-        now = time.monotonic()
-        with self._lock:
-            plan.retry_at = now + SHARD_RETRY_SECONDS
-            first = plan.failing_since is None
-            if first:
-                plan.failing_since = now
-        if first:
-            logger.warning(
-                "queue %s: shard %s cannot be reached (%s); its messages wait, the other "
-                "shards go on; trying it every %g s",
-                self.keys.queue,
-                name,
-                error,
-                SHARD_RETRY_SECONDS,
-            )
-
-    def _learn(self, name: str, plan: ShardPlan, result: FetchResult) -> None:
-        if result.next_ms is None:
-            due_ms = math.inf
-        elif result.next_ms <= result.now_ms:
-            due_ms = -math.inf
-        else:
-            due_ms = result.next_ms
-        with self._lock:
-            plan.fetched = True
-            plan.due_ms = min(due_ms, plan.heard_ms)
-            plan.owed = result.exhaustions_owed
-            plan.retry_at = -math.inf
-            failing_since, plan.failing_since = plan.failing_since, None
-        if failing_since is not None:
-            logger.warning(
-                "queue %s: shard %s reached again after %.1f s",
-                self.keys.queue,
-                name,
-                time.monotonic() - failing_since,
-            )
-
-    def _local_due(self, name: str) -> float:
-        """When shard ``name`` next has work, on the monotonic clock (s); lock held."""
-        plan = self._plans[name]
-        if plan.due_ms in (-math.inf, math.inf):
-            local = plan.due_ms
-        elif self._reference_ms is None:
-            local = -math.inf
-        else:
-            local = (plan.due_ms - self._reference_ms) / 1000
-        return max(local, plan.retry_at)
-
     def _merged(self, taken: list[tuple[str, FetchResult]], *, more: bool) -> FetchResult:
         """One FetchResult: the clock as the first shard taken from read it. ``more``: the
         fetch stopped, its count reached, before asking every shard it meant to."""
@@ -500,77 +357,6 @@ class ShardFetching(ShardLayouts):
             deliveries=[delivery for _, result in taken for delivery in result.deliveries],
             exhaustions_owed=owed,
         )
-
-    def listening(self, change: int) -> None:
-        """A wake-up subscription of this store began (+1) or ended (-1) listening."""
-        with self._lock:
-            self._listening += change
-
-    def heard(self, name: str, due_ms: int) -> None:
-        """A wake-up from shard ``name``, due at ``due_ms``: the plan learns it."""
-        with self._lock:
-            plan = self._plans.get(name)
-            if plan is not None:
-                plan.heard_ms = min(plan.heard_ms, due_ms)
-                plan.due_ms = min(plan.due_ms, due_ms)
-
-    def _look_again(self, names: Iterable[str]) -> None:
-        """Work may have come due on these shards (a retry, a hand-back, a requeue)."""
-        with self._lock:
-            for name in names:
-                plan = self._plans.get(name)
-                if plan is not None:
-                    plan.due_ms = -math.inf
-
-    def claim_exhausted(self, count: int, claim_ms: int) -> list[ExhaustedClaim]:
-        """From the shards whose last fetch said one is owed, or never fetched (every
-        shard, when none is), in turn, until ``count``. A shard that cannot be reached is
-        passed over (its announcements wait for it); raises only if every one asked fails."""
-        with self._lock:
-            # (Not the shards of a hung server: each would wait out a socket timeout.)
-            order = [name for name in self._order if not self._plans[name].held] or list(
-                self._order
-            )
-            owed = [
-                name for name in order if self._plans[name].owed or not self._plans[name].fetched
-            ]
-        claims: list[ExhaustedClaim] = []
-        asked_shards = failed = 0
-        for name in owed or order:
-            if len(claims) >= count:
-                break
-            asked = count - len(claims)
-            asked_shards += 1
-            try:
-                found = self._store(name).claim_exhausted(asked, claim_ms)
-            except (RedisError, OSError):
-                failed += 1
-                if failed == asked_shards == len(owed or order):
-                    raise
-                continue
-            claims += found
-            if len(found) < asked:
-                with self._lock:
-                    # (Its layout may have been retired meanwhile: no plan left.)
-                    plan = self._plans.get(name)
-                    if plan is not None:
-                        plan.owed = False
-        return claims
-
-    def _subscribe(self) -> tuple[int, ChannelSubscription, dict[str, str]]:
-        """A subscription to the wake-ups of every shard fetched from, and the generation
-        of that list of shards."""
-        self.refresh_layouts()
-        with self._lock:
-            generation, names = self.generation, list(self._order)
-        channels = {self._store(name).keys.wakeup_channel: name for name in names}
-        subscription = self.base.subscribe_channels(list(channels))
-        # A layout announced before the subscription took effect was heard by no one (at a
-        # worker's start, its own relay writing rows another layout placed): read the
-        # register now. If it changed, the generation returned is behind, and the
-        # subscription follows the new list at once.
-        self.refresh_layouts(due=True)
-        return generation, subscription, channels
 
 
 def _gated(result: FetchResult, reservation: Reservation) -> FetchResult:
