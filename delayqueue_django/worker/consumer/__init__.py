@@ -9,8 +9,10 @@ after the first of them, or before the next fetch), then the signals are sent, s
 away: it logs, backs off and tries again.
 
 The loop is built from mixins over one state (state: what a consumer holds and its handler
-calls), one module each: pool (handing deliveries to the handlers), verdicts (committing
-them) and housekeeping (heartbeats, garbage expiry, the schedules' ticks, its goodbye).
+calls), one module each: pool (handing deliveries to the handlers), committing (the
+verdicts) and housekeeping (heartbeats, garbage expiry, the schedules' ticks, its goodbye).
+Not ``verdicts``: a submodule of that name would take the place of worker.verdicts, which
+this module imports under that name (a package's submodules are its attributes).
 """
 
 import logging
@@ -21,8 +23,8 @@ from redis.exceptions import RedisError
 
 from delayqueue_django.core.backoff import Backoff
 from delayqueue_django.worker import verdicts
+from delayqueue_django.worker.consumer.committing import ConsumerVerdicts
 from delayqueue_django.worker.consumer.housekeeping import ConsumerHousekeeping
-from delayqueue_django.worker.consumer.verdicts import ConsumerVerdicts
 from delayqueue_django.worker.handling import Verdict
 from delayqueue_django.worker.wakeup import WakeupListener
 
