@@ -416,7 +416,7 @@ def test_a_ticks_schedule_is_read_off_the_event_loop(
         read_in.append(threading.current_thread().name)
         return real(self, message)
 
-    ScheduleRunner.declines = spied  # type: ignore[method-assign]
+    ScheduleRunner.declines = spied  # type: ignore[method-assign,assignment]
     try:
         time.sleep(1.1)  # its first tick falls due
         call_command("run_delayqueue", burst=True, stdout=StringIO())

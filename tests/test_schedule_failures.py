@@ -15,9 +15,9 @@ import redis
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.records import ScheduleRecord, Tick
 from delayqueue_django.exceptions import InvalidSchedule
-from delayqueue_django.schedules import runner as runner_module
 from delayqueue_django.schedules.definition import Schedule
 from delayqueue_django.schedules.runner import ScheduleRunner
+from delayqueue_django.schedules.runner import state as runner_module
 from tests.helpers import store_time_ms
 
 HEALTHY = {"EVERY": 1, "PAYLOAD": "ok"}

@@ -14,7 +14,7 @@ import pytest
 from delayqueue_django import get_queue
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine.records import parse_tick_id
-from delayqueue_django.schedules import runner
+from delayqueue_django.schedules.runner import syncing as runner
 from delayqueue_django.worker import start_worker_thread
 from delayqueue_django.worker.in_process import WorkerThread
 from tests.helpers import redis_store, store_time_ms, wait_for

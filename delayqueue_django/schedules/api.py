@@ -26,7 +26,7 @@ from delayqueue_django.schedules.definition import (
     Subject,
     build,
 )
-from delayqueue_django.schedules.runner import tick_payload
+from delayqueue_django.schedules.runner.state import tick_payload
 
 
 def _as_datetime(ms: int | None) -> datetime | None:

@@ -7,7 +7,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from delayqueue_django.schedules.runner import RETRY_MS as SCHEDULES_RETRY_MS
+from delayqueue_django.schedules.runner.writing import RETRY_MS as SCHEDULES_RETRY_MS
 from delayqueue_django.worker import heartbeat
 from delayqueue_django.worker.consumer.pool import ConsumerPool
 
