@@ -81,3 +81,26 @@ def test_tasks_finishing_in_one_turn_of_the_loop_tell_the_consumers_once() -> No
         assert len(told) == 1
     finally:
         pool.close()
+
+
+def test_the_running_tasks_are_listed_longest_running_first() -> None:
+    pool = LoopPool(100)
+    pool.start()
+    try:
+        gate = Gate(pool.loop)
+        gate.expected = 60
+        for first in (0, 20, 40):
+            pool.submit(gate, [message(n) for n in range(first, first + 20)])
+            deadline = time.monotonic() + 5
+            while len(pool.running()) < first + 20:
+                assert time.monotonic() < deadline, "the tasks did not all start"
+                time.sleep(0.01)
+            time.sleep(0.01)
+        running = pool.running()
+        assert [r.job.message.id for r in running] == [f"m{n}" for n in range(60)]
+        started = [r.started_at for r in running]
+        assert started == sorted(started)
+        gate.open()
+        assert gate.all_reported.wait(5)
+    finally:
+        pool.close()

@@ -85,9 +85,11 @@ class LoopPool:
             return len(self._running) + len(self._jobs)
 
     def running(self) -> list[Running]:
-        """The jobs running now, the longest-running first."""
+        """The jobs running now, the longest-running first: in the order they started, which
+        is their numbers' (a dict keeps the order of insertion), so with no sort. Consumers
+        ask at every turn of theirs, with up to --async-concurrency tasks running."""
         with self._lock:
-            return sorted(self._running.values(), key=lambda running: running.started_at)
+            return list(self._running.values())
 
     def oldest_buffered(self, consumer: Consumer) -> float | None:
         with self._lock:
