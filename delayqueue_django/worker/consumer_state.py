@@ -97,6 +97,9 @@ class ConsumerState(threading.Thread):
         # loop); its queue fetches for the loop's slots too once it has sent one there.
         self._loop_router = None if self.on_loop else loop_router(handler)
         self._loop_seen = False
+        # Of those, the share of the last messages that ran on the loop (see
+        # ConsumerPool._room).
+        self._loop_share = 0.0
         self.finished = threading.Event()
         self._event = threading.Event()
         self._lock = threading.Lock()
