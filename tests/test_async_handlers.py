@@ -34,6 +34,8 @@ from tests.redis_servers import RedisServer
 from tests.task_app.models import Effect
 
 RAN: list[tuple[str, Any]] = []
+# Tasks a handler spawned (strong references, as asyncio asks).
+SPAWNED: set[asyncio.Task[None]] = set()
 
 
 async def verdict_handler(message: Message) -> Any:
@@ -57,6 +59,14 @@ async def verdict_handler(message: Message) -> Any:
         raise Reject("never")
     if do == "sleep":
         await asyncio.sleep(message.payload["seconds"])
+        return None
+    if do == "spawn_exit":
+        # A task of its own (a library's, say) that calls sys.exit() once the handler is done.
+        async def exits() -> None:
+            await asyncio.sleep(0.05)
+            raise SystemExit(3)
+
+        SPAWNED.add(asyncio.get_running_loop().create_task(exits()))
         return None
     if do == "block":
         time.sleep(message.payload["seconds"])
@@ -425,3 +435,27 @@ def test_a_ticks_schedule_is_read_off_the_event_loop(
     assert read_in
     assert "delayqueue-event-loop" not in read_in
     assert [do for do, _ in RAN][:1] == ["ack"]
+
+
+def test_a_system_exit_in_a_task_a_handler_spawned_does_not_end_the_event_loop(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio lets SystemExit and KeyboardInterrupt out of ``run_forever``: the loop's
+    thread would end, the coroutines on it never finish, and the worker goes on fetching
+    for a loop that runs nothing, handing it all back, forever."""
+    configure(settings, redis_server.url)
+    queue = get_queue()
+    queue.send({"do": "spawn_exit"})
+    later = [queue.send({"do": "sleep", "seconds": 0.3}) for _ in range(5)]
+    worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=10)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django.worker"):
+        thread.start()
+        thread.join(10)
+    if thread.is_alive():
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(5)
+    assert worker.handled == 1 + len(later)
+    assert queue.stats()["pending"] == 0
+    assert any("SystemExit" in record.getMessage() for record in caplog.records)
