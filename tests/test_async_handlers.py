@@ -60,6 +60,12 @@ async def verdict_handler(message: Message) -> Any:
     if do == "sleep":
         await asyncio.sleep(message.payload["seconds"])
         return None
+    if do == "shrug_off_cancel":
+        try:
+            await asyncio.sleep(message.payload["seconds"])
+        except asyncio.CancelledError:
+            await asyncio.sleep(message.payload["seconds"])  # and carries on
+        return None
     if do == "spawn_exit":
         # A task of its own (a library's, say) that calls sys.exit() once the handler is done.
         async def exits() -> None:
@@ -459,3 +465,19 @@ def test_a_system_exit_in_a_task_a_handler_spawned_does_not_end_the_event_loop(
     assert worker.handled == 1 + len(later)
     assert queue.stats()["pending"] == 0
     assert any("SystemExit" in record.getMessage() for record in caplog.records)
+
+
+def test_an_async_handler_that_carries_on_past_its_cancellation_is_reported(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It cannot be stopped, as a sync handler past TIME_LIMIT cannot: it is told as that
+    one is, a warning and an overrun counted, not kept quiet."""
+    configure(settings, redis_server.url, TIME_LIMIT=0.2)
+    queue = get_queue()
+    queue.send({"do": "shrug_off_cancel", "seconds": 0.3})
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django.worker"):
+        worker = Worker([(queue, resolve(queue.config))], burst=True)
+        worker.run()
+    assert worker.handled == 1  # its verdict is its own: it returned
+    assert worker.details()["time_limit_overruns"] == 1
+    assert any("past TIME_LIMIT (0.2 s)" in record.getMessage() for record in caplog.records)
