@@ -26,6 +26,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharded_store import parts
 from delayqueue_django.engine.shards import shard_name, shard_of
+from delayqueue_django.exceptions import TimeLimitExceeded
 from delayqueue_django.outbox.models import ProcessedMessage
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
@@ -1076,3 +1077,19 @@ def test_a_queue_of_async_tasks_runs_them_side_by_side_beside_one_thread(
 
     assert time.monotonic() - started < 6  # 200 one at a time would take 100 s
     assert all(refreshed(result).status == TaskResultStatus.SUCCESSFUL for result in napping)
+
+
+def test_an_async_task_cancelled_at_its_time_limit_records_time_limit_exceeded(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """The cancellation reaches the task as asyncio.CancelledError; its record must say
+    what the attempt failed of, as the worker's verdict does: TimeLimitExceeded."""
+    redis_tasks_queue(TIME_LIMIT=0.3, RETRY_COUNT=0)
+    result = tasks.async_naps.enqueue(10)
+
+    work()
+
+    failed = refreshed(result)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [error.exception_class for error in failed.errors] == [TimeLimitExceeded]
+    assert "TIME_LIMIT (0.3 s)" in failed.errors[0].traceback

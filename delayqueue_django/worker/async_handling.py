@@ -24,7 +24,6 @@ from django.db.backends.signals import connection_created
 from delayqueue_django.core import current, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
-from delayqueue_django.exceptions import TimeLimitExceeded
 from delayqueue_django.worker.handling import Outcome, judge_error, judge_result
 
 # The threads (by ident) where this process opened a database connection, and the thread
@@ -115,6 +114,4 @@ async def _within(handler: Handler, message: Message, limit: float) -> Any:
     except TimeoutError as error:
         if not scope.expired():
             raise  # the handler's own time-out, not the limit's
-        raise TimeLimitExceeded(
-            f"time limit: the handler ran past TIME_LIMIT ({limit:g} s) and was cancelled"
-        ) from error
+        raise time_limits.cancelled_at(limit) from error
