@@ -98,6 +98,12 @@ async def orm_handler(message: Message) -> None:
         Effect.objects.create(message_id=message.id, pid=3)
 
 
+async def async_returning_coroutine(message: Message) -> Any:
+    """An async handler that forgot to await what it returns: ``return send(...)``."""
+    await asyncio.sleep(0)
+    return _never_awaited(message)
+
+
 def sync_handler(message: Message) -> None:
     RAN.append(("sync", current_message()))
 
@@ -481,3 +487,28 @@ def test_an_async_handler_that_carries_on_past_its_cancellation_is_reported(
     assert worker.handled == 1  # its verdict is its own: it returned
     assert worker.details()["time_limit_overruns"] == 1
     assert any("past TIME_LIMIT (0.2 s)" in record.getMessage() for record in caplog.records)
+
+
+def test_an_async_handler_returning_a_coroutine_is_refused_never_acked(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """``return client.post(...)`` with the await forgotten: what it returned never ran,
+    as a sync handler's returned coroutine never does."""
+    configure(settings, redis_server.url, "async_returning_coroutine", RETRY_COUNT=0)
+    queue = get_queue()
+    queue.send({"order": 1})
+    nacked: list[Any] = []
+
+    def on_nacked(*, error: Any, **kwargs: Any) -> None:
+        nacked.append(error)
+
+    signals.message_nacked.connect(on_nacked)
+    try:
+        Worker([(queue, resolve(queue.config))], burst=True).run()
+    finally:
+        signals.message_nacked.disconnect(on_nacked)
+    [error] = nacked
+    assert isinstance(error, HandlerReturnedAwaitable)
+    assert "tests.test_async_handlers.async_returning_coroutine" in str(error)
+    assert queue.stats()["garbage"] == 1
+    assert RAN == []
