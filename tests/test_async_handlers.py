@@ -104,6 +104,12 @@ async def async_returning_coroutine(message: Message) -> Any:
     return _never_awaited(message)
 
 
+async def async_generator_handler(message: Message) -> Any:
+    """``yield`` where ``await`` was meant: an async generator function, not async def."""
+    RAN.append(("async generator body ran", message.id))
+    yield message.id
+
+
 def sync_handler(message: Message) -> None:
     RAN.append(("sync", current_message()))
 
@@ -511,4 +517,18 @@ def test_an_async_handler_returning_a_coroutine_is_refused_never_acked(
     assert isinstance(error, HandlerReturnedAwaitable)
     assert "tests.test_async_handlers.async_returning_coroutine" in str(error)
     assert queue.stats()["garbage"] == 1
+    assert RAN == []
+
+
+def test_an_async_generator_handler_is_refused_never_acked(settings: Any) -> None:
+    """Calling it only makes an async generator, which is no awaitable: its body never
+    runs, and an ack would lose the message as a sync handler's coroutine did."""
+    configure(settings, "memory://", "async_generator_handler", RETRY_COUNT=0)
+    with memory_queues() as queues:
+        get_queue().send({"order": 1})
+        [outcome] = queues.run_due()
+        assert outcome.verdict is Verdict.NACK
+        assert isinstance(outcome.error, HandlerReturnedAwaitable)
+        assert "async_generator" in str(outcome.error)
+        assert get_queue().stats()["garbage"] == 1
     assert RAN == []
