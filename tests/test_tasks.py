@@ -1093,3 +1093,34 @@ def test_an_async_task_cancelled_at_its_time_limit_records_time_limit_exceeded(
     assert failed.status == TaskResultStatus.FAILED
     assert [error.exception_class for error in failed.errors] == [TimeLimitExceeded]
     assert "TIME_LIMIT (0.3 s)" in failed.errors[0].traceback
+
+
+def test_async_tasks_run_while_a_long_sync_task_holds_the_only_thread(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """A full thread pool holds back the sync share of a fetch, not the async one: the loop
+    goes on taking async tasks while the one thread naps."""
+    redis_tasks_queue()
+    first = [tasks.async_naps.enqueue(0.05) for _ in range(20)]
+    napping = tasks.naps.enqueue(3)
+    after: list[TaskResult[..., Any]] = []
+
+    def enqueue_later() -> None:
+        time.sleep(1)  # the sync task naps by now
+        after.extend(tasks.async_naps.enqueue(0.1) for _ in range(50))
+
+    later = threading.Thread(target=enqueue_later)
+    later.start()
+    call_command(
+        "run_delayqueue", "default", burst=True, verbosity=0, concurrency=1, async_concurrency=100
+    )
+    later.join()
+    assert len(after) == 50
+
+    done = refreshed(napping).finished_at
+    assert done is not None
+    for result in [*first, *after]:
+        finished = refreshed(result)
+        assert finished.status == TaskResultStatus.SUCCESSFUL
+        assert finished.finished_at is not None
+        assert finished.finished_at < done

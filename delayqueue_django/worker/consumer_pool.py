@@ -72,10 +72,13 @@ class ConsumerPool(ConsumerState):
         threads, loop = pool.pools
         share = self._loop_share
         fits = []
+        # Half a message more than each pool's room: a fetch whose expected share for a
+        # full pool is under one still goes to the other (a long sync task holding the
+        # only thread must not hold back a mostly-async queue's coroutines).
         if share < 1:
-            fits.append(self._room_in(threads, self._batch) / (1 - share))
+            fits.append((self._room_in(threads, self._batch) + 0.5) / (1 - share))
         if share > 0:
-            fits.append(self._room_in(loop, loop.concurrency) / share)
+            fits.append((self._room_in(loop, loop.concurrency) + 0.5) / share)
         return int(min(fits))
 
     def _room_in(self, pool: Pool, batch: int) -> int:
