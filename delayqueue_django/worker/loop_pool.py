@@ -162,7 +162,23 @@ class LoopPool:
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_forever()
+            while True:
+                try:
+                    self.loop.run_forever()
+                except (SystemExit, KeyboardInterrupt) as error:
+                    # asyncio lets these out of any task or callback, ending run_forever: a
+                    # task a handler spawned (a library's sys.exit(), say) would end the
+                    # loop, the coroutines on it left unfinished and every message after
+                    # them handed back, the worker serving nothing. Only the worker's own
+                    # stop ends it (see close): the loop goes on.
+                    logger.error(
+                        "%s raised on the event loop (by a task or callback a handler "
+                        "started); ignored: the worker stops only when asked to",
+                        type(error).__name__,
+                        exc_info=(type(error), error, error.__traceback__),
+                    )
+                    continue
+                return
         finally:
             self.loop.close()
 
