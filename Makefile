@@ -11,6 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_NEXT := .venv-django61
 VENV_DEMO := .venv-demo
+VENV_ASYNC_PEERS := .venv-async-peers
 PY313 := $(shell scripts/find-python 3.13)
 PYTEST_ARGS ?=
 # Everything but the fault scenarios runs in two pytest-xdist processes (each with its own
@@ -122,9 +123,17 @@ demo: $(VENV_DEMO)/.installed
 
 # BENCH_ARGS="--runs 3 --only send,drain" narrows it; python -m benchmarks --help lists all.
 # The peers phase runs huey and celery: the peers extra, installed here only (not for the tests).
-bench: $(VENV)/.installed
+# The async phase runs arq, saq and streaq in a virtualenv of their own (arq asks for a
+# redis-py older than this project's): the async-peers extra.
+bench: $(VENV)/.installed $(VENV_ASYNC_PEERS)/.installed
 	$(VENV)/bin/pip install --quiet -e ".[peers]"
 	$(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
+
+$(VENV_ASYNC_PEERS)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_ASYNC_PEERS)
+	$(VENV_ASYNC_PEERS)/bin/pip install --quiet --upgrade pip
+	$(VENV_ASYNC_PEERS)/bin/pip install --quiet -e ".[async-peers]"
+	touch $@
 
 # Nothing is published on PyPI yet: pip install dist/delayqueue_django-*.whl installs the
 # package elsewhere. python -m build (the test extra) builds the sdist, then the wheel from it,
@@ -136,4 +145,4 @@ dist: $(VENV)/.installed
 	@ls dist
 
 clean:
-	rm -rf $(VENV) $(VENV_NEXT) $(VENV_DEMO) .tox .mypy_cache .ruff_cache .pytest_cache .demo site dist build
+	rm -rf $(VENV) $(VENV_NEXT) $(VENV_DEMO) $(VENV_ASYNC_PEERS) .tox .mypy_cache .ruff_cache .pytest_cache .demo site dist build

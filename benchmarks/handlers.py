@@ -1,14 +1,27 @@
 """Handlers the benchmark's worker processes run."""
 
+import asyncio
 import os
 import time
 from typing import TextIO
 
+from benchmarks.peer_io import IO_WAIT_SECONDS
 from delayqueue_django.core.message import Message
 
 
 def noop(message: Message) -> None:
     """Does nothing: the drain measures the queue, not the handler."""
+
+
+async def io_wait(message: Message) -> None:
+    """Waits on I/O (an HTTP call, say) without holding a thread: the I/O-bound burst's
+    async handler (benchmarks/io_burst.py), run on the worker's event loop."""
+    await asyncio.sleep(IO_WAIT_SECONDS)
+
+
+def io_wait_in_thread(message: Message) -> None:
+    """The same wait in a sync handler: it holds its handler thread throughout."""
+    time.sleep(IO_WAIT_SECONDS)
 
 
 # One line per message, "<ms late>", appended as each handler starts (file named by

@@ -146,14 +146,14 @@ def _peer_trickle(
                 before = probes.server_usage(probe)
                 lateness.send_paced(count, spread, send)
                 lateness.wait_handled(results, count, spread)
-                polls = _wait_empty(keys, probe)
+                polls = wait_empty(keys, probe)
                 used = probes.server_usage(probe).since(before)
                 return Trickle.of(used, probes.probe_commands(polls, keys.poll), results)
 
     return trickle
 
 
-def _wait_empty(keys: PeerKeys, probe: Any, timeout: float = 30) -> int:
+def wait_empty(keys: PeerKeys, probe: Any, timeout: float = 30, interval: float = 0.01) -> int:
     """Poll the peer's keys until nothing is left in them; returns the polls made.
 
     celery acks a task on its event loop's next turn, a little after the task started (up to
@@ -169,7 +169,7 @@ def _wait_empty(keys: PeerKeys, probe: Any, timeout: float = 30) -> int:
             return polls
         if time.monotonic() > deadline:
             raise RuntimeError(f"{keys.left(probe)} messages still in the peer's keys")
-        time.sleep(0.01)
+        time.sleep(interval)
 
 
 def _listening(probe: Any) -> int:
@@ -179,10 +179,16 @@ def _listening(probe: Any) -> int:
 
 class PeerProcess:
     """A peer's worker command as a subprocess, ready on entry (blocked in BRPOP on its
-    queue), stopped with SIGTERM (both peers' warm shutdown) on exit."""
+    queue, unless it does not use BRPOP), stopped with SIGTERM (every peer's warm shutdown)
+    on exit."""
 
-    def __init__(self, command: list[str], env: dict[str, str], probe: Any) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str], probe: Any, *, uses_brpop: bool = True
+    ) -> None:
         self.probe = probe
+        # A worker that polls instead (the async peers' of benchmarks/io_burst.py) is ready
+        # once it runs: its caller sees it run a first job.
+        self.uses_brpop = uses_brpop
         self.command = " ".join(command)
         # Another peer's worker that just exited may still be listed for a moment.
         _wait_for(lambda: _listening(probe) == 0, "the previous worker to disconnect")
@@ -209,7 +215,7 @@ class PeerProcess:
     def _ready(self) -> bool:
         if self.process.poll() is not None:
             raise RuntimeError(f"the worker exited with {self.process.returncode}:\n{self.log()}")
-        return _listening(self.probe) > 0
+        return not self.uses_brpop or _listening(self.probe) > 0
 
     def log(self) -> str:
         self._log.seek(0)

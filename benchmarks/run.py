@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import date
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import django
@@ -33,6 +34,7 @@ from benchmarks import (
     flow,
     groups,
     idle,
+    io_burst,
     keys,
     kills,
     lateness,
@@ -62,6 +64,7 @@ PHASES = (
     "kills",
     "shards",
     "peers",
+    "async",
 )
 NOOP = "benchmarks.handlers.noop"
 
@@ -151,6 +154,32 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=2,
         help="worker processes draining the sharded queue (default: 2)",
     )
+    add(
+        "--io-messages",
+        type=int,
+        default=5_000,
+        help="messages due together in the I/O-bound burst (async; default: 5000)",
+    )
+    add(
+        "--io-concurrency",
+        type=int,
+        default=1_000,
+        help="the burst's --async-concurrency, --concurrency and the peers' concurrency "
+        "setting (async; default: 1000)",
+    )
+    add(
+        "--async-peers",
+        default=",".join(io_burst.ASYNC_PEERS),
+        help="the async peers to run the burst with, comma-separated; '' for ours only "
+        f"(async; default: {','.join(io_burst.ASYNC_PEERS)})",
+    )
+    add(
+        "--async-peers-python",
+        type=Path,
+        default=io_burst.PEERS_PYTHON,
+        help="the interpreter of the async peers' own virtualenv (async; default: "
+        ".venv-async-peers/bin/python, which make bench makes)",
+    )
     add("--quick", action="store_true", help="tiny sizes and one run: checks the suite works")
     args = parser.parse_args(argv)
     if args.quick:
@@ -165,6 +194,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.relay_messages, args.exactly_once_messages = 2_000, 200
         args.kill_messages = 300
         args.shard_workers = 1
+        args.io_messages, args.io_concurrency = 200, 100
     return args
 
 
@@ -684,6 +714,24 @@ def bench_peers(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
     return peers.rows(args.lateness_messages, args.lateness_spread, who, measured)
 
 
+def bench_async(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
+    peers = io_burst.chosen_peers(args.async_peers)
+    count, concurrency = args.io_messages, args.io_concurrency
+    progress(f"async: an I/O-bound burst of {count:,}, ours on the loop and on threads, {peers}")
+    who = io_burst.contenders(server.url, concurrency, peers, args.async_peers_python)
+    measured: dict[str, list[io_burst.Burst]] = {c.name: [] for c in who}
+    resting: list[float] = []
+    for run in range(args.runs):
+        # Interleaved, so a change in the machine's load over the phase falls on all of them.
+        resting.append(io_burst.resting_rss_mb(server.url))
+        progress(f"  a worker process at rest, run {run + 1}/{args.runs}: {resting[-1]:.0f} MiB")
+        for contender in who:
+            burst = contender.burst(count, probe)
+            measured[contender.name].append(burst)
+            progress(f"  {contender.name}, run {run + 1}/{args.runs}: {burst}")
+    return io_burst.rows(count, concurrency, who, measured, resting)
+
+
 def header(server: RedisServer, probe: Any) -> str:
     info = probe.info("server")
     # Valkey reports the Redis version it is compatible with as redis_version.
@@ -708,6 +756,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown --only {', '.join(sorted(unknown))}; choose from {PHASES}")
     if "peers" in chosen:
         peers.require()  # before any phase runs: huey and celery are an optional extra
+    if "async" in chosen:
+        # The same for arq, saq and streaq, in a virtualenv of their own.
+        io_burst.require(args.async_peers_python, io_burst.chosen_peers(args.async_peers))
     server = RedisServer()
     os.environ["DQ_BENCH_REDIS_URL"] = server.url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
@@ -753,6 +804,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_shards(args)
         if "peers" in chosen:
             rows += bench_peers(args, server, probe)
+        if "async" in chosen:
+            rows += bench_async(args, server, probe)
         print(header(server, probe))
         print()
         print(table(rows))

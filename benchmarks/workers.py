@@ -14,6 +14,21 @@ from delayqueue_django.worker.heartbeat import live_workers
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time used so far by the process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far, in MiB (VmHWM, Linux /proc): all its
+    threads' stacks and heaps included."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
 class WorkerProcesses:
     """``count`` worker processes on the benchmark's queue, started and ready on entry
     (each has published its heartbeat, so it listens for wake-ups), stopped on exit."""
@@ -63,12 +78,7 @@ class WorkerProcesses:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time used so far by all the worker processes (Linux /proc)."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for process in self.processes:
-            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / ticks
+        return sum(cpu_seconds(process.pid) for process in self.processes)
 
     def stop(self) -> None:
         for process in self.processes:

@@ -185,9 +185,11 @@ class TaskAbandoned(DelayQueueError):
 
 class HandlerReturnedAwaitable(DelayQueueError, TypeError):
     """A handler that is not ``async def`` returned an awaitable (a coroutine, a Task, a
-    Future) instead of a verdict: the code it meant to run never ran. The delivery is refused
-    (a failed attempt), never acked. Declare the handler ``async def``: the worker then awaits
-    it on its event loop."""
+    Future) instead of a verdict, or an ``async def`` one returned an awaitable it did not
+    await, or a handler with a ``yield`` returned its generator: the code it meant to run
+    never ran. The delivery is refused (a failed attempt),
+    never acked. Declare the handler ``async def`` (the worker then awaits it on its event
+    loop), or await what an async one returns."""
 
 
 class TimeLimitExceeded(DelayQueueError):

@@ -8,12 +8,12 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.memory import flush_servers
 from delayqueue_django.engine.sharding.store import parts
-from delayqueue_django.worker import async_handling
 from tests.backends import (
     BACKEND_OPTIONS,
     REDIS_BACKENDS,
@@ -171,9 +171,15 @@ def _no_async_orm_connection_left() -> Iterator[None]:
     thread-sensitive calls (the async ORM's, and sync_to_async's in an asyncio.run): one a
     test opened there would outlive it, and the next worker running an async handler
     refreshes it, which pytest-django refuses in a test without the database."""
-    opened = set(async_handling._connections_opened_in)
+    opened: list[int] = []
+
+    def note(**kwargs: Any) -> None:
+        opened.append(threading.get_ident())
+
+    connection_created.connect(note, weak=False)
     yield
-    if async_handling._connections_opened_in - opened:
+    connection_created.disconnect(note)
+    if any(ident != threading.get_ident() for ident in opened):
         close_async_orm_connections()
 
 

@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from django.core import checks
 from django.core.exceptions import SynchronousOnlyOperation
 from django.core.management import CommandError, call_command
+from django.db import connections
 
 from delayqueue_django import Message, current_message, get_queue, signals
 from delayqueue_django.core.handlers import resolve
@@ -34,6 +35,8 @@ from tests.redis_servers import RedisServer
 from tests.task_app.models import Effect
 
 RAN: list[tuple[str, Any]] = []
+# Tasks a handler spawned (strong references, as asyncio asks).
+SPAWNED: set[asyncio.Task[None]] = set()
 
 
 async def verdict_handler(message: Message) -> Any:
@@ -58,6 +61,20 @@ async def verdict_handler(message: Message) -> Any:
     if do == "sleep":
         await asyncio.sleep(message.payload["seconds"])
         return None
+    if do == "shrug_off_cancel":
+        try:
+            await asyncio.sleep(message.payload["seconds"])
+        except asyncio.CancelledError:
+            await asyncio.sleep(message.payload["seconds"])  # and carries on
+        return None
+    if do == "spawn_exit":
+        # A task of its own (a library's, say) that calls sys.exit() once the handler is done.
+        async def exits() -> None:
+            await asyncio.sleep(0.05)
+            raise SystemExit(3)
+
+        SPAWNED.add(asyncio.get_running_loop().create_task(exits()))
+        return None
     if do == "block":
         time.sleep(message.payload["seconds"])
         return None
@@ -80,6 +97,18 @@ async def orm_handler(message: Message) -> None:
     await sync_to_async(Effect.objects.create, thread_sensitive=False)(message_id=message.id, pid=2)
     if message.payload.get("sync_call"):
         Effect.objects.create(message_id=message.id, pid=3)
+
+
+async def async_returning_coroutine(message: Message) -> Any:
+    """An async handler that forgot to await what it returns: ``return send(...)``."""
+    await asyncio.sleep(0)
+    return _never_awaited(message)
+
+
+async def async_generator_handler(message: Message) -> Any:
+    """``yield`` where ``await`` was meant: an async generator function, not async def."""
+    RAN.append(("async generator body ran", message.id))
+    yield message.id
 
 
 def sync_handler(message: Message) -> None:
@@ -238,29 +267,32 @@ def test_an_async_callable_object_is_awaited(redis_server: RedisServer, settings
 def test_a_time_limit_cancels_the_async_handler_and_the_others_go_on(
     redis_server: RedisServer, settings: Any
 ) -> None:
-    configure(settings, redis_server.url, TIME_LIMIT=0.5, RETRY_COUNT=0)
+    """The issue's proof: a 10 s handler with TIME_LIMIT 1 is cancelled at 1 s while 99
+    others finish."""
+    configure(settings, redis_server.url, TIME_LIMIT=1, RETRY_COUNT=0)
     queue = get_queue()
     slow = queue.send({"do": "sleep", "seconds": 10})
-    quick = [queue.send({"do": "sleep", "seconds": 0.2}) for _ in range(20)]
+    quick = [queue.send({"do": "sleep", "seconds": 0.2}) for _ in range(99)]
     nacked: list[Any] = []
+    started = time.monotonic()
 
     def on_nacked(*, message: Any, error: Any, **kwargs: Any) -> None:
-        nacked.append((message.id, error))
+        nacked.append((message.id, error, time.monotonic() - started))
 
     signals.message_nacked.connect(on_nacked)
-    started = time.monotonic()
     try:
         worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=100)
         worker.run()
     finally:
         signals.message_nacked.disconnect(on_nacked)
-    took = time.monotonic() - started
-    [(refused, error)] = nacked
+    [(refused, error, at)] = nacked
     assert refused == slow
     assert isinstance(error, TimeLimitExceeded)
     assert "cancelled" in str(error)
     assert worker.handled == len(quick) + 1
-    assert took < 5  # cancelled at its limit, not run to its 10 s
+    assert sum(do == "sleep" for do, _ in RAN) == 100
+    # Cancelled at its limit (its refusal committed a moment after), not run to its 10 s.
+    assert 1.0 <= at < 3.0
     assert worker.details()["time_limit_overruns"] == 1
 
 
@@ -425,3 +457,113 @@ def test_a_ticks_schedule_is_read_off_the_event_loop(
     assert read_in
     assert "delayqueue-event-loop" not in read_in
     assert [do for do, _ in RAN][:1] == ["ack"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_orms_connection_is_refreshed_around_each_handler(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """With CONN_MAX_AGE 0 a connection is obsolete once its request ends: the worker
+    closes the async ORM's after each async handler, as Django does after a request."""
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+    configure(settings, redis_server.url, "orm_handler")
+    get_queue().send({})
+
+    def orm_thread_connection_open() -> bool:
+        opened: list[bool] = []
+
+        def look() -> None:
+            opened.append(connections["default"].connection is not None)
+
+        thread = threading.Thread(
+            target=asyncio.run, args=(sync_to_async(look, thread_sensitive=True)(),)
+        )
+        thread.start()
+        thread.join()
+        return opened[0]
+
+    try:
+        call_command("run_delayqueue", burst=True, stdout=StringIO())
+        assert Effect.objects.count() == 2  # the handler ran, and used the async ORM
+        assert not orm_thread_connection_open()
+    finally:
+        close_async_orm_connections()
+
+
+def test_a_system_exit_in_a_task_a_handler_spawned_does_not_end_the_event_loop(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio lets SystemExit and KeyboardInterrupt out of ``run_forever``: the loop's
+    thread would end, the coroutines on it never finish, and the worker goes on fetching
+    for a loop that runs nothing, handing it all back, forever."""
+    configure(settings, redis_server.url)
+    queue = get_queue()
+    queue.send({"do": "spawn_exit"})
+    later = [queue.send({"do": "sleep", "seconds": 0.3}) for _ in range(5)]
+    worker = Worker([(queue, resolve(queue.config))], burst=True, async_concurrency=10)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.ERROR, logger="delayqueue_django.worker"):
+        thread.start()
+        thread.join(10)
+    if thread.is_alive():
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(5)
+    assert worker.handled == 1 + len(later)
+    assert queue.stats()["pending"] == 0
+    assert any("SystemExit" in record.getMessage() for record in caplog.records)
+
+
+def test_an_async_handler_that_carries_on_past_its_cancellation_is_reported(
+    redis_server: RedisServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It cannot be stopped, as a sync handler past TIME_LIMIT cannot: it is told as that
+    one is, a warning and an overrun counted, not kept quiet."""
+    configure(settings, redis_server.url, TIME_LIMIT=0.2)
+    queue = get_queue()
+    queue.send({"do": "shrug_off_cancel", "seconds": 0.3})
+    with caplog.at_level(logging.WARNING, logger="delayqueue_django.worker"):
+        worker = Worker([(queue, resolve(queue.config))], burst=True)
+        worker.run()
+    assert worker.handled == 1  # its verdict is its own: it returned
+    assert worker.details()["time_limit_overruns"] == 1
+    assert any("past TIME_LIMIT (0.2 s)" in record.getMessage() for record in caplog.records)
+
+
+def test_an_async_handler_returning_a_coroutine_is_refused_never_acked(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    """``return client.post(...)`` with the await forgotten: what it returned never ran,
+    as a sync handler's returned coroutine never does."""
+    configure(settings, redis_server.url, "async_returning_coroutine", RETRY_COUNT=0)
+    queue = get_queue()
+    queue.send({"order": 1})
+    nacked: list[Any] = []
+
+    def on_nacked(*, error: Any, **kwargs: Any) -> None:
+        nacked.append(error)
+
+    signals.message_nacked.connect(on_nacked)
+    try:
+        Worker([(queue, resolve(queue.config))], burst=True).run()
+    finally:
+        signals.message_nacked.disconnect(on_nacked)
+    [error] = nacked
+    assert isinstance(error, HandlerReturnedAwaitable)
+    assert "tests.test_async_handlers.async_returning_coroutine" in str(error)
+    assert queue.stats()["garbage"] == 1
+    assert RAN == []
+
+
+def test_an_async_generator_handler_is_refused_never_acked(settings: Any) -> None:
+    """Calling it only makes an async generator, which is no awaitable: its body never
+    runs, and an ack would lose the message as a sync handler's coroutine did."""
+    configure(settings, "memory://", "async_generator_handler", RETRY_COUNT=0)
+    with memory_queues() as queues:
+        get_queue().send({"order": 1})
+        [outcome] = queues.run_due()
+        assert outcome.verdict is Verdict.NACK
+        assert isinstance(outcome.error, HandlerReturnedAwaitable)
+        assert "async_generator" in str(outcome.error)
+        assert get_queue().stats()["garbage"] == 1
+    assert RAN == []

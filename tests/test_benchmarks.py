@@ -3,6 +3,7 @@ depend on the machine; ``make bench`` is for reading them."""
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,11 @@ def figure(table: list[str], measure_starts: str) -> float:
     return float(row.split(" | ")[1].split()[0].replace(",", ""))
 
 
-def run_quick(*phases: str) -> tuple[str, list[str]]:
-    """``python -m benchmarks --quick --only <phases>``: its output and its table's lines."""
+def run_quick(*phases: str, options: Sequence[str] = ()) -> tuple[str, list[str]]:
+    """``python -m benchmarks --quick --only <phases> <options>``: its output and its table's
+    lines."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(phases)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(phases), *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -39,8 +41,20 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # kills', which starts and kills relay and worker processes (the test after it), and
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
-    # keys', flow gates', groups', processes' and expiry's have tests of their own too.
-    skipped = ("shards", "peers", "kills", "keys", "flow", "groups", "processes", "expiry")
+    # async phase runs arq, saq and streaq from a virtualenv of their own, which neither has:
+    # its test below runs ours only. The keys', flow gates', groups', processes' and expiry's
+    # have tests of their own too.
+    skipped = (
+        "shards",
+        "peers",
+        "async",
+        "kills",
+        "keys",
+        "flow",
+        "groups",
+        "processes",
+        "expiry",
+    )
     stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
     measures = "\n".join(table)
@@ -205,3 +219,26 @@ def test_the_expiry_benchmark_sets_expiring_messages_beside_plain_ones() -> None
         redis_time = f"{what}: Redis time per message in script calls (INFO commandstats)"
         assert figure(table, f"{redis_time}, {mode}") > 0
     assert figure(table, f"{what}: with an expiry, handled before it ÷ plain") > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_async_benchmark_sets_the_event_loop_beside_threads() -> None:
+    # Ours only: the peers' virtualenv is make bench's, not the tests'.
+    _, table = run_quick("async", options=["--async-peers", ""])
+    what = "I/O-bound burst, 200 due together, handler waits 50 ms, 1 worker process"
+    on_loop = figure(table, f"{what}: throughput — delayqueue_django, async def handler")
+    threads = figure(table, f"{what}: throughput — delayqueue_django, sync handler")
+    assert on_loop > 0
+    assert threads > 0
+    ratio = figure(table, f"{what}: async handler's throughput ÷ 100 threads'")
+    assert ratio == pytest.approx(on_loop / threads, rel=0.02)
+    assert not [line for line in table if "÷ the best async peer" in line]
+    resting = figure(table, "for comparison: the peak RSS of a run_delayqueue process at rest")
+    for name in ("async def handler", "sync handler"):
+        ours = f"delayqueue_django, {name}"
+        # A process that ran 100 handlers at once holds at least what one at rest holds.
+        peak = figure(table, f"{what}: the worker process's peak RSS (VmHWM) — {ours}")
+        assert peak > resting / 2
+        # Every message is fetched and acked: some script calls, far fewer than one each.
+        calls = figure(table, f"{what}: script calls (round trips) per message — {ours}")
+        assert 0 < calls < 1

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,6 +176,21 @@ def test_the_tasks_example_runs_beside_the_handler_queues(project: Project) -> N
     assert outcome.strip() == "SUCCESSFUL receipt for order 42 sent"
 
 
+def test_the_async_example_waits_its_second_together(project: Project) -> None:
+    project.paste("async-settings", "mysite/settings.py", append=True)
+    project.paste("async-handler", "shop/handlers.py", append=True)
+    assert "System check identified no issues (0 silenced)." in project.manage("check")
+    project.shell("import delayqueue_django as dq; [dq.send(n, queue='slow') for n in range(200)]")
+    started = time.monotonic()
+    said = project.manage("run_delayqueue", "slow", "--burst", "--async-concurrency", "200")
+    took = time.monotonic() - started
+    assert sorted(re.findall(r"called for (\d+)", said), key=int) == [str(n) for n in range(200)]
+    assert "async concurrency 200 on an event loop" in said
+    # One second of waiting, together: far from the 200 seconds one at a time would take
+    # (the rest is the process starting, on a machine that may be busy).
+    assert took < 30
+
+
 def test_every_stats_key_is_listed() -> None:
     reference = PAGES[DOCS / "reference" / "metrics.md"]
     listing = reference[reference.index("## `Queue.stats()`") :]
@@ -198,6 +214,8 @@ def test_every_marked_snippet_is_run() -> None:
         "tasks-settings",
         "tasks",
         "tasks-enqueue",
+        "async-settings",
+        "async-handler",
         "testing-dead-letter",  # in tests/test_testing.py
         "keys-first",  # in tests/test_keys_api.py
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import transaction
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
@@ -16,6 +17,7 @@ from delayqueue_django.engine.records import NewMessage
 from delayqueue_django.engine.sharding import layouts as shard_layouts
 from delayqueue_django.engine.sharding.placement import LAYOUTS_CHANGED, layout_names, shard_of
 from delayqueue_django.engine.sharding.store import ShardedStore, parts
+from delayqueue_django.outbox.relay import OutboxRelay
 from tests.conftest import MEMORY_URL
 from tests.helpers import wait_for
 from tests.redis_servers import RedisClusterServers, RedisServer
@@ -424,3 +426,51 @@ def test_a_layout_retired_during_an_exhaustion_claim_does_not_fail_it(settings: 
     draining.claim_exhausted = claim_then_retire  # type: ignore[method-assign]
 
     assert store.claim_exhausted(10, 1000) == []
+
+
+@pytest.mark.usefixtures("fresh_layouts")
+def test_a_relay_registers_again_a_layout_retired_since_it_last_wrote_there(
+    settings: Any, url: str
+) -> None:
+    """Rows of layout 8 relayed by a worker of 4: the first registered layout 8, whose
+    shards then drained and were retired; the next row must put it back on the register
+    at once, or its message waits on a shard no worker fetches (until the relay happens to
+    write to that layout again, LAYOUT_REGISTER_SECONDS on: perhaps never)."""
+    placed = with_shards(settings, url, 8).store.place([f"row-{n}" for n in range(40)])
+    first, second = [message_id for message_id in placed if shard_of(message_id)[1] != 0][:2]
+    queue = with_shards(settings, url, 4)
+    queue.store.relay([NewMessage(first, '"x"', 0, at_ms=0)], forget=[], keep_ms=60_000)
+    assert drain(queue, 1) == Counter([first])
+    # Drained: an operator retires it (the relay's process reads the register meanwhile).
+    assert queue.store.retire(8) == {}  # type: ignore[attr-defined]
+
+    queue.store.relay([NewMessage(second, '"y"', 0, at_ms=0)], forget=[], keep_ms=60_000)
+
+    assert queue.store.base.layouts() == {8}  # type: ignore[attr-defined]
+    assert drain(queue, 1, timeout=2) == Counter([second])
+
+
+def test_retire_refuses_a_layout_whose_outbox_rows_wait_to_be_relayed(
+    settings: Any, database: str, redis_server: RedisServer
+) -> None:
+    """Rows sent through the outbox by processes of 8 shards, committed and not relayed
+    yet when the operator retires layout 8 (its shards empty): each names a shard of 8, and
+    a relay that registered layout 8 lately would write it there unregistered, where no
+    worker fetches. The command counts them as it counts the shards' messages."""
+    redis_server.client().flushall()
+    old = with_shards(settings, redis_server.url, 8)
+    old.send_many([{"n": n} for n in range(20)])
+    with transaction.atomic(using=database):
+        waiting = old.send_many([{"n": n} for n in range(20)], outbox=True, using=database)
+    assert any(shard_of(message_id)[0] == 8 for message_id in waiting)
+    queue = with_shards(settings, redis_server.url, 4)
+    assert sum(drain(queue, 20).values()) == 20
+
+    with pytest.raises(CommandError, match=r"layout 8 still has \d+ outbox row\(s\) waiting"):
+        call_command("delayqueue_shards", "default", "--retire", "8")
+    assert queue.store.base.layouts() == {8}  # type: ignore[attr-defined]
+
+    assert OutboxRelay([queue], databases=[database]).drain() == 20
+    assert drain(queue, 20) == Counter(waiting)
+    call_command("delayqueue_shards", "default", "--retire", "8")
+    assert 8 not in queue.store.base.layouts()  # type: ignore[attr-defined]

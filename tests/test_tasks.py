@@ -8,6 +8,7 @@ import importlib
 import json
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharding.placement import shard_name, shard_of
 from delayqueue_django.engine.sharding.store import parts
+from delayqueue_django.exceptions import TimeLimitExceeded
 from delayqueue_django.outbox.models import ProcessedMessage
 from delayqueue_django.tasks.backend import DelayQueueBackend
 from delayqueue_django.tasks.call import TaskCall
@@ -1028,3 +1030,97 @@ def test_an_async_task_on_an_exactly_once_queue_runs_in_a_handler_thread(
     assert result.status == TaskResultStatus.SUCCESSFUL
     thread: Any = result.return_value
     assert thread != "delayqueue-event-loop"
+
+
+def test_a_queue_of_sync_and_async_tasks_fetches_no_more_than_its_threads_can_start(
+    redis_tasks_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One async task makes the queue's room count the loop's slots too; the sync tasks
+    fetched into them would wait for the one handler thread, past the slack, and go back
+    unstarted, batch after batch: every hand-back a round trip and a lease that kept the
+    message from another worker."""
+    queue = redis_tasks_queue()
+    tasks.async_double.enqueue(1)
+    napping = [tasks.naps.enqueue(0.05) for _ in range(40)]
+    handed_back: list[str] = []
+    release = Queue.release
+
+    def counting_release(self: Queue, messages: Any) -> Any:
+        handed_back.extend(message.id for message in messages)
+        return release(self, messages)
+
+    monkeypatch.setattr(Queue, "release", counting_release)
+
+    call_command(
+        "run_delayqueue", "default", burst=True, verbosity=0, concurrency=1, async_concurrency=100
+    )
+
+    assert all(refreshed(result).status == TaskResultStatus.SUCCESSFUL for result in napping)
+    # (Batches fetched at the threads' pace hand back none, but for a busy machine's stall
+    # now and then; counting the loop's 100 slots handed back about half of them.)
+    assert len(handed_back) <= 3, f"{len(handed_back)} handed back"
+    assert queue.stats()["pending"] == 0
+
+
+def test_a_queue_of_async_tasks_runs_them_side_by_side_beside_one_thread(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """The split of a fetch follows where the messages ran: async tasks fill the loop's
+    slots, whatever the threads."""
+    redis_tasks_queue()
+    napping = [tasks.async_naps.enqueue(0.5) for _ in range(200)]
+    started = time.monotonic()
+
+    call_command(
+        "run_delayqueue", "default", burst=True, verbosity=0, concurrency=1, async_concurrency=100
+    )
+
+    assert time.monotonic() - started < 6  # 200 one at a time would take 100 s
+    assert all(refreshed(result).status == TaskResultStatus.SUCCESSFUL for result in napping)
+
+
+def test_an_async_task_cancelled_at_its_time_limit_records_time_limit_exceeded(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """The cancellation reaches the task as asyncio.CancelledError; its record must say
+    what the attempt failed of, as the worker's verdict does: TimeLimitExceeded."""
+    redis_tasks_queue(TIME_LIMIT=0.3, RETRY_COUNT=0)
+    result = tasks.async_naps.enqueue(10)
+
+    work()
+
+    failed = refreshed(result)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [error.exception_class for error in failed.errors] == [TimeLimitExceeded]
+    assert "TIME_LIMIT (0.3 s)" in failed.errors[0].traceback
+
+
+def test_async_tasks_run_while_a_long_sync_task_holds_the_only_thread(
+    redis_tasks_queue: Callable[..., Queue],
+) -> None:
+    """A full thread pool holds back the sync share of a fetch, not the async one: the loop
+    goes on taking async tasks while the one thread naps."""
+    redis_tasks_queue()
+    first = [tasks.async_naps.enqueue(0.05) for _ in range(20)]
+    napping = tasks.naps.enqueue(3)
+    after: list[TaskResult[..., Any]] = []
+
+    def enqueue_later() -> None:
+        time.sleep(1)  # the sync task naps by now
+        after.extend(tasks.async_naps.enqueue(0.1) for _ in range(50))
+
+    later = threading.Thread(target=enqueue_later)
+    later.start()
+    call_command(
+        "run_delayqueue", "default", burst=True, verbosity=0, concurrency=1, async_concurrency=100
+    )
+    later.join()
+    assert len(after) == 50
+
+    done = refreshed(napping).finished_at
+    assert done is not None
+    for result in [*first, *after]:
+        finished = refreshed(result)
+        assert finished.status == TaskResultStatus.SUCCESSFUL
+        assert finished.finished_at is not None
+        assert finished.finished_at < done

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from delayqueue_django.exceptions import TimeLimitExceeded
+
 
 class Delivered(Protocol):
     """What names a running delivery: a Message (typed by what it has, so that this module
@@ -57,3 +59,11 @@ def time_left(message: Delivered) -> float | None:
     with _lock:
         end = _ends.get((message.queue, message.id, message.lease))
     return None if end is None else max(end - time.monotonic(), 0.0)
+
+
+def cancelled_at(limit: float) -> TimeLimitExceeded:
+    """What an async handler cancelled at its TIME_LIMIT failed of (worker.async_handling;
+    the Tasks runner records it for an async task)."""
+    return TimeLimitExceeded(
+        f"time limit: the handler ran past TIME_LIMIT ({limit:g} s) and was cancelled"
+    )

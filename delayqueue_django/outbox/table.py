@@ -20,9 +20,10 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 
 from delayqueue_django.engine import NewMessage
+from delayqueue_django.engine.sharding.placement import SHARD_MARK, shard_suffix
 from delayqueue_django.exceptions import QueueConfigurationError
 from delayqueue_django.outbox.databases import OUTBOX_DATABASES_SETTING, outbox_databases
 
@@ -166,6 +167,25 @@ def waiting(queue_name: str) -> dict[str, int]:
         if found["oldest"] is not None:
             oldest = found["oldest"] if oldest is None else min(oldest, found["oldest"])
     return {"outbox": count, "outbox_age_ms": 0 if oldest is None else max(now_ms() - oldest, 0)}
+
+
+def bound_for_layout(queue_name: str, layout: int) -> int:
+    """How many of a queue's rows waiting in the outbox tables of DELAYQUEUE_OUTBOX_DATABASES
+    a relay will write to a shard of ``layout`` (an id names its shard; for layout 1, the
+    keyed rows bound for shard 0, where its keys wait): messages of that layout as much as
+    those in its shards, which its retiring must wait for. One count per database."""
+    from delayqueue_django.outbox.models import OutboxMessage
+
+    if layout == 1:
+        bound = Q(message_key__isnull=False) & ~Q(message_id__contains=SHARD_MARK)
+    else:
+        bound = Q()
+        for index in range(1, layout):
+            bound |= Q(message_id__endswith=shard_suffix(layout, index))
+    return sum(
+        OutboxMessage.objects.using(alias).filter(bound, queue=queue_name).count()
+        for alias in outbox_databases()
+    )
 
 
 def stranded(alias: str, configured: Collection[str]) -> dict[str, tuple[int, int]]:

@@ -11,6 +11,7 @@ message that expires (the queue's EXPIRES) is FAILED with ``TaskExpired``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from asgiref.sync import iscoroutinefunction
 from django.dispatch import receiver
 from django.utils import timezone
 
-from delayqueue_django.core import features
+from delayqueue_django.core import features, time_limits
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Exhausted
 from delayqueue_django.core.registry import get_queue
@@ -122,7 +123,7 @@ async def arun_task(message: Message) -> None:
         run.records.write(message.id, {"status": TaskResultStatus.READY})
         raise
     except BaseException as error:
-        finished = _write_failure(*_failure_of(run, error))
+        finished = _write_failure(*_failure_of(run, _cancelled_at_limit(message, error)))
         if finished is not None:
             await task_finished.asend(sender=type(run.backend), task_result=finished)
         raise
@@ -130,6 +131,18 @@ async def arun_task(message: Message) -> None:
     record = run.records.write(message.id, succeeded)
     result = _final_result(run.backend, run.task, run.call, message, succeeded, record)
     await task_finished.asend(sender=type(run.backend), task_result=result)
+
+
+def _cancelled_at_limit(message: Message, error: BaseException) -> BaseException:
+    """The worker's cancellation at TIME_LIMIT reaches the task as asyncio.CancelledError,
+    and fails the attempt as TimeLimitExceeded (see worker.async_handling): the record
+    says the same."""
+    limit = get_queue(message.queue).config.time_limit
+    if isinstance(error, asyncio.CancelledError) and limit is not None and message.time_left() == 0:
+        exceeded = time_limits.cancelled_at(limit)
+        exceeded.__cause__ = error
+        return exceeded
+    return error
 
 
 def loop_handler(message: Message) -> Callable[[Message], Any] | None:

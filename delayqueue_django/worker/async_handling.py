@@ -24,8 +24,7 @@ from django.db.backends.signals import connection_created
 from delayqueue_django.core import current, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
-from delayqueue_django.exceptions import TimeLimitExceeded
-from delayqueue_django.worker.handling import Outcome, judge_error, judge_result
+from delayqueue_django.worker.handling import Outcome, judge_error, judge_result, not_awaitable
 
 # The threads (by ident) where this process opened a database connection, and the thread
 # where the async ORM runs its queries (asgiref's thread for thread-sensitive calls, learnt
@@ -93,6 +92,7 @@ async def _call(
                 result = await handler(message)
             else:
                 result = await _within(handler, message, time_limit)
+            result = not_awaitable(handler, result, from_async=True)
     except asyncio.CancelledError as error:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -115,6 +115,4 @@ async def _within(handler: Handler, message: Message, limit: float) -> Any:
     except TimeoutError as error:
         if not scope.expired():
             raise  # the handler's own time-out, not the limit's
-        raise TimeLimitExceeded(
-            f"time limit: the handler ran past TIME_LIMIT ({limit:g} s) and was cancelled"
-        ) from error
+        raise time_limits.cancelled_at(limit) from error

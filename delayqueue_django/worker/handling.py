@@ -153,19 +153,32 @@ def _call_handler(
     return outcome
 
 
-def not_awaitable(handler: Handler, result: Any) -> Any:
-    """``result``, unless it is an awaitable a sync handler returned: then refused with
-    HandlerReturnedAwaitable. Nothing awaited it, so whatever it was to do never ran; an
-    ack would lose the message without a trace but Python's "never awaited" warning."""
+def not_awaitable(handler: Handler, result: Any, *, from_async: bool = False) -> Any:
+    """``result``, unless it is an awaitable a handler returned (``from_async``: what an
+    async handler's coroutine returned, the forgotten ``return await``) or a generator (a
+    handler with a ``yield``): then refused with HandlerReturnedAwaitable. Nothing awaited
+    or iterated it, so whatever it was to do never ran; an ack would lose the message
+    without a trace."""
+    name = f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
+    if inspect.isasyncgen(result) or inspect.isgenerator(result):
+        # A ``yield`` in the handler: calling it ran none of its body.
+        raise HandlerReturnedAwaitable(
+            f"handler {name} returned {type(result).__name__} {result!r}: it is a generator "
+            "function (a yield in its body), so calling it ran none of it. A handler returns "
+            "its verdict: remove the yield (and declare it `async def` to await in it)"
+        )
     if not inspect.isawaitable(result):
         return result
     if inspect.iscoroutine(result):
         result.close()  # never to run: closed, so Python does not warn of it as well
-    name = f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
+    advice = (
+        "Await it in the handler (`return await ...`, or `await ...` then return)"
+        if from_async
+        else "Declare the handler `async def`: the worker awaits async handlers on its event loop"
+    )
     raise HandlerReturnedAwaitable(
         f"handler {name} returned {type(result).__name__} {result!r} without awaiting it; "
-        "nothing of it ran. Declare the handler `async def`: the worker awaits async handlers "
-        "on its event loop"
+        f"nothing of it ran. {advice}"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from contextlib import suppress
 from typing import Any
 
@@ -63,6 +64,18 @@ async def async_where() -> str:
 async def async_fails() -> None:
     await asyncio.sleep(0)
     raise ValueError("async boom")
+
+
+@task
+def naps(seconds: float) -> None:
+    """A sync task that takes its time (a handler thread is busy for ``seconds``)."""
+    time.sleep(seconds)
+
+
+@task
+async def async_naps(seconds: float) -> None:
+    """An async task that waits on nothing for ``seconds``, holding no thread."""
+    await asyncio.sleep(seconds)
 
 
 @task

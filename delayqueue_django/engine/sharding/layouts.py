@@ -178,7 +178,7 @@ class ShardLayouts:
     def _read_layouts(self, *, force: bool) -> None:
         now = time.monotonic()
         try:
-            registered = self.base.layouts()
+            registered = on_register = self.base.layouts()
             if not registered and self.layout > 1 and self.base.keys_used():
                 # Only processes of one shard have written (see the module's docstring):
                 # their keys are looked for on shard 0, as the register will say once this
@@ -191,6 +191,7 @@ class ShardLayouts:
                 raise
             return
         self._layouts_read_at = now
+        self._forget_retired(on_register)
         draining = tuple(
             sorted(
                 layout
@@ -200,6 +201,15 @@ class ShardLayouts:
         )
         if draining != self._draining:
             self._follow(draining)
+
+    def _forget_retired(self, registered: set[int]) -> None:
+        """A layout this store put on the register and no longer finds there was retired
+        meanwhile: its next write puts it back first. Waiting for the routine refresh
+        (LAYOUT_REGISTER_SECONDS, and only at a write then) could leave a message on a
+        shard no worker fetches for good: a relay writing an older layout's last rows."""
+        for layout in list(self._registered_at):
+            if layout not in registered:
+                self._registered_at.pop(layout, None)
 
     def _follow(self, draining: tuple[int, ...]) -> None:
         """Fetch from the live shards and those of ``draining``."""

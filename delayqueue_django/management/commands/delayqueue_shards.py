@@ -14,6 +14,7 @@ from delayqueue_django.engine.sharding.stats import read_stats
 from delayqueue_django.engine.sharding.store import ShardedStore, parts
 from delayqueue_django.exceptions import QueueConfigurationError, UnknownQueue
 from delayqueue_django.management.own_process import OwnProcessCommand
+from delayqueue_django.outbox.table import bound_for_layout
 
 
 def layout_number(text: str) -> int:
@@ -41,7 +42,8 @@ class Command(OwnProcessCommand):
             type=layout_number,
             metavar="LAYOUT",
             help="Retire this earlier layout (an int, 1 to 128) if its shards hold nothing "
-            "(for layout 1: no keyed message that only it finds on shard 0); only once no "
+            "(for layout 1: no keyed message that only it finds on shard 0) and no outbox "
+            "row waits to be relayed to them; only once no "
             "process runs with it as its SHARDS setting.",
         )
 
@@ -64,6 +66,15 @@ class Command(OwnProcessCommand):
             raise CommandError(f"queue {queue!r}: Redis cannot be reached: {error}") from None
 
     def _retire(self, store: ShardedStore, layout: int) -> None:
+        # The outbox first: a row a relay takes meanwhile is in the layout's shards before
+        # its delete commits, so it is counted there if not here.
+        relayed_later = bound_for_layout(store.keys.queue, layout)
+        if relayed_later:
+            raise CommandError(
+                f"layout {layout} still has {relayed_later} outbox row(s) waiting to be "
+                "relayed to its shards: retire it once a relay has written them and a worker "
+                "has handled them."
+            )
         try:
             holding = store.retire(layout)
         except ValueError as error:

@@ -97,6 +97,9 @@ class ConsumerState(threading.Thread):
         # loop); its queue fetches for the loop's slots too once it has sent one there.
         self._loop_router = None if self.on_loop else loop_router(handler)
         self._loop_seen = False
+        # Of those, the share of the last messages that ran on the loop (see
+        # ConsumerPool._room).
+        self._loop_share = 0.0
         self.finished = threading.Event()
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -225,17 +228,20 @@ class ConsumerState(threading.Thread):
         )
         if limit is not None and outcome.seconds > limit:
             # With handler threads nothing could stop it (see core.time_limits): told.
-            self.worker.count_time_limit_overrun()
-            logger.warning(
-                "handler ran %.1f s, past TIME_LIMIT (%g s): message id=%s queue=%s attempt=%s",
-                outcome.seconds,
-                limit,
-                loggable(message.id),
-                message.queue,
-                message.attempt,
-            )
+            self._ran_past_limit(message, outcome, limit)
         self._handled(message, outcome, started_ms)
         return outcome
+
+    def _ran_past_limit(self, message: Message, outcome: Outcome, limit: float) -> None:
+        self.worker.count_time_limit_overrun()
+        logger.warning(
+            "handler ran %.1f s, past TIME_LIMIT (%g s): message id=%s queue=%s attempt=%s",
+            outcome.seconds,
+            limit,
+            loggable(message.id),
+            message.queue,
+            message.attempt,
+        )
 
     async def ahandle(self, message: Message) -> Outcome:
         """Await the async handler, on the worker's event loop; its TIME_LIMIT cancels it."""
@@ -251,9 +257,14 @@ class ConsumerState(threading.Thread):
             routed = None if self._loop_router is None else self._loop_router(message)
             assert routed is not None  # only what the router sent to the loop comes here
             handler = routed
-        outcome = await acall_handler(handler, message, time_limit=self.queue.config.time_limit)
+        limit = self.queue.config.time_limit
+        outcome = await acall_handler(handler, message, time_limit=limit)
         if isinstance(outcome.error, TimeLimitExceeded) and outcome.error.__cause__ is not None:
             self.worker.count_time_limit_overrun()
+        elif limit is not None and outcome.seconds > limit:
+            # Cancelled at the limit, it carried on (or it blocked the loop past it): it
+            # could not be stopped, as a handler thread cannot. Told the same way.
+            self._ran_past_limit(message, outcome, limit)
         self._handled(message, outcome, started_ms)
         return outcome
 
