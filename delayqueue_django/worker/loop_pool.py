@@ -26,7 +26,7 @@ from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
 from delayqueue_django.worker.handling import Outcome, Verdict
 from delayqueue_django.worker.loop_watch import Block, LoopWatch
-from delayqueue_django.worker.pool import Consumer, Job, PoolWatcher, Running
+from delayqueue_django.worker.pool import Consumer, Job, JobBuffer, PoolWatcher, Running
 
 logger = logging.getLogger("delayqueue_django.worker")
 
@@ -37,7 +37,7 @@ class AsyncConsumer(Consumer, Protocol):
     def ahandle(self, message: Message) -> Coroutine[Any, Any, Outcome]: ...
 
 
-class LoopPool:
+class LoopPool(JobBuffer):
     def __init__(
         self,
         concurrency: int,
@@ -91,10 +91,6 @@ class LoopPool:
         with self._lock:
             return list(self._running.values())
 
-    def oldest_buffered(self, consumer: Consumer) -> float | None:
-        with self._lock:
-            return next((job.fetched_at for job in self._jobs if job.consumer is consumer), None)
-
     def submit(self, consumer: AsyncConsumer, messages: list[Message]) -> None:
         now = time.monotonic()
         if self.watcher is not None:
@@ -103,26 +99,6 @@ class LoopPool:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
         self.loop.call_soon_threadsafe(self._start_jobs)
         self.watch.woken()
-
-    def take_back(self, consumer: Consumer, fetched_before: float | None = None) -> list[Message]:
-        """Remove and return the consumer's buffered messages (see HandlerPool.take_back)."""
-        with self._lock:
-            taken = []
-            for job in self._jobs:
-                if job.consumer is not consumer:
-                    continue
-                if fetched_before is not None and job.fetched_at >= fetched_before:
-                    break
-                taken.append(job)
-            if taken:
-                chosen = {id(job) for job in taken}
-                self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
-        messages = [job.message for job in taken]
-        if taken:
-            if self.watcher is not None:
-                self.watcher.released(messages)
-            self.on_room_freed()
-        return messages
 
     def run_from_thread(self, coroutine: Coroutine[Any, Any, None]) -> bool:
         """Run ``coroutine`` on the loop and wait for it, from another thread (signal

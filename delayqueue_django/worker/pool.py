@@ -13,8 +13,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
@@ -83,7 +84,48 @@ class Running:
     started_at: float  # time.monotonic()
 
 
-class HandlerPool:
+class JobBuffer:
+    """The fetched jobs a pool keeps until a slot is free (a handler thread, or a place on
+    the event loop: HandlerPool and loop_pool.LoopPool), and taking them back."""
+
+    _jobs: deque[Job]
+    _lock: AbstractContextManager[Any]
+    watcher: PoolWatcher | None
+    on_room_freed: Callable[[], None]
+
+    def oldest_buffered(self, consumer: Consumer) -> float | None:
+        """When the consumer's oldest buffered job was fetched (time.monotonic()), or None."""
+        with self._lock:
+            # A consumer's jobs wait in fetch order: its first is its oldest.
+            return next((job.fetched_at for job in self._jobs if job.consumer is consumer), None)
+
+    def take_back(self, consumer: Consumer, fetched_before: float | None = None) -> list[Message]:
+        """Remove and return the consumer's buffered messages: all of them, or those fetched
+        before ``fetched_before`` (time.monotonic()). The room they leave is told as a
+        finished job's is: no slot may free up for long (they are all busy, or these would
+        have started), and other queues' consumers may be waiting for it."""
+        with self._lock:
+            taken = []
+            for job in self._jobs:
+                if job.consumer is not consumer:
+                    continue
+                if fetched_before is not None and job.fetched_at >= fetched_before:
+                    break  # a consumer's jobs wait in fetch order: the rest are newer
+                taken.append(job)
+            if taken:
+                chosen = {id(job) for job in taken}
+                self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
+        messages = [job.message for job in taken]
+        if taken:
+            if self.watcher is not None:
+                self.watcher.released(messages)
+            self.on_room_freed()
+        return messages
+
+
+class HandlerPool(JobBuffer):
+    _lock: threading.Condition
+
     def __init__(
         self,
         concurrency: int,
@@ -121,12 +163,6 @@ class HandlerPool:
         with self._lock:
             return sorted(self._running.values(), key=lambda running: running.started_at)
 
-    def oldest_buffered(self, consumer: Consumer) -> float | None:
-        """When the consumer's oldest buffered job was fetched (time.monotonic()), or None."""
-        with self._lock:
-            # A consumer's jobs wait in fetch order: its first is its oldest.
-            return next((job.fetched_at for job in self._jobs if job.consumer is consumer), None)
-
     def submit(self, consumer: Consumer, messages: list[Message]) -> None:
         now = time.monotonic()
         if self.watcher is not None:
@@ -135,29 +171,6 @@ class HandlerPool:
         with self._lock:
             self._jobs.extend(Job(consumer, message, now) for message in messages)
             self._lock.notify(len(messages))
-
-    def take_back(self, consumer: Consumer, fetched_before: float | None = None) -> list[Message]:
-        """Remove and return the consumer's buffered messages: all of them, or those fetched
-        before ``fetched_before`` (time.monotonic()). The room they leave is told as a
-        thread's is: no thread may free up for long (they are all busy, or these would have
-        started), and other queues' consumers may be waiting for it."""
-        with self._lock:
-            taken = []
-            for job in self._jobs:
-                if job.consumer is not consumer:
-                    continue
-                if fetched_before is not None and job.fetched_at >= fetched_before:
-                    break  # a consumer's jobs wait in fetch order: the rest are newer
-                taken.append(job)
-            if taken:
-                chosen = {id(job) for job in taken}
-                self._jobs = deque(job for job in self._jobs if id(job) not in chosen)
-        messages = [job.message for job in taken]
-        if taken:
-            if self.watcher is not None:
-                self.watcher.released(messages)
-            self.on_room_freed()
-        return messages
 
     def close(self) -> None:
         """Let the threads finish what is buffered and running, then end."""
