@@ -7,12 +7,12 @@ from contextvars import ContextVar, Token
 
 from delayqueue_django.core.message import Message
 
-_current: ContextVar[Message | None] = ContextVar("delayqueue_current_message", default=None)
+CURRENT: ContextVar[Message | None] = ContextVar("delayqueue_current_message", default=None)
 
 
 def current_message() -> Message | None:
     """The message being handled in this thread or task, or None outside a handler."""
-    return _current.get()
+    return CURRENT.get()
 
 
 def handling(message: Message) -> "_Handling":
@@ -32,7 +32,7 @@ class _Handling:
         self._message = message
 
     def __enter__(self) -> None:
-        self._token: Token[Message | None] = _current.set(self._message)
+        self._token: Token[Message | None] = CURRENT.set(self._message)
 
     def __exit__(self, *exc_info: object) -> None:
-        _current.reset(self._token)
+        CURRENT.reset(self._token)

@@ -136,18 +136,23 @@ def _call_handler(
     if manage_connections and not connections_checked:
         close_old_connections()
     started = time.perf_counter()
+    # The current message, set and reset by hand rather than with current.handling(): this
+    # runs for every message, and a context manager's calls cost as much again.
+    token = current.CURRENT.set(message)
     try:
-        with current.handling(message):
-            database = exactly_once.database_for(message.queue)
-            if database is None:
-                result = not_awaitable(handler, handler(message))
-            else:
-                result = exactly_once.call_once(refusing_awaitables(handler), message, database)
+        database = exactly_once.database_for(message.queue)
+        if database is None:
+            result = handler(message)
+            if result is not None and result is not True and result is not False:
+                result = not_awaitable(handler, result)
+        else:
+            result = exactly_once.call_once(refusing_awaitables(handler), message, database)
     except BaseException as error:  # a handler must never take its thread down
         outcome = judge_error(message, error, time.perf_counter() - started)
     else:
         outcome = judge_result(message, result, time.perf_counter() - started)
     finally:
+        current.CURRENT.reset(token)
         if manage_connections:
             close_old_connections()
     return outcome
@@ -159,6 +164,8 @@ def not_awaitable(handler: Handler, result: Any, *, from_async: bool = False) ->
     handler with a ``yield``): then refused with HandlerReturnedAwaitable. Nothing awaited
     or iterated it, so whatever it was to do never ran; an ack would lose the message
     without a trace."""
+    if result is None or result is True or result is False:
+        return result  # the verdicts handlers return: no more to look at, on every message
     name = f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
     if inspect.isasyncgen(result) or inspect.isgenerator(result):
         # A ``yield`` in the handler: calling it ran none of its body.
