@@ -212,6 +212,8 @@ class Worker:
 
     def details(self) -> dict[str, Any]:
         host, pid = socket.gethostname(), os.getpid()
+        # One look at what runs, for the handlers named and their count alike.
+        running = self._running()
         return {
             "role": "worker",
             "host": host,
@@ -229,18 +231,18 @@ class Worker:
             "failed": self.failed,
             "time_limit_overruns": self.time_limit_overruns,
             "last_seen": time.time(),
-            "running": self.running_handlers(),
-            "running_count": len(self._running()),
+            "running": self.running_handlers(running),
+            "running_count": len(running),
         }
 
-    def running_handlers(self) -> list[dict[str, Any]]:
-        """The handlers running now, the longest-running first, at most RUNNING_REPORTED of
+    def running_handlers(self, running: list[Running]) -> list[dict[str, Any]]:
+        """The ``running`` handlers, the longest-running first, at most RUNNING_REPORTED of
         them (with a thousand coroutines in flight, a heartbeat naming them all would weigh
         some 100 KB, written every beat): the message (id, queue, attempt), ``age`` (seconds
         since the handler started) and ``past_deadline`` (its delivery timed out: the next
         fetch of any worker delivers the message again)."""
         now = time.monotonic()
-        longest = sorted(self._running(), key=lambda running: running.started_at)
+        longest = sorted(running, key=lambda each: each.started_at)
         return [
             {
                 "id": running.job.message.id,
