@@ -141,6 +141,38 @@ def test_late_ack_from_a_timed_out_delivery_does_not_touch_the_new_one(
     assert states_of(queue, message_id) == []
 
 
+@pytest.mark.parametrize(
+    "route", ["timed out", "timed out, buried", "nacked", "nacked, buried", "released"]
+)
+def test_an_ack_whose_delivery_left_unack_changes_nothing_wherever_it_went(
+    configure: Callable[..., Queue], route: str
+) -> None:
+    # The ack tells a delivery still in flight by its meta record's lease alone (issue #34):
+    # each way out of unack must leave a lease that no longer holds, before any redelivery.
+    buried = route.endswith("buried")
+    queue = configure(MAX_CONSUME_DURATION=0.05, RETRY_COUNT=0 if buried else 3)
+    message_id = queue.send("x")
+    [message] = fetch_when_due(queue)
+    if route.startswith("timed out"):
+        time.sleep(0.1)
+        queue.fetch(0)  # housekeeping only: the delivery leaves unack, not handed out again
+    elif route.startswith("nacked"):
+        queue.nack([message], delay=60)
+    else:
+        queue.release([message])
+    where = states_of(queue, message_id)
+    assert where == [
+        {"timed out": "retry", "nacked": "pending", "released": "ready"}.get(route, "garbage")
+    ]
+    assert queue.ack([message]) == set()
+    assert queue.ack([message], fetcher="w", request="1") == set()
+    assert states_of(queue, message_id) == where
+    assert queue.peek(message_id) is not None
+    assert queue.stats()["acked_total"] == 0
+    report = queue.check_invariants()
+    assert report.ok, report.problems
+
+
 def test_late_nack_after_timeout_does_not_put_a_second_copy_into_retry(
     configure: Callable[..., Queue],
 ) -> None:

@@ -18,7 +18,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import NewMessage
 from delayqueue_django.exceptions import DuplicateMessageId
-from tests.helpers import fetch_when_due, redis_store
+from tests.helpers import fetch_when_due, redis_store, states_of
 from tests.redis_servers import RedisServer
 
 
@@ -64,6 +64,24 @@ def test_an_id_reused_for_another_payload_is_still_refused(queue: Queue) -> None
     with pytest.raises(DuplicateMessageId):
         queue.store.send([NewMessage("new", '"x"', 3), NewMessage("a", '"other"', 3)])
     assert queue.peek("new") is None
+
+
+def test_a_send_of_one_message_is_judged_as_a_batch_is(queue: Queue) -> None:
+    # A batch of one writes its payload only where the id is new (issue #34: one command
+    # checks and writes it): a replay is answered with its due time, a duplicate refused,
+    # and neither changes what is stored.
+    message = NewMessage("one", '"first"', 3, delay_us=60_000_000)
+    [due] = queue.store.send([message])
+    time.sleep(0.002)
+    assert queue.store.send([message]) == [due]
+    with pytest.raises(DuplicateMessageId):
+        queue.store.send([NewMessage("one", '"second"', 3)])
+    stored = queue.peek("one")
+    assert stored is not None
+    assert (stored.payload, stored.score_ms) == ('"first"', due)
+    report = queue.check_invariants()
+    assert report.ok, report.problems
+    assert (report.counts["pending"], report.messages) == (1, 1)
 
 
 def test_an_id_given_twice_is_judged_per_entry_as_replay_or_duplicate(queue: Queue) -> None:
@@ -121,6 +139,29 @@ def test_a_repeated_ack_request_answers_what_it_acked(queue: Queue) -> None:
     assert queue.ack(messages, fetcher="w1", request="2") == set()
     assert queue.ack(messages, fetcher="w2", request="1") == set()
     assert queue.ack(messages) == set()
+
+
+def test_a_repeated_ack_request_is_answered_from_its_record_even_where_its_lease_holds_again(
+    queue: Queue,
+) -> None:
+    # The id sent again once acked (only direct store calls choose ids) and handed out under
+    # the same first lease: the repeat of the first ack request must answer what that request
+    # did, not ack the new delivery, though it would hold (issue #34: the ack reads its
+    # record with the write of its own, when it has something to ack).
+    batch = [NewMessage("again", '"x"', 3)]
+    queue.store.send(batch)
+    [first] = fetch_when_due(queue)
+    assert queue.ack([first], fetcher="w", request="1") == {"again"}
+    queue.store.send(batch)
+    [second] = fetch_when_due(queue)
+    assert (second.id, second.lease) == (first.id, first.lease)
+    assert queue.ack([first], fetcher="w", request="1") == {"again"}
+    assert states_of(queue, "again") == ["unack"]
+    assert queue.stats()["acked_total"] == 1
+    # Its record still answers a further repeat; a new request acks the new delivery.
+    assert queue.ack([first], fetcher="w", request="1") == {"again"}
+    assert queue.ack([second], fetcher="w", request="2") == {"again"}
+    assert states_of(queue, "again") == []
 
 
 def test_a_repeated_nack_or_bury_request_answers_what_it_did(

@@ -558,6 +558,32 @@ local function record_reply(record_key, request, reply, count, record_ms)
   end
 end
 
+-- record_reply and recorded_reply in one command, for a request known to change something
+-- (a reply with a count above 0): records its reply with SET ... GET, which answers the
+-- record it replaced. When that was this very request's (a repeat whose first run's reply
+-- was lost), it is put back and its reply returned: the caller then writes nothing else.
+-- Else nil, and the new record stands. (Checked before the caller's writes, like
+-- recorded_reply: SET is this call's first write.)
+local function swap_reply(record_key, request, reply, record_ms)
+  if request == '' then
+    return nil
+  end
+  local packed = cmsgpack.pack(request, reply)
+  local raw = redis.pcall('SET', record_key, packed, 'PX', record_ms, 'GET')
+  if failed(raw) then
+    -- The key holds another type: no record; a record replaces it, as record_reply's does.
+    redis.call('SET', record_key, packed, 'PX', record_ms)
+    return nil
+  end
+  local tag = cmsgpack.pack(request)
+  if type(raw) ~= 'string' or string.sub(raw, 1, #tag) ~= tag then
+    return nil
+  end
+  redis.call('SET', record_key, raw, 'PX', record_ms)
+  local _, recorded = cmsgpack.unpack(raw)
+  return recorded
+end
+
 -- Wakes idle workers when the earliest due time moved earlier (or work is waiting).
 local function wake(channel, due)
   redis.call('PUBLISH', channel, int(due))

@@ -17,34 +17,44 @@
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
+  The meta record alone tells it: every step that takes a delivery out of unack bumps its
+  lease (a timeout, a nack, a release) or deletes the record (an ack, a delete), in the
+  same call, so a lease that holds is one still in unack.
   A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {acked_ids, warnings}.
 ]]
 
 local request, record_ms, n = args[1], tonumber(args[2]), tonumber(args[3])
-local replayed = recorded_reply(keys[11], request)
-if replayed then
-  return {replayed, warnings}
-end
 local now = now_ms()
 
--- One read of every meta record and unack score, one write per key (see "Batches" in
--- the prelude).
+-- One read of every meta record, one write per key (see "Batches" in the prelude).
 local ids = {}
 for i = 1, n do
   ids[i] = args[2 + i * 2]
 end
-local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
+local raw = gather('HMGET', metas, ids)
 local acked, done = {}, {}
 for i, id in ipairs(ids) do
   local token = tonumber(args[3 + i * 2])
   local lease = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its pairs that holds: once acked,
   -- its meta record and unack entry are gone, so no later pair could hold.
-  if not done[id] and holds(lease, token) and scores[i] then
+  if not done[id] and holds(lease, token) then
     done[id] = true
     table.insert(acked, id)
   end
+end
+-- A repeat of the caller's last recorded request (see "Lost replies" in the prelude) is
+-- answered from its record, before anything is written. One that acks something records
+-- its reply and reads the record it replaces in one command (see swap_reply).
+local replayed
+if #acked == 0 then
+  replayed = recorded_reply(keys[11], request)
+else
+  replayed = swap_reply(keys[11], request, acked, record_ms)
+end
+if replayed then
+  return {replayed, warnings}
 end
 local flags = {}
 for i = 4 + 2 * n, #args do
@@ -62,5 +72,4 @@ if not flags.untracked then
   release_groups(acked, true)
 end
 count_throughput(now, 'acked', #acked)
-record_reply(keys[11], request, acked, #acked, record_ms)
 return {acked, warnings}

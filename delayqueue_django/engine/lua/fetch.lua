@@ -78,15 +78,26 @@ local deadline = int((tonumber(args[9] or '') or now) + consume_ms)
 local expired, handed, deliveries = 0, 0, {}
 -- The new meta records and unack entries of the deliveries, written once at the end.
 local records, leased = {}, {}
--- The staging lists' lengths (usually both empty: one EXISTS says so), the earliest
--- delivery deadline and pending due time, read once and kept up to date below rather
--- than asked again; unack_moved when the deadline must be read again, pending_head nil
--- until read.
-local ready_len, retry_len = 0, 0
-if redis.call('EXISTS', ready, retry) > 0 then
-  ready_len, retry_len = call('LLEN', ready), call('LLEN', retry)
+-- The staging lists' lengths, the earliest delivery deadline and pending due time, read
+-- once and kept up to date below rather than asked again; unack_moved when the deadline
+-- must be read again, pending_head nil until read. At a trickle, and on any queue between
+-- bursts, the lists, unack, the exhaustion claims and the flow options' keys are all
+-- absent: one EXISTS of them all says so (`quiet`), in place of the four reads that tell
+-- each (and the queue is then known to use no flow option: see options_unused). Where
+-- any exists, those four follow, as before this read.
+local group_of = group_names()
+local quiet = redis.call('EXISTS', ready, retry, unack, exhausted, flow_state, expiries,
+  postpone_counts, group_of) == 0
+local ready_len, retry_len, unack_head = 0, 0, nil
+if quiet then
+  options_absent = true
+else
+  if redis.call('EXISTS', ready, retry) > 0 then
+    ready_len, retry_len = call('LLEN', ready), call('LLEN', retry)
+  end
+  unack_head = head_score(unack)
 end
-local unack_head, unack_moved = head_score(unack), false
+local unack_moved = false
 local pending_head, pending_read = nil, false
 
 -- Expiry (flow-expiry): of `ids`, those whose expiry passed are dead-lettered with the
@@ -396,8 +407,13 @@ if flow_again and next_ms == now then
 end
 
 -- An exhaustion to announce now, or a claim that lapses later (its announcer may be dead).
+-- A quiet queue had no claim, and this call made none: it buries only deliveries that
+-- timed out (unack was absent) and messages whose expiry passed (no expiry was kept).
 local owed = 0
-local exhausted_head = head_score(exhausted)
+local exhausted_head = nil
+if not quiet then
+  exhausted_head = head_score(exhausted)
+end
 if exhausted_head and exhausted_head <= now then
   owed = 1
 end

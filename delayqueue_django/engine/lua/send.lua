@@ -23,8 +23,10 @@
 
   Returns {due_ms..., warnings}: the due time given to each message, in order.
   Errors (nothing written): "DUPLICATE <id>" if an id is already known to the queue with
-  another payload (or without one); "EXPIRES_BEFORE_DUE <id>" if a message's expiry is
-  not after its due time (it could never be handed out).
+  another payload; "EXPIRES_BEFORE_DUE <id>" if a message's expiry is not after its due
+  time (it could never be handed out). Known means stored: every step that deletes a
+  payload deletes its meta record in the same call, so a meta record without a payload is
+  damage (check_invariants names it "orphan-meta"), and is not looked for.
   A message whose id is already stored with this very payload is a replay of a send whose
   reply was lost (clients re-send after a timeout or a cut connection): it is left as it
   is, and its due time is its pending score if it is still pending, else the time it last
@@ -45,16 +47,40 @@ end
 local grouped = tonumber(args[3 + n * 5]) or 0
 local expiring = read_expiries(args, 4 + n * 5 + grouped * 2, now)
 
+-- A new message's due time (the i-th of the batch, from 0).
+local function due_of(i)
+  local base = 3 + i * 5
+  if args[base + 1] ~= '' then
+    -- A time already past is due now: kept as it was, it would read as a lag of its age
+    -- in stats and as lateness in the workers' figures.
+    return math.max(tonumber(args[base + 1]), now)
+  end
+  return due_after(now, delay_of(args[base + 2]))
+end
+
+-- A batch of one (each plain send()) checks and writes its payload in one HSETNX, which
+-- writes nothing where the id is stored: then it is read and judged below as in a batch.
+-- (Not when its expiry refuses it: a refused batch must leave no trace.)
+local claimed = false
+if n == 1 then
+  local due = due_of(0)
+  if not (expiring[1] and expiring[1] <= due) then
+    claimed = call('HSETNX', payloads, ids[1], wrap(tonumber(args[6]), due, args[7])) == 1
+  end
+end
+
 -- Check the whole batch before writing anything, so a refused batch leaves no trace.
--- The first message found known to the queue with another payload (or with a meta
--- record but no payload) refuses the batch.
-local stored, known = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
+-- The first message found stored with another payload refuses the batch.
+local stored = {false}
+if not claimed then
+  stored = gather('HMGET', payloads, ids)
+end
 local replayed, stored_due = {}, {}
 for i = 0, n - 1 do
   local _, due, payload = unwrap(stored[i + 1] or '')
   if stored[i + 1] and payload == args[7 + i * 5] then
     replayed[i], stored_due[i + 1] = true, due
-  elseif stored[i + 1] or known[i + 1] then
+  elseif stored[i + 1] then
     return redis.error_reply('DUPLICATE ' .. ids[i + 1])
   end
 end
@@ -62,16 +88,17 @@ end
 -- A replay's due time is its pending score if it is still pending, else the due time its
 -- meta record keeps, else the one kept with its payload, else now. Read before the writes
 -- below, which cannot touch it: an id the batch writes was unknown to the queue, while a
--- replayed one is stored.
-local replays, replay_records, replay_dues = {}, {}, {}
+-- replayed one is stored. (Only replays read these: a new message's send reads nothing
+-- more.)
+local replays, replay_dues = {}, {}
 for i = 0, n - 1 do
   if replayed[i] then
     table.insert(replays, ids[i + 1])
-    table.insert(replay_records, known[i + 1])
     replay_dues[#replays] = stored_due[i + 1]
   end
 end
 local replay_scores = gather('ZMSCORE', pending, replays)
+local replay_records = gather('HMGET', metas, replays)
 
 -- Then every new message is written with one ZADD and one HSET. An id given twice in
 -- the batch (Queue never does: it makes the ids) is written twice and the later entry
@@ -83,7 +110,7 @@ local dues, scored, stored_payloads, expiry_scored = {}, {}, {}, {}
 local replay, written = 0, 0
 for i = 0, n - 1 do
   local base = 3 + i * 5
-  local id, at_ms, budget = ids[i + 1], args[base + 1], tonumber(args[base + 3])
+  local id, budget = ids[i + 1], tonumber(args[base + 3])
   local due
   if replayed[i] then
     replay = replay + 1
@@ -94,13 +121,7 @@ for i = 0, n - 1 do
       due = became_due > 0 and became_due or now
     end
   else
-    if at_ms ~= '' then
-      -- A time already past is due now: kept as it was, it would read as a lag of its age
-      -- in stats and as lateness in the workers' figures.
-      due = math.max(tonumber(at_ms), now)
-    else
-      due = due_after(now, delay_of(args[base + 2]))
-    end
+    due = due_of(i)
     local expiry = expiring[i + 1]
     if expiry then
       if expiry <= due then
@@ -109,10 +130,13 @@ for i = 0, n - 1 do
       table.insert(expiry_scored, int(expiry))
       table.insert(expiry_scored, id)
     end
-    -- Appended by index, which costs Lua a fraction of table.insert's call.
+    -- Appended by index, which costs Lua a fraction of table.insert's call. (A claimed
+    -- message's payload is written already.)
     local pair = 2 * written
     scored[pair + 1], scored[pair + 2] = int(due), id
-    stored_payloads[pair + 1], stored_payloads[pair + 2] = id, wrap(budget, due, args[base + 4])
+    if not claimed then
+      stored_payloads[pair + 1], stored_payloads[pair + 2] = id, wrap(budget, due, args[base + 4])
+    end
     written = written + 1
     if earliest == nil or due < earliest then
       earliest = due
