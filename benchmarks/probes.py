@@ -155,6 +155,9 @@ class Monitored:
         )
         self.client_commands: Counter[str] = Counter()
         self.script_commands: Counter[str] = Counter()
+        # The same as client_commands, a function call named by its function ("fcall
+        # fetch"), for the idle phase's duties.
+        self.client_calls: Counter[str] = Counter()
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
 
@@ -181,3 +184,15 @@ class Monitored:
                     self.script_commands[name] += 1
                 else:
                     self.client_commands[name] += 1
+                    self.client_calls[_call_name(name, entry["command"])] += 1
+
+
+def _call_name(name: str, command: str) -> str:
+    """A command as the idle phase names it: a function call by its function, the library's
+    prefix left out ("fcall fetch"); any other command by its name."""
+    if not name.startswith("fcall"):
+        return name
+    words = command.split(" ", 2)
+    # The library's functions are delayqueue_<version>_<script> (engine.scripts.Library).
+    function = words[1].split("_", 2)[-1] if len(words) > 1 else ""
+    return f"{name} {function}".strip()

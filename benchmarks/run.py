@@ -519,11 +519,19 @@ def bench_idle(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
     with WorkerProcesses(1, server.url, NOOP) as worker:
         result = idle.idle(worker, probe, args.idle_seconds)
     progress(f"  {result}")
-    sent = ", ".join(f"{name} {n}" for name, n in sorted(result.requests.items()))
+    # The same idle, as run_delayqueue --processes 2 runs it: a supervisor and two workers.
+    probe.flushall()
+    with SupervisedWorkers(2, server.url, NOOP) as supervised:
+        processes = idle.idle(supervised, probe, args.idle_seconds)
+    progress(f"  --processes 2: {processes}")
     seconds = f"{args.idle_seconds:g} s"
+
+    def sent(result: idle.Idle) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(result.calls.items())) or "none"
+
     return [
         Row(
-            f"idle worker, {seconds}: requests to Redis per second ({sent or 'none'})",
+            f"idle worker, {seconds}: requests to Redis per second ({sent(result)})",
             [result.requests_per_second],
             "/s",
             "≤ 1/s",
@@ -537,6 +545,20 @@ def bench_idle(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
             digits=2,
         ),
         Row(f"idle worker: CPU time over {seconds}", [result.cpu_seconds], "s", "near 0", 2),
+        Row(
+            f"idle `--processes 2`, {seconds}: requests to Redis per second ({sent(processes)})",
+            [processes.requests_per_second],
+            "/s",
+            "",
+            digits=2,
+        ),
+        Row(
+            f"idle `--processes 2`: CPU time over {seconds}, the supervisor and its 2 workers",
+            [processes.cpu_seconds],
+            "s",
+            "",
+            3,
+        ),
     ]
 
 

@@ -66,6 +66,7 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
         "Redis CPU per message, 500 due together",
         "lateness",
         "idle worker",
+        "idle `--processes 2`",
         "send() latency p99, 2,000 pending",
         "Redis memory per pending message",
         "500 due in the same second",

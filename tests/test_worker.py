@@ -16,6 +16,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from benchmarks.probes import Monitored
 from delayqueue_django import Message, get_queue, signals
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.timings import histogram_from_totals
@@ -647,6 +648,31 @@ def test_an_idle_worker_sends_almost_no_commands(
     time.sleep(3)
     # No polling: blocking waits, rare heartbeats, a PING of the quiet subscription.
     assert calls() - before <= 3
+
+
+@pytest.mark.parametrize("options", [{}, {"RATE_LIMIT": "100/s", "MAX_IN_FLIGHT": 50}])
+def test_between_its_30_s_duties_an_idle_worker_sends_only_its_heartbeat_and_keep_alive(
+    redis_worker_queue: Callable[..., Queue],
+    running_worker: Callable[..., Worker],
+    redis_server: RedisServer,
+    options: dict[str, Any],
+) -> None:
+    """What the performance page's table of an idle worker's duties says, counted by
+    MONITOR, every request named by its function: each heartbeat (a SET and a SADD, and the
+    pause note's flow read) and the wake-up subscription's PING after 3 s of silence. The
+    re-check, the schedules' read and the garbage expiry come at start and every 30 or 60 s;
+    flow options add no refresh of their own."""
+    queue = redis_worker_queue(**options)
+    running_worker(queue, heartbeat_interval=1)
+    time.sleep(1.5)  # past its start, which runs every duty once
+    probe = redis_server.client()
+    probe.ping()  # its connection opened before: MONITOR would see its greeting
+    with Monitored(probe) as monitored:
+        time.sleep(4)
+    calls = monitored.client_calls
+    assert set(calls) <= {"set", "sadd", "fcall flow", "ping"}, calls
+    assert 3 <= calls["set"] == calls["sadd"] <= 5, calls
+    assert calls["ping"] <= 2, calls
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
+from typing import Any
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -176,6 +177,8 @@ class OutboxRelay:
         self._lanes = Lanes(on_recovered=self._wake.set)
         self._missing_tables: set[str] = set()
         self._queue_index = QueueIndex()
+        # has_rows' SQL, by database and the lanes held then (see has_rows).
+        self._looks: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
 
     # One batch
 
@@ -428,15 +431,28 @@ class OutboxRelay:
 
     def has_rows(self, alias: str) -> bool:
         """Whether our queues have rows on ``alias`` (but for the held lanes'): a plain
-        read, no lock taken."""
+        read, no lock taken. Its SQL is built once for each set of lanes held: a poll
+        runs every RELAY_POLL_SECONDS in every worker, and building the ORM's query took
+        nine tenths of its CPU."""
+        held = self._lanes.held()
+        look = self._looks.get((alias, *held))
+        if look is None:
+            look = self._look(alias)
+            if self._lanes.held() == held:  # else built for other lanes: not kept
+                self._looks = {**self._looks, (alias, *held): look}
+        with connections[alias].cursor() as cursor:
+            cursor.execute(*look)
+            return cursor.fetchone() is not None
+
+    def _look(self, alias: str) -> tuple[str, tuple[Any, ...]]:
+        """The SQL of has_rows and its parameters: the id of one row of our queues, but
+        for the held lanes'."""
         from delayqueue_django.outbox.models import OutboxMessage
 
         names = list(self.queues)
-        return (
-            OutboxMessage.objects.using(alias)
-            .filter(self._lanes.q(names), queue__in=names)
-            .exists()
-        )
+        rows = OutboxMessage.objects.using(alias).filter(self._lanes.q(names), queue__in=names)
+        sql, params = rows.values_list("pk")[:1].query.get_compiler(using=alias).as_sql()
+        return sql, tuple(params)
 
     def raise_held(self) -> None:
         """Raise the error of a lane held back, if any (a drain's caller learns of it)."""

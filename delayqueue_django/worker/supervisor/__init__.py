@@ -24,8 +24,10 @@ The supervisor's side of one child is child_process; link is the socket between 
 a child reports of the messages it holds).
 """
 
+import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -40,7 +42,13 @@ from delayqueue_django.worker.supervisor.child_process import ChildProcess, desc
 
 logger = logging.getLogger("delayqueue_django.worker")
 
+# How often the supervisor looks at its children while they need watching closely (stopping,
+# a reload under way, TIME_LIMIT to enforce)...
 TICK_SECONDS = 0.05
+# ...and at rest: each look polls every child, and looking each TICK_SECONDS was most of an
+# idle command's CPU. A stop or reload request, a child that exits or says it is ready, wakes
+# it at once; the heartbeat, --max-memory's checks and a replacement's start keep their times.
+REST_LOOK_SECONDS = 1.0
 # Restart backoff: doubled for each child that dies young, back to the first once one has
 # lived LIVED_LONG_SECONDS.
 FIRST_BACKOFF_SECONDS = 0.5
@@ -102,6 +110,11 @@ class Supervisor:
         self._burst_status = 0
         # Why the command ends with an error: a child could not start.
         self._cannot_start: str | None = None
+        # What wakes the loop between looks (see _wake): written from signal handlers and the
+        # children's reader threads, so a socket, not a lock.
+        self._woken, self._waker = socket.socketpair()
+        self._woken.setblocking(False)
+        self._waker.setblocking(False)
 
     # Requests, from signal handlers: they only set flags the loop reads.
 
@@ -111,9 +124,35 @@ class Supervisor:
 
     def request_stop(self) -> None:
         self._stop_requests += 1
+        self._wake()
 
     def request_reload(self) -> None:
         self._reload_requested.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """End the loop's wait now. Safe in a signal handler (no lock), from any thread; a
+        full socket already holds a wake-up."""
+        with contextlib.suppress(OSError):
+            self._waker.send(b"\0")
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until woken."""
+        select.select([self._woken], [], [], max(seconds, 0.0))
+        with contextlib.suppress(OSError):
+            while self._woken.recv(4096):
+                pass
+
+    def _at_rest(self, stopping: bool) -> bool:
+        """Whether nothing but a wake-up or a timed duty can call for a look: no stop, no
+        reload under way, no TIME_LIMIT to enforce (each child's handlers are looked at)."""
+        return not (
+            stopping
+            or self.time_limits
+            or self._rollout
+            or self._rollout_new is not None
+            or self._reload_requested.is_set()
+        )
 
     # The loop
 
@@ -158,16 +197,26 @@ class Supervisor:
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
                     self._beat()
-                time.sleep(TICK_SECONDS)
+                if not self._at_rest(stopping_since is not None):
+                    self._wait(TICK_SECONDS)
+                    continue
+                timed = [next_beat, *self._starts_due, now + REST_LOOK_SECONDS]
+                if self.max_memory_mb is not None:
+                    timed.append(next_memory_check)
+                self._wait(min(timed) - time.monotonic())
         finally:
             for child in self.children:
                 child.kill("the supervisor is leaving")
                 if child.worker_id is not None:
                     self._forget(child.worker_id)
             self._forget(self.supervisor_id)
+            self._woken.close()
+            self._waker.close()
 
     def _start(self) -> ChildProcess:
-        child = ChildProcess(self.argv, self.env, report_messages=bool(self.time_limits))
+        child = ChildProcess(
+            self.argv, self.env, report_messages=bool(self.time_limits), on_news=self._wake
+        )
         self.children.append(child)
         return child
 

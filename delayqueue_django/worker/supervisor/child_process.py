@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from delayqueue_django.core.message import Message
 from delayqueue_django.worker.supervisor.link import (
@@ -27,9 +27,19 @@ IMMEDIATE_STOP = signal.SIGUSR1
 
 MessageKey = tuple[str, str]  # (queue, id)
 
+# How long the reader waits for a child whose end of the socket closed to be reapable.
+EXIT_AFTER_EOF_SECONDS = 5.0
+
 
 class ChildProcess:
-    def __init__(self, argv: Sequence[str], env: dict[str, str], *, report_messages: bool) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        *,
+        report_messages: bool,
+        on_news: Callable[[], None] = lambda: None,
+    ) -> None:
         ours, theirs = socket.socketpair()
         env = {
             **env,
@@ -51,6 +61,9 @@ class ChildProcess:
         self._lock = threading.Lock()
         self._buffered: dict[MessageKey, Message] = {}
         self._running: dict[MessageKey, tuple[Message, float]] = {}
+        # Called (from the reader thread) when it says it is ready, and when its end of the
+        # socket closes: it exited, most likely.
+        self._on_news = on_news
         self._reader = threading.Thread(
             target=self._read, name=f"delayqueue-child-{self.pid}", daemon=True
         )
@@ -96,12 +109,17 @@ class ChildProcess:
         self._reader.join(timeout=2)
 
     def _read(self) -> None:
-        with self._sock.makefile("rb") as lines:
-            try:
+        try:
+            with self._sock.makefile("rb") as lines:
                 for line in lines:
                     self._take(json.loads(line))
-            except (OSError, ValueError):
-                pass  # the child died mid-line, or the socket was closed by close()
+        except (OSError, ValueError):
+            pass  # the child died mid-line, or the socket was closed by close()
+        # Its end closes as it exits, a moment before it can be reaped: the news is told
+        # once it can be.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=EXIT_AFTER_EOF_SECONDS)
+        self._on_news()
 
     def _take(self, report: dict) -> None:  # type: ignore[type-arg]
         event = report.get("event")
@@ -110,6 +128,7 @@ class ChildProcess:
             if event == "ready":
                 self.worker_id = report.get("worker_id")
                 self.ready.set()
+                self._on_news()
             elif event == "fetched":
                 for data in report["messages"]:
                     message = message_from_json(data)
