@@ -13,7 +13,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import features, tracing
-from delayqueue_django.core.encoding import due_spec, encode_payload, new_message_ids, retry_budget
+from delayqueue_django.core.encoding import (
+    due_spec,
+    encode_payload,
+    new_message_id,
+    new_message_ids,
+    retry_budget,
+)
 from delayqueue_django.core.expiry import expiry_spec
 from delayqueue_django.core.outgoing import Outgoing, refuse_call_options
 from delayqueue_django.core.queue.base import QueueBase, _check_address, _reaching_redis
@@ -145,7 +151,7 @@ class QueueProducing(QueueBase):
         at_ms, delay_us = due_spec(delay, at)
         budget = retry_budget(retry_count, config.retry_count)
         text = encode_payload(payload, max_bytes=config.max_payload_bytes, queue=self.name)
-        (message_id,) = new_message_ids(1)
+        message_id = new_message_id()
         if config.shards > 1:
             (message_id,) = place([message_id], config.shards)
         return NewMessage(message_id, text, budget, at_ms, delay_us)
