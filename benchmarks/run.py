@@ -236,7 +236,15 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
         probe.flushall()
         return send.bulk_rate(args.bulk_messages)
 
+    def cpus() -> tuple[float, float]:
+        # One after the other, so a change in the machine's load falls on both.
+        probe.flushall()
+        sync = send.single_cpu_us(args.send_messages)
+        probe.flushall()
+        return sync, send.async_cpu_us(args.send_messages)
+
     singles = repeat(args.runs, "send()", single)
+    cpu = repeat(args.runs, "send() and asend(), CPU µs per call", cpus)
     pings = repeat(args.runs, "PING", lambda: send.ping_rate(args.send_messages))
     bulks = repeat(args.runs, "send_many", bulk)
     probe.flushall()
@@ -244,6 +252,19 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
     server_us = send.server_us_per_send(probe, min(args.send_messages, 5_000))
     return [
         Row("send(), one call per message, one process", singles, "msg/s", "≥ 10,000/s"),
+        Row(
+            "send(), one call per message: the producer's CPU per call (process time)",
+            [sync for sync, _ in cpu],
+            "µs",
+            "≤ huey's enqueue (see peers)",
+            digits=1,
+        ),
+        Row(
+            "asend(), one call per message, on redis.asyncio: the producer's CPU per call",
+            [async_ for _, async_ in cpu],
+            "µs",
+            digits=1,
+        ),
         Row("for comparison: bare redis-py PING round trips, same client", pings, "/s", ""),
         Row("Redis round trips per send()", [trips], "", "1", digits=2),
         Row("Redis time per send() script call (INFO commandstats)", [server_us], "µs", "", 1),

@@ -60,6 +60,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     measures = "\n".join(table)
     for measure in (
         "send(), one call per message",
+        "send(), one call per message: the producer's CPU per call",
+        "asend(), one call per message, on redis.asyncio: the producer's CPU per call",
         "send_many",
         "drain 500 due together, 1 worker process",
         "Redis commands per handled message",
