@@ -8,7 +8,8 @@ huey's enqueue of a delayed task in the same process when huey is installed: bur
 the other, ``--rounds`` times (interleaved, so a change in the machine's load falls on every
 tree). Each figure is the producer's CPU time (process time) per call, the median of its
 bursts, then of its rounds; CPU time is steadier than wall time on a shared machine.
-Prints one Markdown table.
+Prints one Markdown table; its last column is the median of each burst's send ÷ the huey
+burst after it in the same process.
 """
 
 import argparse
@@ -93,8 +94,14 @@ def main(argv: list[str] | None = None) -> None:
                     text=True,
                     check=True,
                 )
-                for name, values in json.loads(done.stdout).items():
+                found = json.loads(done.stdout)
+                for name, values in found.items():
                     medians[tree].setdefault(name, []).append(statistics.median(values))
+                if "huey" in found:
+                    # Each burst's send beside the huey burst after it, in one process.
+                    pairs = zip(found["send"], found["huey"], strict=True)
+                    ratio = statistics.median(send / huey for send, huey in pairs)
+                    medians[tree].setdefault("send/huey", []).append(ratio)
     finally:
         probe.close()
         server.close()
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     for tree, found in medians.items():
         send, asend = statistics.median(found["send"]), statistics.median(found["asend"])
         huey = statistics.median(found["huey"]) if "huey" in found else None
-        ratio = "" if huey is None else f"{send / huey:.2f}"
+        ratio = "" if huey is None else f"{statistics.median(found['send/huey']):.2f}"
         shown = "" if huey is None else f"{huey:.1f}"
         print(f"| {tree} | {send:.1f} | {asend:.1f} | {shown} | {ratio} |")
 

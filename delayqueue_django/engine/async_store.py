@@ -89,7 +89,6 @@ class AsyncRedisStore:
             message.delay_us,
             message.budget,
             message.payload,
-            0,
         )
         try:
             due, warnings = await self._send_call(args)
