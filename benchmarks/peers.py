@@ -1,5 +1,6 @@
 """Peers: the trickle of benchmarks/lateness.py, on the same private Redis and measured the
-same way, with huey and with celery (tasks given an eta), next to our own.
+same way, with huey and with celery (tasks given an eta), next to our own; and a burst
+(benchmarks/send_burst.py): many messages sent one call each, then drained.
 
 Each peer's consumer is a real subprocess started with the peer's own worker command and
 its defaults (the app modules: benchmarks/peer_huey.py, benchmarks/peer_celery.py); its
@@ -28,22 +29,36 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import lateness, probes
+import delayqueue_django
+from benchmarks import lateness, probes, send_burst
 from benchmarks.lateness import Trickle
 from benchmarks.report import Row, percentile
-from benchmarks.workers import ROOT
+from benchmarks.send_burst import SendBurst
+from benchmarks.workers import ROOT, WorkerProcesses
 
 INSTALL = 'pip install -e ".[peers]"'
 PEER_PACKAGES = ("huey", "celery")
 
 
-def require() -> None:
+def chosen_peers(names: str) -> list[str]:
+    """The peers of ``--peers`` (comma-separated; '' for ours only)."""
+    chosen = [name for name in names.split(",") if name]
+    unknown = set(chosen) - set(PEER_PACKAGES)
+    if unknown:
+        raise SystemExit(
+            f"unknown --peers {', '.join(sorted(unknown))}; choose from "
+            f"{','.join(PEER_PACKAGES)} (or none: --peers '')"
+        )
+    return chosen
+
+
+def require(names: Sequence[str] = PEER_PACKAGES) -> None:
     """Stop with a clear message when huey or celery is missing."""
-    missing = [name for name in PEER_PACKAGES if importlib.util.find_spec(name) is None]
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(
             f"the peers benchmark needs {' and '.join(missing)}, which the optional peers "
-            f"extra installs: {INSTALL} (make bench does)"
+            f"extra installs: {INSTALL} (make bench does); or --peers '' to run ours only"
         )
 
 
@@ -55,22 +70,32 @@ class Contender:
     name: str
     setup: str
     trickle: Callable[[int, float, Any], Trickle]  # (count, spread, probe client)
+    burst: Callable[[int, Any], SendBurst]  # (count, probe client)
 
 
-def contenders(redis_url: str) -> list[Contender]:
-    """Ours, then huey, then celery: each run measures them in this order."""
+def contenders(redis_url: str, peers: Sequence[str] = PEER_PACKAGES) -> list[Contender]:
+    """Ours, then huey, then celery (those of ``peers``): each run measures them in this
+    order."""
 
     def ours(count: int, spread: float, probe: Any) -> Trickle:
         return lateness.with_worker(count, spread, redis_url, probe)
 
+    def send(due_ms: int, at: datetime) -> None:
+        delayqueue_django.send({"due_ms": due_ms}, at=at)
+
+    def worker(results: Path, probe: Any) -> WorkerProcesses:
+        env = {"DQ_BENCH_LATENESS_FILE": str(results)}
+        return WorkerProcesses(1, redis_url, "benchmarks.handlers.record_lateness", **env)
+
+    peer = {"huey": _huey, "celery": _celery}
     return [
         Contender(
             f"delayqueue_django {version('delayqueue-django')}",
             "1 run_delayqueue worker process, default settings",
             ours,
+            send_burst.burst_of(send, worker),
         ),
-        _huey(redis_url),
-        _celery(redis_url),
+        *(peer[name](redis_url) for name in peers),
     ]
 
 
@@ -102,6 +127,9 @@ def _huey(redis_url: str) -> Contender:
         eta = datetime.fromtimestamp(due_ms / 1000, UTC)
         peer_huey.record_lateness.schedule(args=(due_ms,), eta=eta)
 
+    def send_at(due_ms: int, at: datetime) -> None:
+        peer_huey.record_lateness.schedule(args=(due_ms,), eta=at)
+
     command = [sys.executable, "-m", "huey.bin.huey_consumer", "benchmarks.peer_huey.huey"]
     command += ["-w", "1", "-k", "thread"]
     keys = PeerKeys((("llen", queue), ("zcard", schedule)))
@@ -109,6 +137,7 @@ def _huey(redis_url: str) -> Contender:
         f"huey {version('huey')}",
         "huey_consumer -w 1 -k thread, defaults: scheduler interval 1 s, BRPOP timeout 1 s",
         _peer_trickle(command, send, keys, redis_url),
+        send_burst.burst_of(send_at, _peer_worker(command, redis_url)),
     )
 
 
@@ -127,12 +156,34 @@ def _celery(redis_url: str) -> Contender:
     # kombu's Redis transport keeps a delivered message, until acked, in the "unacked"
     # hash and the "unacked_index" sorted set.
     keys = PeerKeys((("llen", queue), ("hlen", "unacked"), ("zcard", "unacked_index")))
+
+    def send_at(due_ms: int, at: datetime) -> None:
+        peer_celery.record_lateness.apply_async(args=(due_ms,), eta=at)
+
     return Contender(
         f"celery {version('celery')}",
         "worker -P solo -c 1, eta tasks, no result backend, defaults: prefetch multiplier 4, "
         "acks before the task runs",
         _peer_trickle(command, send, keys, redis_url),
+        send_burst.burst_of(send_at, _peer_worker(command, redis_url), CELERY_BURST),
     )
+
+
+# The most messages celery's burst sends: its worker (-P solo, defaults) starts eta tasks
+# due together some 50 ms apart here (about 20/s, the first on time), so 20,000 would take
+# a quarter of an hour per run. Its send figures hold at this size; its drain rate is as
+# measured, at this size.
+CELERY_BURST = 500
+
+
+def _peer_worker(command: list[str], redis_url: str) -> send_burst.Worker:
+    """A peer's worker command for a burst, its handler writing to ``results``."""
+
+    def worker(results: Path, probe: Any) -> PeerProcess:
+        env = {"DQ_BENCH_REDIS_URL": redis_url, "DQ_BENCH_LATENESS_FILE": str(results)}
+        return PeerProcess(command, env, probe)
+
+    return worker
 
 
 def _peer_trickle(

@@ -43,6 +43,7 @@ from benchmarks import (
     probes,
     scale,
     send,
+    send_burst,
     shards,
 )
 from benchmarks.report import Row, percentile, table
@@ -118,6 +119,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="seconds the trickle's due times spread over (lateness and peers)",
     )
     add(
+        "--burst-messages",
+        type=int,
+        default=20_000,
+        help="messages sent one call each, then drained, in the peers' burst (peers; "
+        "default: 20000)",
+    )
+    add(
+        "--peers",
+        default=",".join(peers.PEER_PACKAGES),
+        help="the peers to run the trickle and the burst with, comma-separated; '' for ours "
+        f"only (peers; default: {','.join(peers.PEER_PACKAGES)})",
+    )
+    add(
         "--flow-rate",
         type=int,
         default=500,
@@ -188,6 +202,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.keys_memory_messages, args.keys_reclaim, args.keys_window = 1_000, 2_000, 0.2
         args.expiry_messages = 1_000
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
+        args.burst_messages = 300
         args.flow_rate, args.flow_seconds = 200, 2.0
         args.idle_seconds, args.scale_pending, args.scale_due = 1.0, 2_000, 500
         args.latency_samples = 50
@@ -221,7 +236,15 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
         probe.flushall()
         return send.bulk_rate(args.bulk_messages)
 
+    def cpus() -> tuple[float, float]:
+        # One after the other, so a change in the machine's load falls on both.
+        probe.flushall()
+        sync = send.single_cpu_us(args.send_messages)
+        probe.flushall()
+        return sync, send.async_cpu_us(args.send_messages)
+
     singles = repeat(args.runs, "send()", single)
+    cpu = repeat(args.runs, "send() and asend(), CPU µs per call", cpus)
     pings = repeat(args.runs, "PING", lambda: send.ping_rate(args.send_messages))
     bulks = repeat(args.runs, "send_many", bulk)
     probe.flushall()
@@ -229,6 +252,19 @@ def bench_send(args: argparse.Namespace, probe: Any) -> list[Row]:
     server_us = send.server_us_per_send(probe, min(args.send_messages, 5_000))
     return [
         Row("send(), one call per message, one process", singles, "msg/s", "≥ 10,000/s"),
+        Row(
+            "send(), one call per message: the producer's CPU per call (process time)",
+            [sync for sync, _ in cpu],
+            "µs",
+            "≤ huey's enqueue (see peers)",
+            digits=1,
+        ),
+        Row(
+            "asend(), one call per message, on redis.asyncio: the producer's CPU per call",
+            [async_ for _, async_ in cpu],
+            "µs",
+            digits=1,
+        ),
         Row("for comparison: bare redis-py PING round trips, same client", pings, "/s", ""),
         Row("Redis round trips per send()", [trips], "", "1", digits=2),
         Row("Redis time per send() script call (INFO commandstats)", [server_us], "µs", "", 1),
@@ -723,9 +759,11 @@ def bench_layout(args: argparse.Namespace, cluster: RedisClusterServers, layout:
 
 
 def bench_peers(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
-    progress("peers: the trickle with delayqueue_django, huey and celery")
-    who = peers.contenders(server.url)
+    who = peers.contenders(server.url, peers.chosen_peers(args.peers))
+    names = ", ".join(c.name.split()[0] for c in who)
+    progress(f"peers: the trickle, then the burst of {args.burst_messages:,}, with {names}")
     measured: dict[str, list[lateness.Trickle]] = {c.name: [] for c in who}
+    bursts: dict[str, list[send_burst.SendBurst]] = {c.name: [] for c in who}
     for run in range(args.runs):
         # Interleaved, so a change in the machine's load over the phase falls on all three.
         for contender in who:
@@ -733,7 +771,15 @@ def bench_peers(args: argparse.Namespace, server: RedisServer, probe: Any) -> li
             trickle = contender.trickle(args.lateness_messages, args.lateness_spread, probe)
             measured[contender.name].append(trickle)
             progress(f"  {contender.name}, run {run + 1}/{args.runs}: {peers.summary(trickle)}")
-    return peers.rows(args.lateness_messages, args.lateness_spread, who, measured)
+    for run in range(args.runs):
+        for contender in who:
+            burst = contender.burst(args.burst_messages, probe)
+            bursts[contender.name].append(burst)
+            progress(f"  {contender.name}, burst, run {run + 1}/{args.runs}: {burst}")
+    return [
+        *peers.rows(args.lateness_messages, args.lateness_spread, who, measured),
+        *send_burst.rows(args.burst_messages, [c.name for c in who], bursts),
+    ]
 
 
 def bench_async(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -777,7 +823,8 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown --only {', '.join(sorted(unknown))}; choose from {PHASES}")
     if "peers" in chosen:
-        peers.require()  # before any phase runs: huey and celery are an optional extra
+        # Before any phase runs: huey and celery are an optional extra.
+        peers.require(peers.chosen_peers(args.peers))
     if "async" in chosen:
         # The same for arq, saq and streaq, in a virtualenv of their own.
         io_burst.require(args.async_peers_python, io_burst.chosen_peers(args.async_peers))

@@ -1,5 +1,6 @@
 """Sending: one ``send()`` per message as a view would, and the bulk ``send_many``."""
 
+import asyncio
 import time
 from typing import Any
 
@@ -19,6 +20,34 @@ def single_rate(count: int) -> float:
     for n in range(count):
         send({"order": n}, delay=DELAY)
     return count / (time.perf_counter() - started)
+
+
+def single_cpu_us(count: int) -> float:
+    """The producer's CPU time (process time) per ``delayqueue_django.send`` call."""
+    send = delayqueue_django.send
+    started = time.process_time()
+    for n in range(count):
+        send({"order": n}, delay=DELAY)
+    return (time.process_time() - started) * 1e6 / count
+
+
+def async_cpu_us(count: int) -> float:
+    """The same for ``delayqueue_django.asend``, awaited one after the other on an event
+    loop (the queue's URL gives it a redis.asyncio client)."""
+    asend = delayqueue_django.asend
+
+    async def sends() -> None:
+        for n in range(count):
+            await asend({"order": n}, delay=DELAY)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asend({"warm": True}))  # its client is built on first use
+        started = time.process_time()
+        loop.run_until_complete(sends())
+        return (time.process_time() - started) * 1e6 / count
+    finally:
+        loop.close()
 
 
 def ping_rate(count: int) -> float:

@@ -49,6 +49,15 @@ def test_send_and_cancel_through_the_module(redis_server: RedisServer) -> None:
     assert redis_server.client().dbsize() == 0
 
 
+def test_single_sends_give_each_message_an_id_of_its_own(redis_server: RedisServer) -> None:
+    # (A plain send() makes its one id its own way: see QueueProducing._plain_message.)
+    ids = [delayqueue.send(n, delay=60) for n in range(200)]
+    assert len(set(ids)) == 200
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{14}", message_id) for message_id in ids)
+    pending = delayqueue.get_queue().list_messages("pending", limit=1000)
+    assert sorted(entry.id for entry in pending) == sorted(ids)
+
+
 def test_a_bulk_send_gives_each_message_an_id_of_its_own(redis_server: RedisServer) -> None:
     queue = delayqueue.get_queue()
     ids = queue.send_many(list(range(500)), delay=60)

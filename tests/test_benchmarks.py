@@ -60,6 +60,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     measures = "\n".join(table)
     for measure in (
         "send(), one call per message",
+        "send(), one call per message: the producer's CPU per call",
+        "asend(), one call per message, on redis.asyncio: the producer's CPU per call",
         "send_many",
         "drain 500 due together, 1 worker process",
         "Redis commands per handled message",
@@ -243,3 +245,25 @@ def test_the_async_benchmark_sets_the_event_loop_beside_threads() -> None:
         # Every message is fetched and acked: some script calls, far fewer than one each.
         calls = figure(table, f"{what}: script calls (round trips) per message — {ours}")
         assert 0 < calls < 1
+
+
+@pytest.mark.timeout(60)
+def test_the_peers_benchmark_sets_the_burst_beside_the_trickle() -> None:
+    # Ours only: huey and celery come with the optional peers extra, which the tests'
+    # environment does not install (make bench runs them).
+    stdout, table = run_quick("peers", options=["--peers", ""])
+    assert "cores" in stdout
+    trickle = "peers, trickle of 20 over 0.5 s"
+    assert figure(table, f"{trickle}: lateness p99 — delayqueue_django") > 0
+    what = (
+        "peers, burst of 300 due at one instant, sent one call each, then drained by 1 worker "
+        "process at concurrency 1"
+    )
+    for measure in (
+        "send rate, one call per message",
+        "the producer's CPU per send (process time)",
+        "drain rate, due time to the last handler's start",
+    ):
+        assert figure(table, f"{what}: {measure} — delayqueue_django") > 0
+    # The ratios need huey in the same run.
+    assert not [line for line in table if "ours ÷ huey's" in line]

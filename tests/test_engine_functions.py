@@ -4,6 +4,7 @@ that refuses Functions."""
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,11 +13,14 @@ from django.test import override_settings
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.scripts import (
     ALLOWED_OUT_OF_MEMORY,
+    FIRST_KEY_ONLY,
     READ_ONLY,
     SCRIPT_NAMES,
     _library,
+    _read,
     library,
 )
 from tests.helpers import fetch_when_due, redis_store
@@ -193,3 +197,16 @@ def test_a_server_that_refuses_function_load_is_served_scripts(
         assert calls["cmdstat_evalsha"] >= 2
         assert "cmdstat_fcall" not in calls
         assert functions_of(client) == {}
+
+
+def test_a_function_given_its_first_key_alone_derives_the_same_layout() -> None:
+    # send.lua gets KEYS[1] alone (FIRST_KEY_ONLY); layout_of in the prelude names the rest
+    # as QueueKeys.layout does, in its order, from "<tag>:pending".
+    prelude = _read("_prelude")
+    table = re.search(r"local LAYOUT_PARTS = \{(.*?)\}", prelude, re.DOTALL)
+    assert table is not None
+    parts = re.findall(r"'([a-z_]+)'", table.group(1))
+    for keys in (QueueKeys("dq", "emails"), QueueKeys("dq", "emails", shard="3.1.3")):
+        assert [key.removeprefix(f"{keys.tag}:") for key in keys.layout] == parts
+        assert keys.layout[0] == f"{keys.tag}:pending"  # what string.sub(first, 1, -8) cuts
+    assert set(SCRIPT_NAMES) >= FIRST_KEY_ONLY

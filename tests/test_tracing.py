@@ -5,6 +5,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from delayqueue_django import get_queue
+from delayqueue_django.core import tracing
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.exceptions import QueueUnavailable, Reject
@@ -70,6 +72,8 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider = TracerProvider(sampler=_SWITCH)
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
+        # A send of an earlier test may have found none within the second (see active).
+        tracing.look_again()
     _EXPORTER.clear()
     _SWITCH.on = True
     yield _EXPORTER
@@ -168,6 +172,62 @@ def test_a_traced_keyed_send_keeps_its_key(queue: Queue, spans: InMemorySpanExpo
     message = _fetch_one(queue)
     assert (message.id, message.key, message.payload) == (message_id, "order-7", {"order": 7})
     assert message.traceparent == _traceparent(sent[0])
+
+
+def test_a_traced_send_keeps_its_group_and_expiry(
+    redis_queue: Queue, spans: InMemorySpanExporter
+) -> None:
+    # (The stamped copy of a message had carried its key over, and dropped these.)
+    grouped = redis_queue.send({"order": 9}, group="customer:9", expires=3600)
+    sent = _one(spans, SpanKind.PRODUCER)
+    store = redis_store(redis_queue)
+    assert store.client.zscore(store.keys.key("expires"), grouped) is not None
+    message = _fetch_one(redis_queue)
+    assert (message.id, message.group) == (grouped, "customer:9")
+    assert message.traceparent == _traceparent(sent)
+
+
+def test_active_asks_the_api_at_most_once_a_second_while_no_provider_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    asked: list[object] = []
+    answer: list[object] = [trace.ProxyTracerProvider()]
+
+    def get_tracer_provider() -> object:
+        asked.append(answer[0])
+        return answer[0]
+
+    monkeypatch.setattr(tracing, "_provider_set", False)
+    monkeypatch.setattr(tracing, "_next_look", 0.0)
+    monkeypatch.setattr(tracing, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(trace, "get_tracer_provider", get_tracer_provider)
+
+    assert not any(tracing.active() for _ in range(1000))
+    assert len(asked) == 1  # the "no" kept, not asked 1000 times
+    # A provider set meanwhile is found once the second has passed, and kept for good.
+    answer[0] = TracerProvider()
+    now[0] += tracing.LOOK_AGAIN_SECONDS - 0.001
+    assert not tracing.active()
+    assert len(asked) == 1
+    now[0] += 0.002
+    assert tracing.active()
+    assert len(asked) == 2
+    now[0] += 3600
+    assert all(tracing.active() for _ in range(1000))
+    assert len(asked) == 2
+
+
+def test_look_again_finds_a_provider_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer: list[object] = [trace.ProxyTracerProvider()]
+    monkeypatch.setattr(tracing, "_provider_set", False)
+    monkeypatch.setattr(tracing, "_next_look", 0.0)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: answer[0])
+    assert not tracing.active()
+    answer[0] = TracerProvider()
+    assert not tracing.active()  # within the second: the "no" kept
+    tracing.look_again()
+    assert tracing.active()
 
 
 def test_asend_is_traced(queue: Queue, spans: InMemorySpanExporter) -> None:
@@ -292,8 +352,10 @@ print(split_trace("^00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01^[1]"
 
 def test_with_the_api_but_no_provider_there_are_no_spans_until_one_is_set() -> None:
     """The API installed (by another package, say) and no SDK: sends and handler calls make
-    no spans, not even no-op ones; once the project sets a provider, the next ones do."""
+    no spans, not even no-op ones; once the project sets a provider, the next ones do
+    (within a second)."""
     script = """
+import time
 import django
 from django.conf import settings
 settings.configure(
@@ -324,6 +386,8 @@ exporter = InMemorySpanExporter()
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
+# A "no" is kept for up to LOOK_AGAIN_SECONDS (see tracing.active): then it is found.
+time.sleep(tracing.LOOK_AGAIN_SECONDS)
 assert tracing.active()
 message, outcome = send_and_handle()
 assert message.traceparent != "" and outcome.verdict.value == "ack"

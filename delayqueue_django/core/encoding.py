@@ -46,6 +46,11 @@ def new_message_ids(count: int) -> list[str]:
     return [text[start : start + ID_CHARS] for start in range(0, len(text), step)]
 
 
+def new_message_id() -> str:
+    """One new id, as new_message_ids makes them (a send per message: no list to cut)."""
+    return urlsafe_b64encode(os.urandom(ID_BYTES)).decode("ascii")[:ID_CHARS]
+
+
 def encode_payload(payload: Any, *, max_bytes: int, queue: str) -> str:
     """JSON text for the payload, or a clear error naming what is wrong with it."""
     try:

@@ -10,8 +10,10 @@ is taken off (``engine.records.split_trace``) wherever a payload is read back, w
 without the API.
 """
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.core.message import Message
@@ -31,6 +33,9 @@ ENABLED = trace is not None
 # instrumentation's own: this app, whatever Redis server it runs on.
 MESSAGING_SYSTEM = "delayqueue_django"
 
+# How long active() keeps a "no tracer provider" before asking the API again.
+LOOK_AGAIN_SECONDS = 1.0
+
 if ENABLED:
     _tracer = trace.get_tracer("delayqueue_django")
     _propagator = TraceContextTextMapPropagator()
@@ -38,16 +43,33 @@ if ENABLED:
     # nothing, set no context and carry none.
     _NO_OP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
     _provider_set = False
+    # While none is set, when active() may next ask the API again (time.monotonic()).
+    _next_look = 0.0
 
     def active() -> bool:
         """Whether spans can record: a tracer provider has been set. Without one (the API
         installed by some other dependency, no SDK configured) a span would still cost a
         few µs per message for nothing. A provider once set stays for the life of the
-        process (the API refuses to replace it), so a yes is kept, not asked again."""
-        global _provider_set
-        if not _provider_set:
-            _provider_set = not isinstance(trace.get_tracer_provider(), _NO_OP_PROVIDERS)
+        process (the API refuses to replace it), so a yes is kept, not asked again. A no is
+        kept for LOOK_AGAIN_SECONDS: the API's answer reads os.environ each time while no
+        provider is set (about 1 µs, more with a larger environment, on every send and
+        every handled message), and a provider set later is still found within that time
+        (look_again() finds it at once)."""
+        global _provider_set, _next_look
+        if _provider_set:
+            return True
+        now = time.monotonic()
+        if now < _next_look:
+            return False
+        _provider_set = not isinstance(trace.get_tracer_provider(), _NO_OP_PROVIDERS)
+        _next_look = now + LOOK_AGAIN_SECONDS
         return _provider_set
+
+    def look_again() -> None:
+        """Make the next active() ask the API, as after setting a provider that must trace
+        the very next send (tests; a project sets its provider at startup)."""
+        global _next_look
+        _next_look = 0.0
 
     @contextmanager
     def producer_span(
@@ -87,20 +109,8 @@ if ENABLED:
         if not traceparent:
             return prepared
         mark = f"{TRACE_MARK}{traceparent}{TRACE_MARK}"
-        # (Every field carried over: a keyed message's key, if_exists and hold too.)
-        return [
-            NewMessage(
-                m.id,
-                mark + m.payload,
-                m.budget,
-                m.at_ms,
-                m.delay_us,
-                m.key,
-                m.if_exists,
-                m.unique_ms,
-            )
-            for m in prepared
-        ]
+        # (Every field carried over: a keyed message's key and hold, a group, an expiry.)
+        return [replace(m, payload=mark + m.payload) for m in prepared]
 
     @contextmanager
     def consumer_span(message: Message) -> Iterator[Any]:
@@ -155,3 +165,6 @@ else:
 
     def active() -> bool:
         return False
+
+    def look_again() -> None:
+        """Nothing to look for without the API."""

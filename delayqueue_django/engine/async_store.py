@@ -37,6 +37,8 @@ class AsyncRedisStore:
         self.limits = limits
         self._layout = keys.layout
         self._lua = AsyncLua(client)
+        self._channel = keys.wakeup_channel
+        self._send_call = self._lua.bound("send", self._layout[:1])  # (RedisStoreBase's)
         self._version_checked = False
         self._version_lock = asyncio.Lock()
 
@@ -57,12 +59,44 @@ class AsyncRedisStore:
 
     async def send(self, messages: Sequence[NewMessage]) -> list[int]:
         """Schedule messages, one round trip per SEND_BATCH_SIZE chunk."""
-        calls = send_calls(self.keys.wakeup_channel, messages, self.limits.send_batch_size)
+        if len(messages) == 1:
+            message = messages[0]
+            if (
+                message.group is None
+                and message.expires_at_ms is None
+                and not message.expires_in_us
+            ):
+                return [await self._send_one(message)]
+        calls = send_calls(self._channel, messages, self.limits.send_batch_size)
         try:
-            replies = [await self._run("send", args) for args in calls]
+            await self.check_server()
+            replies = [await self._send_call(args) for args in calls]
         except ResponseError as error:
             raise send_error(error, self.keys.queue) from None
+        for reply in replies:
+            log_warnings(self.keys.queue, reply[-1])
         return [int(due) for reply in replies for due in reply[:-1]]
+
+    async def _send_one(self, message: NewMessage) -> int:
+        """RedisStore._send_one, awaited."""
+        await self.check_server()
+        at = "" if message.at_ms is None else message.at_ms
+        args = (
+            self._channel,
+            1,
+            message.id,
+            at,
+            message.delay_us,
+            message.budget,
+            message.payload,
+        )
+        try:
+            due, warnings = await self._send_call(args)
+        except ResponseError as error:
+            raise send_error(error, self.keys.queue) from None
+        if warnings:
+            log_warnings(self.keys.queue, warnings)
+        return int(due)
 
     async def send_keyed(self, messages: Sequence[NewMessage]) -> list[KeyedSent]:
         """Schedule keyed messages, chunk by chunk as RedisStore.send_keyed does."""

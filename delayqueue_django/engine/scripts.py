@@ -19,7 +19,7 @@ that refuses ``FUNCTION LOAD`` (some managed services do) is served the same tex
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -118,9 +118,16 @@ def _flags(name: str) -> str:
     return "{}"
 
 
+# Called with the layout's first key alone (KEYS[1], pending), the rest derived from it in
+# the Lua (layout_of in _prelude.lua): a send per message carries one key, not ten (each
+# argument costs redis-py some 0.2 µs to pack).
+FIRST_KEY_ONLY = frozenset({"send"})
+
+
 def _function(name: str) -> str:
     """A script's file as a function of (keys, args); its state set up by begin()."""
-    return f"function(keys, args)\nbegin(keys)\n{_read(name)}\nend"
+    keys = "layout_of(keys[1])" if name in FIRST_KEY_ONLY else "keys"
+    return f"function(keys, args)\nbegin({keys})\n{_read(name)}\nend"
 
 
 def _library(prefix: str) -> str:
@@ -194,8 +201,11 @@ class Lua:
     def uses_scripts(self) -> bool:
         return self._scripts is not None
 
-    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        attempt = 1
+    def __call__(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], attempt: int = 1
+    ) -> Any:
+        """Function ``name`` on ``keys`` with ``args``; ``attempt``: of ATTEMPTS, for a
+        call made again (see bound)."""
         while True:
             if self._scripts is not None:
                 return self._scripts[name](keys=keys, args=args)
@@ -205,6 +215,27 @@ class Lua:
                 if attempt == ATTEMPTS or not self._recover(error, keys[0]):
                     raise
             attempt += 1
+
+    def bound(self, name: str, keys: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
+        """A call of function ``name`` on ``keys`` whose command head (FCALL, the function's
+        name, the keys' count and the keys) is built once: a caller making a call per
+        message (a send) builds only its arguments. The same call as ``self(name, keys,
+        args)``: on a cluster, or once the Lua runs as scripts, it is that call, and a
+        refusal the library's load or the scripts answer is made again by it."""
+        head = (_command(name), self._library.function(name), len(keys), *keys)
+        keys = list(keys)
+
+        def call(args: Sequence[Any]) -> Any:
+            if self._scripts is not None or self.is_cluster:
+                return self(name, keys, args)
+            try:
+                return self.client.execute_command(*head, *args)
+            except ResponseError as error:
+                if not self._recover(error, keys[0]):
+                    raise
+            return self(name, keys, args, attempt=2)
+
+        return call
 
     def _recover(self, error: ResponseError, key: Any) -> bool:
         """Whether a call refused with ``error`` may be made again, now that the library was
@@ -308,8 +339,9 @@ class AsyncLua:
     def uses_scripts(self) -> bool:
         return self._scripts is not None
 
-    async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        attempt = 1
+    async def __call__(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], attempt: int = 1
+    ) -> Any:
         while True:
             if self._scripts is not None:
                 return await self._scripts[name](keys=keys, args=args)
@@ -319,6 +351,25 @@ class AsyncLua:
                 if attempt == ATTEMPTS or not await self._recover(error, keys[0]):
                     raise
             attempt += 1
+
+    def bound(
+        self, name: str, keys: Sequence[Any]
+    ) -> Callable[[Sequence[Any]], Coroutine[Any, Any, Any]]:
+        """Lua.bound, awaited."""
+        head = (_command(name), self._library.function(name), len(keys), *keys)
+        keys = list(keys)
+
+        async def call(args: Sequence[Any]) -> Any:
+            if self._scripts is not None or self.is_cluster:
+                return await self(name, keys, args)
+            try:
+                return await self.client.execute_command(*head, *args)
+            except ResponseError as error:
+                if not await self._recover(error, keys[0]):
+                    raise
+            return await self(name, keys, args, attempt=2)
+
+        return call
 
     async def _recover(self, error: ResponseError, key: Any) -> bool:
         if _refused_functions(error):

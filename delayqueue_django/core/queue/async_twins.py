@@ -6,6 +6,8 @@ from functools import partial
 from typing import Any, Never
 
 from asgiref.sync import sync_to_async
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, tracing
 from delayqueue_django.core.encoding import due_spec
@@ -17,12 +19,14 @@ from delayqueue_django.core.queue.operating import QueueOperating
 from delayqueue_django.core.queue.producing import (
     QueueProducing,
     _named_ids,
+    _worded_for_one,
     refusals_worded_for,
 )
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.sharding.placement import SHARD_MARK
 from delayqueue_django.engine.sharding.store import ShardedStore
+from delayqueue_django.exceptions import DelayQueueError
 
 
 class QueueAsync(QueueProducing, QueueOperating):
@@ -48,6 +52,18 @@ class QueueAsync(QueueProducing, QueueOperating):
         group: str | None = None,
     ) -> str:
         """``send`` for async code."""
+        if (
+            key is None
+            and group is None
+            and expires is None
+            and on_commit is None
+            and outbox is None
+            and unique_for is None
+            and if_exists == KEEP
+        ):
+            plain = self._plain_message(payload, delay, at, retry_count)
+            if plain is not None:
+                return await self._awrite_plain(plain)
         ids = await self._asend_all(
             [payload],
             batch=False,
@@ -139,6 +155,20 @@ class QueueAsync(QueueProducing, QueueOperating):
             with tracing.producer_span(self.name, prepared, batch=batch) as stamped:
                 return await self._awrite(stamped, batch)
         return await self._awrite(prepared, batch)
+
+    async def _awrite_plain(self, message: NewMessage) -> str:
+        """_write_plain on redis.asyncio (see QueueProducing._plain_message)."""
+        store = self.async_store()
+        if store is None:
+            return await sync_to_async(self._write_plain, thread_sensitive=False)(message)
+        try:
+            await store.send((message,))
+        except DelayQueueError as error:
+            _worded_for_one(error)
+            raise
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            raise self.unavailable(error) from error
+        return message.id
 
     async def _awrite(self, prepared: list[NewMessage], batch: bool) -> list[str]:
         """``_write`` on redis.asyncio (the keyed messages first, likewise)."""

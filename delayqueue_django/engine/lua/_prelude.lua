@@ -6,7 +6,9 @@
   EVALSHA script per function: this prelude and the function, called at once.)
 
   Every script receives the same keys, all sharing the queue's hash tag so that a
-  script touches a single Redis Cluster slot:
+  script touches a single Redis Cluster slot (send receives KEYS[1] alone, and begin()
+  is given the rest derived from it by layout_of: a send per message carries one key, not
+  ten; see FIRST_KEY_ONLY in engine/scripts.py):
     KEYS[1] pending    zset  id -> due time (ms, server clock)
     KEYS[2] ready      list  ids due for their first delivery (bounded staging list)
     KEYS[3] unack      zset  id -> redelivery deadline (ms)
@@ -122,6 +124,21 @@ local function begin(keys)
   expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
     tag .. 'dead_reason'
   options_absent = nil
+end
+
+-- The whole of KEYS (see the header) from KEYS[1], "<tag>:pending", for the functions
+-- given that key alone (engine/scripts.py, FIRST_KEY_ONLY): no Redis command, ten names.
+local LAYOUT_PARTS = {
+  'pending', 'ready', 'unack', 'retry', 'garbage',
+  'payload', 'meta', 'exhausted', 'quarantine', 'throughput',
+}
+local function layout_of(first)
+  local tag = string.sub(first, 1, -8)
+  local keys = {}
+  for i = 1, #LAYOUT_PARTS do
+    keys[i] = tag .. LAYOUT_PARTS[i]
+  end
+  return keys
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table

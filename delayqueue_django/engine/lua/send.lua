@@ -1,7 +1,8 @@
 --[[
   send: schedule a batch of new messages (one call per batch of at most SEND_BATCH_SIZE).
 
-  KEYS: the queue's key layout (see _prelude.lua); writes pending and payload (the budget
+  KEYS[1]: the queue's pending key alone; begin() is given the whole layout derived from
+        it (layout_of, see _prelude.lua). Writes pending and payload (the budget
         and due time go with the payload: a message has no meta record until it is
         handed out).
   ARGV[1]  wake-up channel
@@ -15,8 +16,9 @@
                hands the message out before the delay has passed
     budget     retries allowed after the first delivery
     payload    JSON text
-  then m, the number of grouped messages among them, and m pairs: index (1-based, in the
-  batch), group (see "Ordered groups" in the prelude; written only for a new message)
+  then m, the number of grouped messages among them (left out: 0; a single plain send
+  leaves it out), and m pairs: index (1-based, in the batch), group (see "Ordered groups"
+  in the prelude; written only for a new message)
   then, optionally, the batch's expiries: a count e, and e triples: the message's place in
   the batch (from 1), at_ms (or "") and in_us, read as a due time is (see read_expiries in
   the prelude); kept in <tag>:expires

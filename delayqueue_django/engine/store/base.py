@@ -67,6 +67,10 @@ class RedisStoreBase:
         self._layout = keys.layout
         self._channel = keys.wakeup_channel
         self._lua = Lua(client)
+        # A send's call, on the layout's first key alone (scripts.FIRST_KEY_ONLY), its head
+        # built once (Lua.bound): a send per message pays for its own arguments only.
+        self._send_keys = self._layout[:1]
+        self._send_call = self._lua.bound("send", self._send_keys)
         self._version_checked = False
         self._version_lock = threading.Lock()
 
