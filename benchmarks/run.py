@@ -451,17 +451,29 @@ def bench_flow(args: argparse.Namespace, server: RedisServer, probe: Any) -> lis
 def bench_processes(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
     """The drain by N worker processes under one command's supervisor (``--processes N``)
     beside N separate commands, measured one after the other in the same phase, so that
-    the ratio compares like with like on a shared machine."""
+    the ratio compares like with like on a shared machine; and where the CPU goes, process
+    by process (the workers, Redis, this process polling for the end), with the scaling
+    from the first count's command to each other's, run by run."""
     rows: list[Row] = []
+    first: tuple[int, list[float]] | None = None
+    cores = os.cpu_count() or 1
     for count in [int(n) for n in args.workers.split(",")]:
         plural = "process" if count == 1 else "processes"
         rates: dict[str, list[float]] = {}
+        supervised: list[drain.Drain] = []
         for how, kind in (("separate", WorkerProcesses), ("supervised", SupervisedWorkers)):
             progress(f"drain with {count} worker {plural}, {how}")
-            with kind(count, server.url, NOOP):
-                drains = repeat(args.runs, "drain", lambda: drain.drain(args.drain_messages, probe))
+            with kind(count, server.url, NOOP) as workers:
+
+                def measure(workers: WorkerProcesses = workers) -> drain.Drain:
+                    return drain.drain(args.drain_messages, probe, cpu=workers.tree_cpu_seconds)
+
+                drains = repeat(args.runs, "drain", measure)
             rates[how] = [d.rate for d in drains]
+            if how == "supervised":
+                supervised = drains
         what = f"drain {args.drain_messages:,} due together, {count} worker {plural}"
+        cpu = f"CPU per message, {what}, one command --processes {count}, due time to last ack"
         rows += [
             Row(f"{what}, one command --processes {count}", rates["supervised"], "msg/s"),
             Row(f"{what}, {count} separate commands", rates["separate"], "msg/s"),
@@ -472,7 +484,45 @@ def bench_processes(args: argparse.Namespace, server: RedisServer, probe: Any) -
                 "≈ 1 (the supervisor costs nothing measurable)",
                 digits=2,
             ),
+            Row(
+                f"{cpu}: the worker processes (the supervisor included)",
+                [d.workers_cpu_us_per_message or 0.0 for d in supervised],
+                "µs",
+                digits=1,
+            ),
+            Row(
+                f"{cpu}: Redis (INFO cpu)",
+                [d.drain_redis_cpu_us_per_message for d in supervised],
+                "µs",
+                digits=1,
+            ),
+            Row(
+                f"{cpu}: the benchmark's process (polling for the end)",
+                [d.probe_cpu_us_per_message for d in supervised],
+                "µs",
+                digits=1,
+            ),
+            Row(
+                f"{cpu}: those processes' CPU per second of the drain (cores busy, of {cores})",
+                [d.cores_busy or 0.0 for d in supervised],
+                "",
+                digits=2,
+            ),
         ]
+        if first is None:
+            first = (count, rates["supervised"])
+        else:
+            base, base_rates = first
+            rows.append(
+                Row(
+                    f"{what}: one command --processes {count}'s rate / --processes {base}'s, "
+                    "run by run",
+                    [a / b for a, b in zip(rates["supervised"], base_rates, strict=True)],
+                    "",
+                    "≥ 1.6 at 2 processes on 2 cores (#34); see the performance page",
+                    digits=2,
+                )
+            )
     return rows
 
 

@@ -111,6 +111,12 @@ def test_the_processes_benchmark_sets_one_supervised_command_beside_separate_one
     assert one > 0
     assert separate > 0
     assert ratio == pytest.approx(one / separate, abs=0.01)
+    # Where the CPU went, process by process, from the due time to the last ack.
+    cpu = "CPU per message, drain 500 due together, 1 worker process, one command --processes 1"
+    assert figure(table, f"{cpu}, due time to last ack: the worker processes") > 0
+    assert figure(table, f"{cpu}, due time to last ack: Redis") > 0
+    assert figure(table, f"{cpu}, due time to last ack: the benchmark's process") > 0
+    assert figure(table, f"{cpu}, due time to last ack: those processes' CPU") > 0
 
 
 @pytest.mark.timeout(60)

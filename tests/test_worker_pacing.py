@@ -119,3 +119,32 @@ def test_an_idle_worker_rechecks_the_queue_even_with_a_message_due_much_later(
     worker.request_stop()
     runner.join(timeout=10)
     assert looked >= 3, looked
+
+
+def test_a_consumer_woken_for_room_and_yet_to_look_is_not_asked_again(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each handler thread done asks the consumers waiting for room; one already woken looks
+    # anyway before it sleeps again, so asking it again (its room computed per message,
+    # through the whole commit and fetch of a fast drain) only cost the handlers.
+    queue = get_queue()
+    worker = Worker([(queue, held)])
+    [consumer] = worker.consumers
+    asked: list[bool] = []
+
+    def has_room() -> bool:
+        asked.append(True)
+        return True
+
+    monkeypatch.setattr(consumer, "has_room", has_room)
+    consumer._woken = False  # as after a look that found no room
+    consumer.starved = True
+    worker._wake_starved_consumers()
+    assert len(asked) == 1
+    assert consumer.look_owed()
+    worker._wake_starved_consumers()
+    assert len(asked) == 1  # woken, yet to look: not asked again
+    consumer._event.clear()  # its sleep ended; the look comes next, and sees the room
+    assert not consumer.look_owed()
+    worker._wake_starved_consumers()
+    assert len(asked) == 2

@@ -269,9 +269,10 @@ class Worker:
 
     def _wake_starved_consumers(self) -> None:
         # Only those that may fetch now: waking one per finished message for nothing
-        # would cost its loop a turn each time.
+        # would cost its loop a turn each time. Nor those already woken and yet to look
+        # (see look_owed): asking them for room again would cost every handler's return.
         for consumer in self.consumers:
-            if consumer.starved and consumer.has_room():
+            if consumer.starved and not consumer.look_owed() and consumer.has_room():
                 consumer.wake()
 
     # Running and stopping

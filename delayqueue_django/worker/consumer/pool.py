@@ -95,9 +95,15 @@ class ConsumerPool(ConsumerState):
         target, so they never exceed it.
         """
         concurrency = pool.concurrency
-        target = concurrency if self._handler_outlasting_slack(pool) else max(batch, concurrency)
-        refill_at = concurrency + (target - concurrency) // 2
+        fullest = max(batch, concurrency)
         outstanding = pool.outstanding()
+        # Past the refill point of the largest target, there is no room whatever the
+        # handlers' pace: said without listing what runs. (Each handler thread done asks
+        # while this consumer waits for room, through most of a fast drain's batch.)
+        if outstanding > concurrency + (fullest - concurrency) // 2:
+            return 0
+        target = concurrency if self._handler_outlasting_slack(pool) else fullest
+        refill_at = concurrency + (target - concurrency) // 2
         if outstanding >= target or outstanding > refill_at:
             return 0
         with self._lock:

@@ -185,6 +185,14 @@ class ConsumerState(threading.Thread):
         # Either way the loop times its sleep again.
         self._event.set()
 
+    def look_owed(self) -> bool:
+        """Whether this consumer's loop looks at the queue again before it next sleeps: it
+        was woken (``_woken``), and the event that ends its sleep is still set (it is
+        cleared as a sleep ends, before the look). Waking it again could only cost the
+        waker: a handler thread done while the consumer commits and fetches asked, message
+        after message, for room it was about to look for anyway."""
+        return self._woken and self._event.is_set()
+
     def report(self, outcome: Outcome) -> None:
         """A handler thread is done with a message: its verdict is committed within
         VERDICT_FLUSH_SECONDS, or at once when it completes what this consumer holds. (The
