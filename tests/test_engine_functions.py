@@ -210,3 +210,35 @@ def test_a_function_given_its_first_key_alone_derives_the_same_layout() -> None:
         assert [key.removeprefix(f"{keys.tag}:") for key in keys.layout] == parts
         assert keys.layout[0] == f"{keys.tag}:pending"  # what string.sub(first, 1, -8) cuts
     assert set(SCRIPT_NAMES) >= FIRST_KEY_ONLY
+
+
+def test_the_names_kept_per_queue_never_mix_queues_up_past_their_bound(
+    redis_server: RedisServer,
+) -> None:
+    # The library keeps each queue's derived key names from one call to the next
+    # (`kept_names` in the prelude), and empties them when they hold KEPT_ENTRIES entries:
+    # across more queues than that, called in turn and twice over, every call still reads
+    # and writes its own queue's keys.
+    client = redis_server.client()
+    client.flushall()
+    lib = library()
+    client.function_load(lib.code, replace=True)
+    bound = re.search(r"local KEPT_ENTRIES = (\d+)", _read("_prelude"))
+    assert bound is not None
+    queues = [QueueKeys("dq", f"q{n}") for n in range(int(bound.group(1)) + 50)]
+    for turn in range(2):
+        for n, keys in enumerate(queues):
+            args = (keys.wakeup_channel, 1, f"m{n}-{turn}", "", 0, 0, f'{{"n": {n}}}')
+            client.fcall(lib.function("send"), 1, keys.layout[0], *args)
+    for n, keys in enumerate(queues):
+        fetched = client.fcall(
+            lib.function("fetch"),
+            11,
+            *keys.layout,
+            keys.key("fetch:w"),
+            *(keys.wakeup_channel, 2, 30000, 100, "r", "", 0, ""),
+        )
+        deliveries = fetched[3]
+        assert deliveries[0::6] == [f"m{n}-0".encode(), f"m{n}-1".encode()]
+        assert deliveries[1::6] == [f'{{"n": {n}}}'.encode()] * 2
+    assert client.dbsize() == 4 * len(queues)  # per queue: payload, meta, unack, fetch:w

@@ -111,34 +111,76 @@ local options_absent
 -- Expiry and postpones (see "Expiry and postpones" above).
 local expiries, postpone_counts, dead_reasons
 
+-- The ordered groups' keys and the queue's wake-up channel (see "Ordered groups"), named
+-- by begin() like the others; group_names() hands them out.
+local group_of_key, group_busy_key, group_prefix, group_channel
+
+-- The names derived from a queue's tag ("<tag>:"), kept for the calls after by the key
+-- they come from: the payload key for begin()'s (`kept_names[NAMES]`), the pending key for
+-- layout_of's (`kept_names[LAYOUTS]`). A call building them anew (ten to twenty string
+-- joins, each hashed and interned by Lua) spent on that about as much of Redis's time as a
+-- plain send spends on its own Lua. A name depends on its key alone, so a kept one is
+-- never stale (no state of a call's, unlike the variables above); the tables are emptied
+-- when they hold KEPT_ENTRIES entries (a queue's names, or its layout), so that a Redis
+-- serving many queues keeps a bounded few. (Run as EVALSHA scripts, the prelude runs on
+-- every call: the tables then live for one call, which builds its names once, as before.)
+local KEPT_ENTRIES = 1000
+local NAMES, LAYOUTS = 1, 2
+local kept_names, kept_count = {{}, {}}, 0
+
+local function remember(kind, key, names)
+  if kept_count >= KEPT_ENTRIES then
+    kept_names, kept_count = {{}, {}}, 0
+  end
+  kept_names[kind][key], kept_count = names, kept_count + 1
+  return names
+end
+
+-- {keys, holds' prefix, key rows, flow, flow log, flow slots, expiries, postpones, dead
+-- reasons, group_of, group_busy, group prefix, wake-up channel} from "<tag>:payload".
+local function names_of(payload_key)
+  local tag = string.sub(payload_key, 1, -8)
+  return remember(NAMES, payload_key, {
+    tag .. 'keys', tag .. 'hold:', tag .. 'key_rows',
+    tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots',
+    tag .. 'expires', tag .. 'postpones', tag .. 'dead_reason',
+    tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup',
+  })
+end
+
 local function begin(keys)
   pending, ready, unack, retry = keys[1], keys[2], keys[3], keys[4]
   garbage, payloads, metas, exhausted = keys[5], keys[6], keys[7], keys[8]
   quarantine, throughput = keys[9], keys[10]
   warnings, now_us = {}, 0
-  -- "<tag>:" from "<tag>:payload".
-  local tag = string.sub(payloads, 1, -8)
-  key_index, hold_prefix, key_rows = tag .. 'keys', tag .. 'hold:', tag .. 'key_rows'
+  local names = kept_names[NAMES][payloads] or names_of(payloads)
+  key_index, hold_prefix, key_rows = names[1], names[2], names[3]
   key_rows_present = nil
-  flow_state, flow_log, flow_slots = tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots'
-  expiries, postpone_counts, dead_reasons = tag .. 'expires', tag .. 'postpones',
-    tag .. 'dead_reason'
+  flow_state, flow_log, flow_slots = names[4], names[5], names[6]
+  expiries, postpone_counts, dead_reasons = names[7], names[8], names[9]
+  group_of_key, group_busy_key, group_prefix, group_channel =
+    names[10], names[11], names[12], names[13]
   options_absent = nil
 end
 
 -- The whole of KEYS (see the header) from KEYS[1], "<tag>:pending", for the functions
--- given that key alone (engine/scripts.py, FIRST_KEY_ONLY): no Redis command, ten names.
+-- given that key alone (engine/scripts.py, FIRST_KEY_ONLY): no Redis command, ten names,
+-- kept by that key like the names above (begin() only reads the table).
 local LAYOUT_PARTS = {
   'pending', 'ready', 'unack', 'retry', 'garbage',
   'payload', 'meta', 'exhausted', 'quarantine', 'throughput',
 }
 local function layout_of(first)
+  local layout = kept_names[LAYOUTS][first]
+  if layout then
+    return layout
+  end
   local tag = string.sub(first, 1, -8)
   local keys = {}
   for i = 1, #LAYOUT_PARTS do
     keys[i] = tag .. LAYOUT_PARTS[i]
   end
-  return keys
+  return remember(LAYOUTS, first, keys)
 end
 
 -- The keys' types, in a fixed order, so that the outcome never depends on table
@@ -367,6 +409,17 @@ local function first_meta(stored)
     return nil
   end
   return format_meta(0, 0, budget, due)
+end
+
+-- What parse_meta reads in the record first_meta makes from a stored payload, and the
+-- payload's body, without writing that record out and parsing it back: fetch hands out
+-- every first delivery this way. nil when the payload carries no readable budget.
+local function first_fields(stored)
+  local budget, due, body = unwrap(stored)
+  if budget == nil or budget > LARGEST_META_NUMBER or due > LARGEST_META_NUMBER then
+    return nil
+  end
+  return 0, 0, budget, due, body
 end
 
 local function write_meta(id, lease, attempt, budget, due)
@@ -1048,8 +1101,7 @@ end
 local PARKED = 4503599627370496
 
 local function group_names()
-  local tag = string.sub(payloads, 1, -8)
-  return tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup'
+  return group_of_key, group_busy_key, group_prefix, group_channel
 end
 
 -- Whether the queue ever had a grouped message: the one read an ungrouped queue pays.

@@ -286,13 +286,22 @@ local function take_due()
       local payload_of, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, popped)
       for i, id in ipairs(ids) do
         local payload = payload_of[i]
-        local record = known[id] or raw[i] or first_meta(payload)
-        local lease, attempt, budget, due = parse_meta(record)
+        local record = known[id] or raw[i]
+        local lease, attempt, budget, due, body
+        if record or not payload then
+          lease, attempt, budget, due = parse_meta(record)
+        else
+          -- Never handed out: its first record, as first_meta would make it, read at once.
+          lease, attempt, budget, due, body = first_fields(payload)
+        end
         local damage = damage_of(id, payload, lease)
         if damage then
           note_damage(aside, id, damage)
         else
-          local _, _, body = unwrap(payload)
+          if not body then
+            local _
+            _, _, body = unwrap(payload)
+          end
           known[id] = lease_out(id, body, lease, attempt + 1, budget, due)
         end
       end

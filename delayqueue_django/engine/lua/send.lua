@@ -63,12 +63,26 @@ end
 -- A batch of one (each plain send()) checks and writes its payload in one HSETNX, which
 -- writes nothing where the id is stored: then it is read and judged below as in a batch.
 -- (Not when its expiry refuses it: a refused batch must leave no trace.)
-local claimed = false
+local claimed, first_due = false, nil
 if n == 1 then
-  local due = due_of(0)
-  if not (expiring[1] and expiring[1] <= due) then
-    claimed = call('HSETNX', payloads, ids[1], wrap(tonumber(args[6]), due, args[7])) == 1
+  first_due = due_of(0)
+  if not (expiring[1] and expiring[1] <= first_due) then
+    claimed = call('HSETNX', payloads, ids[1], wrap(tonumber(args[6]), first_due, args[7])) == 1
   end
+end
+
+-- A claimed plain message (a batch of one, no group, no expiry: every plain send()) is new:
+-- the steps below would find no replay, read nothing more and write only its pending
+-- entry. It goes straight there, in the same commands and order (the head, then ZADD),
+-- as the general way's loops, empty reads and table building cost Redis more time than
+-- the message's own commands.
+if claimed and grouped == 0 and not expiring[1] then
+  local previous_head = head_score(pending)
+  call('ZADD', pending, int(first_due), ids[1])
+  if previous_head == nil or first_due < previous_head then
+    wake(channel, first_due)
+  end
+  return {first_due, warnings}
 end
 
 -- Check the whole batch before writing anything, so a refused batch leaves no trace.
