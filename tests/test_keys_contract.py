@@ -330,14 +330,16 @@ def test_a_waiting_message_is_kept_or_replaced_while_its_hold_lasts(queue: Queue
 
 def test_neither_cancel_nor_a_kept_or_held_send_changes_a_hold(queue: Queue) -> None:
     store = store_of(queue)
-    started = store_time_ms(queue)
     holder = send(store, keyed(unique_ms=HOLD_MS)).id
+    # Read after the send: the hold runs HOLD_MS from the send's clock, which this bounds
+    # from above (read before it, a send slow under load outlived the wait below).
+    sent_by = store_time_ms(queue)
     assert send(store, keyed(unique_ms=60_000)).outcome == "kept"  # does not extend it
     assert store.cancel_key(KEY) == holder
     held = send(store, keyed(unique_ms=60_000))  # does not extend it either
     assert (held.id, held.outcome, held.due_ms) == (holder, "held", None)
 
-    wait_past(queue, started + HOLD_MS + 1)
+    wait_past(queue, sent_by + HOLD_MS + 1)
     message = keyed()
     assert send(store, message).outcome == "created"
 
