@@ -3,17 +3,20 @@
 import functools
 import inspect
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections as close_stale_connections
+from django.db import connections
 
 from delayqueue_django.core import current, features, time_limits, tracing
 from delayqueue_django.core.handlers import Handler
 from delayqueue_django.core.message import Message
 from delayqueue_django.engine import loggable
+from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.exceptions import (
     HandlerReturnedAwaitable,
     Postpone,
@@ -53,6 +56,34 @@ class Outcome:
     of the queue's NACK_REDELIVERY_DELAY."""
     postponed: bool = False
     """A NACK that is a postpone (the handler raised Postpone): no attempt is used."""
+
+
+def _thread_connections() -> Any:
+    """Where Django keeps each thread's database connections, when that is a
+    ``threading.local`` (asgiref's thread-critical Local keeps a sync thread's there, and
+    an async context's under it, in its ``cvar``); None if this asgiref keeps them otherwise."""
+    local = vars(connections).get("_connections")
+    storage = None if local is None else vars(local).get("_storage")
+    return storage if type(storage) is threading.local else None
+
+
+_THREAD_CONNECTIONS = _thread_connections()
+
+
+def close_old_connections() -> None:
+    """Django's close_old_connections(), unless this thread has provably no connection to
+    look at: it looks only at the connections this thread initialized (``connections.all(
+    initialized_only=True)``), and a thread that has none has nothing in its storage. The
+    look itself costs a failed attribute lookup through asgiref per database alias, every
+    message; a handler that touched the database leaves its connection there, and is
+    checked (CONN_MAX_AGE, broken connections) as before."""
+    if _THREAD_CONNECTIONS is not None and not vars(_THREAD_CONNECTIONS):
+        return
+    close_stale_connections()
+
+
+# Outcomes, built without Outcome's frozen __init__ (see engine.quick_records).
+_outcome = quick(Outcome)
 
 
 def call_handler(
@@ -205,16 +236,16 @@ def judge_result(message: Message, result: Any, seconds: float) -> Outcome:
     """The outcome of a handler that returned ``result``: False is a nack, anything else an
     ack."""
     verdict = Verdict.NACK if result is False else Verdict.ACK
-    outcome = Outcome(message, verdict, None, seconds)
-    logger.debug(
-        "handled message id=%s queue=%s attempt=%s verdict=%s in %.1f ms",
-        loggable(message.id),
-        message.queue,
-        message.attempt,
-        verdict.value,
-        seconds * 1000,
-    )
-    return outcome
+    if logger.isEnabledFor(logging.DEBUG):  # (its arguments cost every message otherwise)
+        logger.debug(
+            "handled message id=%s queue=%s attempt=%s verdict=%s in %.1f ms",
+            loggable(message.id),
+            message.queue,
+            message.attempt,
+            verdict.value,
+            seconds * 1000,
+        )
+    return _outcome(message, verdict, None, seconds)
 
 
 def judge_error(message: Message, error: BaseException, seconds: float) -> Outcome:

@@ -17,7 +17,7 @@ from delayqueue_django import signals
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import EXPIRED, loggable
-from delayqueue_django.engine.sharding.placement import shard_name, shard_of
+from delayqueue_django.engine.sharding.placement import SHARD_MARK, shard_name, shard_of
 from delayqueue_django.worker.handling import Outcome, Verdict
 from delayqueue_django.worker.loop_pool import LoopPool
 
@@ -104,7 +104,10 @@ def by_shard(outcomes: list[Outcome]) -> dict[str, list[Outcome]]:
     """Outcomes by the shard their message is on, each in its order."""
     shards: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
-        shards.setdefault(shard_name(*shard_of(outcome.message.id)), []).append(outcome)
+        message_id = outcome.message.id
+        # (Most ids of a queue of one shard name none: no need to parse them.)
+        name = shard_name(*shard_of(message_id)) if SHARD_MARK in message_id else "0"
+        shards.setdefault(name, []).append(outcome)
     return shards
 
 

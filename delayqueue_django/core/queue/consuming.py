@@ -13,9 +13,13 @@ from delayqueue_django.core.encoding import decode_payload, delay_in_ms
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue.base import QueueBase, _reaching_redis
 from delayqueue_django.engine import BURY, Delivery, NackOutcome, loggable
+from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.engine.records import TRACE_MARK, split_trace
 
 logger = logging.getLogger("delayqueue_django")
+
+# Messages, built without Message's frozen __init__: the same Message (see quick_records).
+_message = quick(Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ class QueueConsuming(QueueBase):
                 continue
             # Positional, in Message's field order: keywords cost the hot path more.
             messages.append(
-                Message(
+                _message(
                     delivery.id,
                     self.name,
                     payload,

@@ -8,6 +8,7 @@ from delayqueue_django.engine.expiry_calls import postpone_args
 from delayqueue_django.engine.flow import GATES_OWN, rate_wire
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
 from delayqueue_django.engine.pubsub import RedisWakeups
+from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult, NackOutcome
 from delayqueue_django.engine.store.base import RedisStoreBase
 from delayqueue_django.engine.store.calls import _id_rows, _reserved
@@ -19,6 +20,9 @@ from delayqueue_django.engine.store.replies import (
     _text,
     nack_outcomes,
 )
+
+# Deliveries, built without Delivery's frozen __init__ (see quick_records).
+_delivery = quick(Delivery)
 
 
 class RedisConsuming(RedisStoreBase):
@@ -58,27 +62,34 @@ class RedisConsuming(RedisStoreBase):
         deadline = (now if leased_from is None else leased_from) + limits.consume_ms
         deliveries = []
         is_tracked = bool(tracked)
-        for i in range(0, len(flat), 6):
+        # Six fields a delivery, read in step (one iterator zipped with itself), ids and
+        # payloads decoded inline: this runs for every message a worker handles.
+        fields = iter(flat)
+        for position, (raw_id, raw_payload, attempt, lease, budget, due) in enumerate(
+            zip(fields, fields, fields, fields, fields, fields, strict=True)
+        ):
             key, generation, group = None, 0, None
             try:
-                message_id, payload, unreadable = _text(flat[i]), _text(flat[i + 1]), ""
+                message_id = raw_id.decode() if type(raw_id) is bytes else raw_id
+                payload = raw_payload.decode() if type(raw_payload) is bytes else raw_payload
+                unreadable = ""
                 if payload[:1] == KEY_MARK:  # (a plain payload pays this test only)
                     key, generation, payload = split_keyed(payload)
-                if groups and groups[i // 6]:  # (empty unless the queue has had groups)
-                    group = _text(groups[i // 6])
+                if groups and groups[position]:  # (empty unless the queue has had groups)
+                    group = _text(groups[position])
             except UnicodeDecodeError as error:
-                message_id, payload = _id(flat[i]), _shown(flat[i + 1])
+                message_id, payload = _id(raw_id), _shown(raw_payload)
                 unreadable = f"its id or payload is not UTF-8 text ({error})"
             # Positional, in Delivery's field order: keywords cost the hot path more.
             deliveries.append(
-                Delivery(
+                _delivery(
                     message_id,
                     payload,
-                    int(flat[i + 2]),
-                    int(flat[i + 3]),
-                    int(flat[i + 4]),
+                    int(attempt),
+                    int(lease),
+                    int(budget),
                     deadline,
-                    int(flat[i + 5]),
+                    int(due),
                     unreadable,
                     key,
                     generation,
@@ -133,7 +144,10 @@ class RedisConsuming(RedisStoreBase):
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
-        return {_id(message_id) for message_id in acked}
+        # (_id inlined: one id a message, every message a worker acks)
+        return {
+            raw.decode("utf-8", "surrogateescape") if type(raw) is bytes else raw for raw in acked
+        }
 
     def nack(
         self,

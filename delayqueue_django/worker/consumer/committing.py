@@ -153,22 +153,23 @@ class ConsumerVerdicts(ConsumerPool):
         """Account for committed outcomes: counted, no longer in flight, exhaustions owed."""
         # Counted first: between the two, a consumer reserving its share of --max-messages
         # would otherwise see them neither handled nor in flight, and count on them again.
-        self.worker.count(
-            handled=sum(o.verdict is not Verdict.RELEASE for o in committed),
-            failed=sum(
-                o.verdict in (Verdict.NACK, Verdict.BURY) and not o.postponed for o in committed
-            ),
-        )
+        # One pass over them (every message a worker handles comes through here).
+        acked = released = failed = 0
+        for outcome in committed:
+            verdict = outcome.verdict
+            if verdict is Verdict.ACK:
+                acked += 1
+            elif verdict is Verdict.RELEASE:
+                released += 1
+            elif not outcome.postponed:  # a NACK or BURY
+                failed += 1
+        self.worker.count(handled=len(committed) - released, failed=failed)
         with self._lock:
             self._in_flight -= len(committed)
             idle = self._in_flight == 0
-        if any(outcome.verdict is Verdict.RELEASE for outcome in committed):
+        if released:
             self.worker.shares_freed()
-        if (
-            any(outcome.verdict is not Verdict.ACK for outcome in committed)
-            or (idle and self.worker.burst)
-            or self._capped
-        ):
+        if acked < len(committed) or (idle and self.worker.burst) or self._capped:
             # Retries and hand-backs change what is due: look again; so does a burst run
             # with nothing left in hand, which ends on the look that finds the queue empty,
             # and an ack while MAX_IN_FLIGHT holds work back: the slot it frees is taken at
