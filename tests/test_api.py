@@ -525,3 +525,17 @@ def test_a_queue_held_across_a_settings_change_keeps_working(settings: Any) -> N
     assert delayqueue.get_queue() is not held
     held.send("still usable")
     assert held.stats()["pending"] == 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["send", "asend"])
+def test_send_of_an_outgoing_keeps_its_own_options(
+    configure: Callable[..., Queue], asynchronous: bool
+) -> None:
+    # An Outgoing given to send() keeps its own timing and key, as in send_many (the plain
+    # send's short way of #34 took it for a payload and failed to encode it).
+    queue = configure()
+    outgoing = delayqueue.Outgoing("x", delay=60, key="k")
+    message_id = async_to_sync(queue.asend)(outgoing) if asynchronous else queue.send(outgoing)
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert (stored.payload, stored.key) == ('"x"', "k")

@@ -132,6 +132,43 @@ def test_a_cluster_call_goes_straight_to_its_node(
     assert "cmdstat_command|getkeys" not in calls
 
 
+def _send_call_seen_by(node_client: Any, send: Any) -> list[str]:
+    """The words of the first FCALL the node runs while ``send()`` runs (MONITOR)."""
+    with node_client.monitor() as monitor:
+        send()
+        while True:
+            words = monitor.next_command()["command"].split()
+            if words[0] == "FCALL":
+                return list(words)
+
+
+def test_a_send_declares_every_key_it_touches_on_a_cluster(
+    redis_cluster: RedisClusterServers, settings: Any
+) -> None:
+    # Elsewhere a send gives its layout's first key alone (FIRST_KEY_ONLY); on a cluster
+    # all ten: while a slot migrates, a node refuses a script touching a key it did not
+    # declare, where declared keys get the redirection the client follows.
+    redis_cluster.flush()
+    settings.DELAYQUEUES = {"default": {"URL": redis_cluster.url}}
+    queue = get_queue()
+    serving = redis_cluster.master_for(queue.store.keys.key("pending"))
+    words = _send_call_seen_by(serving.client(), lambda: queue.send("declared"))
+    assert words[2:3] == [str(len(queue.store.keys.layout))]
+    assert words[3 : 3 + len(queue.store.keys.layout)] == queue.store.keys.layout
+    assert queue.stats()["pending"] == 1
+
+
+def test_a_send_gives_its_first_key_alone_off_a_cluster(
+    redis_server: RedisServer, settings: Any
+) -> None:
+    redis_server.client().flushall()
+    settings.DELAYQUEUES = {"default": {"URL": redis_server.url}}
+    queue = get_queue()
+    words = _send_call_seen_by(redis_server.client(), lambda: queue.send("one key"))
+    assert words[2:4] == ["1", queue.store.keys.layout[0]]
+    assert queue.stats()["pending"] == 1
+
+
 def test_two_releases_run_side_by_side_on_one_redis(redis_server: RedisServer) -> None:
     client = redis_server.client()
     client.function_flush()

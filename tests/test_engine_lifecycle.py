@@ -637,3 +637,40 @@ def test_a_fetchers_replay_record_lives_as_long_as_its_deliveries_lease(
     assert client.exists(record) == 0  # a new request: the last reply arrived
     assert queue.fetch(5).messages == []  # fetching without a request keeps no record
     assert client.keys("*fetch*") == []
+
+
+def test_a_stale_ack_from_an_ids_earlier_life_leaves_its_waiting_retry_alone(
+    configure: Callable[..., Queue],
+) -> None:
+    # An id lives again when a send is replayed after its message was handled (send.lua's
+    # header: "a replay arriving after that schedules the message again"). A delivery of the
+    # first life that timed out still holds its token; the second life's lease climbs again
+    # from 0 and may equal it while the message waits (pending, not in unack). An ack that
+    # read the lease alone (#34, found by review) took it: it deleted the payload and the
+    # meta record and left the id in pending, the retry lost.
+    queue = configure(MAX_CONSUME_DURATION=0.05)
+    queue.store.send([NewMessage("again", '"x"', 3)])
+    # First life: lease 1, buried (2), requeued (3), handed out again (4).
+    [d1] = fetch_when_due(queue)
+    queue.bury([d1])
+    assert queue.requeue(["again"]) == ["again"]
+    [stale] = fetch_when_due(queue)
+    assert stale.lease == 4
+    # That delivery's worker is slow: it times out (5), the next delivery (6) is acked.
+    time.sleep(0.1)
+    [d3] = fetch_when_due(queue)
+    assert queue.ack([d3]) == {"again"}
+    assert states_of(queue, "again") == []
+    # Second life (the send's replay, its first reply lost): 1, nacked (2), 3, nacked (4).
+    queue.store.send([NewMessage("again", '"x"', 3)])
+    [e1] = fetch_when_due(queue)
+    queue.nack([e1], delay=0)
+    [e2] = fetch_when_due(queue)
+    queue.nack([e2], delay=60)
+    assert states_of(queue, "again") == ["pending"]
+    # The first life's slow worker finally acks: nothing may change.
+    assert queue.ack([stale]) == set()
+    assert states_of(queue, "again") == ["pending"]
+    assert queue.peek("again") is not None
+    report = queue.check_invariants()
+    assert report.ok, report.problems

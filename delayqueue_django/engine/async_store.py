@@ -22,7 +22,7 @@ from delayqueue_django.engine.keyed_calls import (
 )
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage, StoreLimits
-from delayqueue_django.engine.scripts import AsyncLua
+from delayqueue_django.engine.scripts import AsyncLua, send_keys
 from delayqueue_django.engine.store.base import log_warnings, oldest_version, require_supported
 from delayqueue_django.engine.store.calls import send_calls, send_error
 from delayqueue_django.engine.store.replies import described, parse_stats, removed_state
@@ -38,7 +38,8 @@ class AsyncRedisStore:
         self._layout = keys.layout
         self._lua = AsyncLua(client)
         self._channel = keys.wakeup_channel
-        self._send_call = self._lua.bound("send", self._layout[:1])  # (RedisStoreBase's)
+        cluster = isinstance(client, AsyncRedisCluster)
+        self._send_call = self._lua.bound("send", send_keys(self._layout, cluster=cluster))
         self._version_checked = False
         self._version_lock = asyncio.Lock()
 

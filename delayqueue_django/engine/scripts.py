@@ -120,13 +120,20 @@ def _flags(name: str) -> str:
 
 # Called with the layout's first key alone (KEYS[1], pending), the rest derived from it in
 # the Lua (layout_of in _prelude.lua): a send per message carries one key, not ten (each
-# argument costs redis-py some 0.2 µs to pack).
+# argument costs redis-py some 0.2 µs to pack). Or with the whole layout, as on Redis
+# Cluster (see send_keys): while a slot migrates, a node refuses a script that touches a
+# key it did not declare, where declared keys get the redirection the client follows.
 FIRST_KEY_ONLY = frozenset({"send"})
+
+
+def send_keys(layout: list[str], *, cluster: bool) -> list[str]:
+    """The keys a store gives the functions of FIRST_KEY_ONLY."""
+    return list(layout) if cluster else layout[:1]
 
 
 def _function(name: str) -> str:
     """A script's file as a function of (keys, args); its state set up by begin()."""
-    keys = "layout_of(keys[1])" if name in FIRST_KEY_ONLY else "keys"
+    keys = "#keys == 1 and layout_of(keys[1]) or keys" if name in FIRST_KEY_ONLY else "keys"
     return f"function(keys, args)\nbegin({keys})\n{_read(name)}\nend"
 
 

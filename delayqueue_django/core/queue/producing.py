@@ -141,10 +141,13 @@ class QueueProducing(QueueBase):
     ) -> NewMessage | None:
         """A send given none of the options but its timing: its message, checked as
         _prepare_all checks it, when the queue writes it now as it is (no SEND_ON_COMMIT,
-        OUTBOX or EXPIRES, no tracer provider); else None, for _send_all. The path of a
+        OUTBOX or EXPIRES, no tracer provider, a payload that is no Outgoing); else None,
+        for _send_all. The path of a
         send per message, which pays for no option it does not use (each a few µs)."""
         config = self.config
         if config.send_on_commit or config.outbox or config.expires_ms is not None:
+            return None
+        if isinstance(payload, Outgoing):  # its own timing, key, group: _prepare_all's
             return None
         if tracing.active():
             return None

@@ -17,9 +17,12 @@
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
-  The meta record alone tells it: every step that takes a delivery out of unack bumps its
-  lease (a timeout, a nack, a release) or deletes the record (an ack, a delete), in the
-  same call, so a lease that holds is one still in unack.
+  Both are read: the lease in the meta record and the unack entry. Within one life of an
+  id every step that takes a delivery out of unack bumps its lease or deletes the record,
+  but an id can live again (a send replayed after its message was handled, a requeue of a
+  damaged record), its leases counting from the start once more: a token of the earlier
+  life may then equal the lease of a message that waits in pending or retry, and only the
+  unack entry tells that it is not in flight.
   A repeat of the caller's last recorded request changes nothing and gets its reply.
   Returns {acked_ids, warnings}.
 ]]
@@ -27,19 +30,20 @@
 local request, record_ms, n = args[1], tonumber(args[2]), tonumber(args[3])
 local now = now_ms()
 
--- One read of every meta record, one write per key (see "Batches" in the prelude).
+-- One read of every meta record and unack score, one write per key (see "Batches" in
+-- the prelude).
 local ids = {}
 for i = 1, n do
   ids[i] = args[2 + i * 2]
 end
-local raw = gather('HMGET', metas, ids)
+local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 local acked, done = {}, {}
 for i, id in ipairs(ids) do
   local token = tonumber(args[3 + i * 2])
   local lease = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its pairs that holds: once acked,
   -- its meta record and unack entry are gone, so no later pair could hold.
-  if not done[id] and holds(lease, token) then
+  if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(acked, id)
   end

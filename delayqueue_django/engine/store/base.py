@@ -15,7 +15,7 @@ from redis.exceptions import RedisClusterException
 from delayqueue_django.engine.errors import UnsupportedRedisVersion
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import StoreLimits, loggable
-from delayqueue_django.engine.scripts import Lua
+from delayqueue_django.engine.scripts import Lua, send_keys
 from delayqueue_django.engine.store.replies import _shown
 
 logger = logging.getLogger("delayqueue_django.engine")
@@ -67,9 +67,10 @@ class RedisStoreBase:
         self._layout = keys.layout
         self._channel = keys.wakeup_channel
         self._lua = Lua(client)
-        # A send's call, on the layout's first key alone (scripts.FIRST_KEY_ONLY), its head
-        # built once (Lua.bound): a send per message pays for its own arguments only.
-        self._send_keys = self._layout[:1]
+        # A send's call, on the layout's first key alone but on Redis Cluster
+        # (scripts.FIRST_KEY_ONLY), its head built once (Lua.bound): a send per message pays
+        # for its own arguments only.
+        self._send_keys = send_keys(self._layout, cluster=isinstance(client, RedisCluster))
         self._send_call = self._lua.bound("send", self._send_keys)
         self._version_checked = False
         self._version_lock = threading.Lock()
