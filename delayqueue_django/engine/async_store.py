@@ -24,7 +24,7 @@ from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage, StoreLimits
 from delayqueue_django.engine.scripts import AsyncLua, send_keys
 from delayqueue_django.engine.store.base import log_warnings, oldest_version, require_supported
-from delayqueue_django.engine.store.calls import send_calls, send_error
+from delayqueue_django.engine.store.calls import one_send_call, send_calls, send_error, sent_alone
 from delayqueue_django.engine.store.replies import described, parse_stats, removed_state
 
 AsyncRedisClient: TypeAlias = AsyncRedis | AsyncRedisCluster
@@ -60,14 +60,9 @@ class AsyncRedisStore:
 
     async def send(self, messages: Sequence[NewMessage]) -> list[int]:
         """Schedule messages, one round trip per SEND_BATCH_SIZE chunk."""
-        if len(messages) == 1:
-            message = messages[0]
-            if (
-                message.group is None
-                and message.expires_at_ms is None
-                and not message.expires_in_us
-            ):
-                return [await self._send_one(message)]
+        alone = sent_alone(messages)
+        if alone is not None:
+            return [await self._send_one(alone)]
         calls = send_calls(self._channel, messages, self.limits.send_batch_size)
         try:
             await self.check_server()
@@ -81,16 +76,7 @@ class AsyncRedisStore:
     async def _send_one(self, message: NewMessage) -> int:
         """RedisStore._send_one, awaited."""
         await self.check_server()
-        at = "" if message.at_ms is None else message.at_ms
-        args = (
-            self._channel,
-            1,
-            message.id,
-            at,
-            message.delay_us,
-            message.budget,
-            message.payload,
-        )
+        args = one_send_call(self._channel, message)
         try:
             due, warnings = await self._send_call(args)
         except ResponseError as error:

@@ -21,6 +21,7 @@ from delayqueue_django.core.queue.producing import (
     _named_ids,
     _worded_for_one,
     refusals_worded_for,
+    timing_only,
 )
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
@@ -52,15 +53,7 @@ class QueueAsync(QueueProducing, QueueOperating):
         group: str | None = None,
     ) -> str:
         """``send`` for async code."""
-        if (
-            key is None
-            and group is None
-            and expires is None
-            and on_commit is None
-            and outbox is None
-            and unique_for is None
-            and if_exists == KEEP
-        ):
+        if timing_only(key, group, expires, on_commit, outbox, unique_for, if_exists):
             plain = self._plain_message(payload, delay, at, retry_count)
             if plain is not None:
                 return await self._awrite_plain(plain)

@@ -38,6 +38,28 @@ from delayqueue_django.exceptions import ConflictingOptions, DelayQueueError
 Timing = tuple[int | None, int, int, int | None, int]
 
 
+def timing_only(
+    key: object,
+    group: object,
+    expires: object,
+    on_commit: object,
+    outbox: object,
+    unique_for: object,
+    if_exists: str,
+) -> bool:
+    """Whether a send was given none of its options but the timing (its payload may still
+    be an Outgoing, or its queue send through the outbox: see _plain_message)."""
+    return (
+        key is None
+        and group is None
+        and expires is None
+        and on_commit is None
+        and outbox is None
+        and unique_for is None
+        and if_exists == KEEP
+    )
+
+
 class QueueProducing(QueueBase):
     """Sending, cancelling and rescheduling."""
 
@@ -106,15 +128,7 @@ class QueueProducing(QueueBase):
         come at or after it expires the message instead. An expiry in the past, or not
         after the due time, raises InvalidExpiry with nothing written.
         """
-        if (
-            key is None
-            and group is None
-            and expires is None
-            and on_commit is None
-            and outbox is None
-            and unique_for is None
-            and if_exists == KEEP
-        ):
+        if timing_only(key, group, expires, on_commit, outbox, unique_for, if_exists):
             plain = self._plain_message(payload, delay, at, retry_count)
             if plain is not None:
                 return self._write_plain(plain)

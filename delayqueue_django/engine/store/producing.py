@@ -17,7 +17,13 @@ from delayqueue_django.engine.keyed_calls import (
 )
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
 from delayqueue_django.engine.store.base import RedisStoreBase, log_warnings
-from delayqueue_django.engine.store.calls import relay_calls, send_calls, send_error
+from delayqueue_django.engine.store.calls import (
+    one_send_call,
+    relay_calls,
+    send_calls,
+    send_error,
+    sent_alone,
+)
 from delayqueue_django.engine.store.replies import described, removed_state
 
 
@@ -26,14 +32,9 @@ class RedisProducing(RedisStoreBase):
 
     def send(self, messages: Sequence[NewMessage]) -> list[int]:
         """Schedule messages; returns each one's due time in ms (server clock)."""
-        if len(messages) == 1:
-            message = messages[0]
-            if (
-                message.group is None
-                and message.expires_at_ms is None
-                and not message.expires_in_us
-            ):
-                return [self._send_one(message)]
+        alone = sent_alone(messages)
+        if alone is not None:
+            return [self._send_one(alone)]
         calls = send_calls(self._channel, messages, self.limits.send_batch_size)
         try:
             self.check_server()
@@ -50,21 +51,9 @@ class RedisProducing(RedisStoreBase):
         return [int(due) for reply in replies for due in reply[:-1]]
 
     def _send_one(self, message: NewMessage) -> int:
-        """One message with no group or expiry, as send_calls would send it alone but for
-        the groups' count, 0, which send.lua takes as said when it is left out: a send per
-        message spends its time on the message (each argument costs redis-py some 0.15 µs
-        to pack, redis.asyncio 0.5; see Lua.bound)."""
+        """One message with no group or expiry (see one_send_call)."""
         self.check_server()
-        at = "" if message.at_ms is None else message.at_ms
-        args = (
-            self._channel,
-            1,
-            message.id,
-            at,
-            message.delay_us,
-            message.budget,
-            message.payload,
-        )
+        args = one_send_call(self._channel, message)
         try:
             due, warnings = self._send_call(args)
         except ResponseError as error:
