@@ -56,6 +56,24 @@ def test_servers_running(redis_server, redis_cluster):
 PROMPT_SECONDS = 45
 
 
+def _as_a_terminal_starts_it() -> None:
+    """The inner run's signals as a shell gives a foreground job: SIGINT at its default and
+    none blocked. A child inherits ignored and blocked signals, and Python keeps SIGINT
+    ignored if it starts so; what the test process got from its own parent (an xdist
+    worker, CI's shell) or an earlier test must not decide whether Ctrl-C reaches the run."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_state(pid: int) -> str:
+    """The process's ignored and blocked signals, as the kernel has them."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "its signal state unknown"
+    return ", ".join(line for line in status.splitlines() if line.startswith(("SigIgn", "SigBlk")))
+
+
 def group_is_empty(group: int) -> bool:
     try:
         os.killpg(group, 0)
@@ -87,7 +105,13 @@ def test_ctrl_c_stops_the_run_with_a_summary_and_no_process_left(
         # A process group of its own, as a terminal's foreground job: Ctrl-C reaches every
         # process in it.
         run = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_as_a_terminal_starts_it,
         )
     try:
         wait_for(
@@ -101,7 +125,8 @@ def test_ctrl_c_stops_the_run_with_a_summary_and_no_process_left(
             code = run.wait(timeout=PROMPT_SECONDS)
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                f"still running {PROMPT_SECONDS} s after Ctrl-C:\n{out.read_text()}"
+                f"still running {PROMPT_SECONDS} s after Ctrl-C ({_signal_state(run.pid)}):\n"
+                f"{out.read_text()}"
             ) from None
         said = out.read_text()
         assert code == pytest.ExitCode.INTERRUPTED, said
