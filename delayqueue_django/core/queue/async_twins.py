@@ -6,8 +6,6 @@ from functools import partial
 from typing import Any, Never
 
 from asgiref.sync import sync_to_async
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import connections, tracing
 from delayqueue_django.core.encoding import due_spec
@@ -19,7 +17,6 @@ from delayqueue_django.core.queue.operating import QueueOperating
 from delayqueue_django.core.queue.producing import (
     QueueProducing,
     _named_ids,
-    _worded_for_one,
     refusals_worded_for,
     timing_only,
 )
@@ -27,7 +24,6 @@ from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
 from delayqueue_django.engine.sharding.placement import SHARD_MARK
 from delayqueue_django.engine.sharding.store import ShardedStore
-from delayqueue_django.exceptions import DelayQueueError
 
 
 class QueueAsync(QueueProducing, QueueOperating):
@@ -149,18 +145,14 @@ class QueueAsync(QueueProducing, QueueOperating):
                 return await self._awrite(stamped, batch)
         return await self._awrite(prepared, batch)
 
+    @_areaching_redis
     async def _awrite_plain(self, message: NewMessage) -> str:
         """_write_plain on redis.asyncio (see QueueProducing._plain_message)."""
         store = self.async_store()
         if store is None:
             return await sync_to_async(self._write_plain, thread_sensitive=False)(message)
-        try:
+        with refusals_worded_for(batch=False):
             await store.send((message,))
-        except DelayQueueError as error:
-            _worded_for_one(error)
-            raise
-        except (RedisConnectionError, RedisTimeoutError) as error:
-            raise self.unavailable(error) from error
         return message.id
 
     async def _awrite(self, prepared: list[NewMessage], batch: bool) -> list[str]:

@@ -9,8 +9,6 @@ from functools import partial
 from typing import Any, Never
 
 from django.db import transaction
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayqueue_django.core import features, tracing
 from delayqueue_django.core.encoding import (
@@ -173,15 +171,11 @@ class QueueProducing(QueueBase):
             (message_id,) = place([message_id], config.shards)
         return NewMessage(message_id, text, budget, at_ms, delay_us)
 
+    @_reaching_redis
     def _write_plain(self, message: NewMessage) -> str:
         """_write's work for one plain message (see _plain_message)."""
-        try:
+        with refusals_worded_for(batch=False):
             self.store.send((message,))
-        except DelayQueueError as error:
-            _worded_for_one(error)
-            raise
-        except (RedisConnectionError, RedisTimeoutError) as error:
-            raise self.unavailable(error) from error
         return message.id
 
     def send_many(
