@@ -10,7 +10,10 @@ import pytest
 
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import STATES, NewMessage
-from tests.helpers import fetch_when_due, states_of
+from delayqueue_django.engine.memory import MemoryStore
+from delayqueue_django.engine.memory.server import Meta
+from delayqueue_django.engine.sharding.store import parts
+from tests.helpers import fetch_when_due, redis_store, states_of
 
 
 def test_pending_message_without_meta_is_moved_to_garbage(
@@ -205,3 +208,29 @@ def test_a_token_that_is_no_lease_never_matches_a_delivery_whose_meta_is_gone(
     assert store.release([(first, "x")]) == []  # type: ignore[list-item]
     assert store.extend([(first, "x")])[1] == []  # type: ignore[list-item]
     assert states_of(redis_queue, first) == states_of(redis_queue, second) == ["unack"]
+
+
+def _orphan_meta(queue: Queue, message_id: str) -> None:
+    """A meta record with no payload, as only damage leaves one (see send.lua)."""
+    store = parts(queue.store)["0"]
+    if isinstance(store, MemoryStore):
+        state = store.server.state(store.keys.tag)
+        state.metas[message_id] = Meta(lease=7, attempt=3, budget=5, due=0)
+    else:
+        redis_store(queue).client.hset(store.keys.key("meta"), message_id, "7:3:5:0")
+
+
+@pytest.mark.parametrize("backend_url", ["standalone", "memory"], indirect=True)
+def test_a_send_onto_an_orphaned_meta_record_is_a_new_message(queue: Queue) -> None:
+    # Known means stored: a meta record without its payload is damage, not a message, so
+    # every store takes the id as new (the memory store once refused it as a duplicate).
+    # The send does not look for the damaged record (a plain send is one HSETNX), and the
+    # first delivery reads it: the message takes over its lease, attempt and budget.
+    _orphan_meta(queue, "orphan")
+    queue.store.send([NewMessage("orphan", '"x"', 3)])
+    [message] = fetch_when_due(queue)
+    assert (message.id, message.payload, message.attempt) == ("orphan", "x", 4)
+    assert queue.ack([message]) == {"orphan"}
+    report = queue.check_invariants()
+    assert report.ok, report.problems
+    assert report.messages == 0

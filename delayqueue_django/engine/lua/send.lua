@@ -28,7 +28,9 @@
   another payload; "EXPIRES_BEFORE_DUE <id>" if a message's expiry is not after its due
   time (it could never be handed out). Known means stored: every step that deletes a
   payload deletes its meta record in the same call, so a meta record without a payload is
-  damage (check_invariants names it "orphan-meta"), and is not looked for.
+  damage (check_invariants names it "orphan-meta"), and is not looked for: a message sent
+  under its id is new, and its first delivery takes that record over (lease, attempt,
+  budget), as fetch reads a message's meta record before its payload.
   A message whose id is already stored with this very payload is a replay of a send whose
   reply was lost (clients re-send after a timeout or a cut connection): it is left as it
   is, and its due time is its pending score if it is still pending, else the time it last

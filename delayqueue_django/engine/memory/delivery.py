@@ -47,7 +47,9 @@ class MemoryDelivery(MemoryStoreBase):
             for message, replay in zip(batch, replayed, strict=True):
                 if replay:
                     continue
-                if message.id in state.metas or message.id in state.payloads:
+                # Known means stored (see send.lua): a meta record without its payload is
+                # damage, not a message.
+                if message.id in state.payloads:
                     raise DuplicateMessageId(
                         f"message id {message.id!r} already exists in queue "
                         f"{self._keys.queue!r}; nothing in its batch was written"
@@ -72,7 +74,9 @@ class MemoryDelivery(MemoryStoreBase):
                 expiry.set_expiry(state, message.id, expires)
                 state.pending.add(message.id, due)
                 state.payloads[message.id] = message.payload
-                state.metas[message.id] = Meta(0, 0, message.budget, due)
+                # A damaged meta record left without its payload is taken over, as fetch.lua
+                # reads it: the send never looks for one (one HSETNX a plain send).
+                state.metas.setdefault(message.id, Meta(0, 0, message.budget, due))
                 if message.group is not None:
                     groups.record(state, message.id, message.group)
                 dues.append(due)
