@@ -293,8 +293,10 @@ def wait_past(queue: Queue, end_ms: int) -> None:
 
 def test_a_hold_stops_sends_with_its_key_until_it_ends(queue: Queue) -> None:
     store = store_of(queue)
-    started = store_time_ms(queue)
     holder = send(store, keyed(unique_ms=HOLD_MS, delay_us=0)).id
+    # Read after the send: the hold runs HOLD_MS from the send's clock, which this bounds
+    # from above (read before it, a send slow under load outlived the wait below).
+    sent_by = store_time_ms(queue)
     store.ack([fetch_one(store, holder)])  # handled: the key has no message left
     assert store.lookup(KEY) is None
 
@@ -307,7 +309,7 @@ def test_a_hold_stops_sends_with_its_key_until_it_ends(queue: Queue) -> None:
     assert "unique_for" in str(refused.value)
     assert counts(store) == [0, 0, 0, 0, 0]
 
-    wait_past(queue, started + HOLD_MS + 1)
+    wait_past(queue, sent_by + HOLD_MS + 1)
     message = keyed(if_exists="error")
     created = send(store, message)
     assert (created.id, created.outcome) == (message.id, "created")
