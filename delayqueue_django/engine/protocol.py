@@ -12,6 +12,8 @@ from typing import Any, Protocol
 from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
+    Attempt,
+    Attempts,
     ExhaustedClaim,
     FetchResult,
     KeyedSent,
@@ -239,6 +241,14 @@ class Store(Protocol):
     def held(self, message_ids: Sequence[str]) -> set[str]:
         """Those of these messages the queue still holds, in any state (dead letters too):
         those not yet acked, removed or dropped. One round trip per shard."""
+
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first ([] when it has none). A damaged
+        record reads as an Attempt whose ``damaged`` says why; nothing here raises for it."""
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest attempt record of each of these messages that has one, by id. One
+        round trip per shard."""
 
     # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from delayqueue_django.core import features
 from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
 from delayqueue_django.core.queue.key_options import check_key
-from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage
 
 # How many dead letters one purge or retention call deletes per script call.
 GARBAGE_DROP_BATCH = 1000
@@ -135,6 +135,21 @@ class QueueOperating(QueueBase):
     def held(self, message_ids: Sequence[str]) -> set[str]:
         """Those of these messages the queue still holds, in any state (dead letters too)."""
         return self.store.held([_check_id(i) for i in message_ids])
+
+    @_reaching_redis
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first: one per refused delivery (an
+        exception, a False, Retry, Reject, Postpone, the time limit, a lease that ran out),
+        at most HISTORY_ATTEMPTS of them, the newest kept; [] for a message that never
+        failed, or is gone (its records go with it). See docs/guides/failures-and-history.md.
+        """
+        return self.store.history(_check_id(message_id))
+
+    @_reaching_redis
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest attempt record of each of these messages that has one, by id (one
+        round trip per shard): what the admin's dead-letter list shows and filters by."""
+        return self.store.last_errors([_check_id(i) for i in message_ids])
 
     @_reaching_redis
     def deliver_now(self, message_ids: Sequence[str]) -> list[str]:

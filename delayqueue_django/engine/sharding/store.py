@@ -62,6 +62,8 @@ from delayqueue_django.engine.flow import FlowState
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
+    Attempt,
+    Attempts,
     KeyedSent,
     NackOutcome,
     NewMessage,
@@ -484,6 +486,15 @@ class ShardedStore(ShardFetching, ShardReads):
         found: set[str] = set()
         for name, positions in self._group(message_ids).items():
             found |= self._store(name).held([message_ids[i] for i in positions])
+        return found
+
+    def history(self, message_id: str) -> Attempts:
+        return self.shard_for(message_id).history(message_id)
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        found: dict[str, Attempt] = {}
+        for name, positions in self._group(message_ids).items():
+            found |= self._store(name).last_errors([message_ids[i] for i in positions])
         return found
 
     # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,
