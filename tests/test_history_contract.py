@@ -69,11 +69,14 @@ def test_a_nack_records_the_error_its_worker_and_times(queue: Queue) -> None:
     assert record.traceback.startswith("Traceback (most recent call last):")
     assert record.traceback.rstrip().endswith("ValueError: the partner said no")
     assert record.worker == WORKER
-    assert record.ended_at is not None and record.started_at is not None
+    assert record.ended_at is not None
+    assert record.started_at is not None
     assert record.ended_at.timestamp() * 1000 >= before
     ran_ms = (record.ended_at - record.started_at).total_seconds() * 1000
     assert ran_ms == pytest.approx(250, abs=1)
-    assert not record.error_cut and not record.traceback_cut and record.damaged == ""
+    assert not record.error_cut
+    assert not record.traceback_cut
+    assert record.damaged == ""
     assert queue.last_errors([message.id, "never-sent"]) == {message.id: record}
 
 
@@ -116,7 +119,8 @@ def test_a_reject_records_its_attempt_and_the_dead_letter_shows_it(queue: Queue)
     record = only(queue, message.id)
     assert (record.verdict, record.error) == ("reject", "bad order")
     stored = queue.peek(message.id)
-    assert stored is not None and stored.last_error == record
+    assert stored is not None
+    assert stored.last_error == record
     [listed] = queue.list_messages("garbage")
     assert listed.last_error == record
 
@@ -131,7 +135,8 @@ def test_the_attempts_are_numbered_and_the_last_one_buries(configure: Callable[.
     records = queue.history(message_id)
     assert [(r.attempt, r.error) for r in records] == [(1, "try 1"), (2, "try 2"), (3, "try 3")]
     stored = queue.peek(message_id)
-    assert stored is not None and stored.state == "garbage"
+    assert stored is not None
+    assert stored.state == "garbage"
     assert stored.last_error == records[-1]
 
 
@@ -194,17 +199,17 @@ def test_records_are_bounded_and_cut(configure: Callable[..., Queue]) -> None:
     records = queue.history(message_id)
     assert [r.attempt for r in records] == [3, 4, 5]
     for record in records:
-        assert record.error_cut and len(record.error.encode()) <= ERROR_BYTES
+        assert record.error_cut
+        assert len(record.error.encode()) <= ERROR_BYTES
         assert record.error == "é" * (ERROR_BYTES // 2)
-    deep = raised(RecursionError("x" * 100))
     long_tail = "\n".join(f"line {i}" for i in range(5000))
     [message] = queue.fetch(1).messages
     note = queue.attempt_note(message, ValueError(long_tail))
     queue.nack([message], delay=0, attempts={message.id: note})
     record = queue.history(message_id)[-1]
-    assert record.traceback_cut and len(record.traceback.encode()) <= TRACEBACK_BYTES
+    assert record.traceback_cut
+    assert len(record.traceback.encode()) <= TRACEBACK_BYTES
     assert record.traceback.endswith("line 4999\n")
-    assert deep.args
 
 
 def test_no_records_with_history_attempts_zero(configure: Callable[..., Queue]) -> None:
