@@ -9,7 +9,7 @@ from collections.abc import Callable
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.tasks.compat import TaskResultStatus
 from tests.task_app import tasks
-from tests.test_tasks import _fresh_calls, tasks_queue, work
+from tests.test_tasks import _fresh_calls, refreshed, tasks_queue, work
 
 __all__ = ["_fresh_calls", "tasks_queue"]  # the fixtures, shared with tests/test_tasks.py
 
@@ -33,8 +33,7 @@ def test_a_retried_task_reads_its_errors_from_the_attempt_records(
     for _ in range(2):
         queue.deliver_now([result.id])
         work()
-    result.refresh()
-    assert result.status == TaskResultStatus.FAILED
+    assert refreshed(result).status == TaskResultStatus.FAILED
     assert [error.exception_class for error in result.errors] == [ValueError] * 3
     # Kept in the result when the task finished: the dead letter and its records may go.
     assert queue.purge_garbage() == 1
