@@ -5,12 +5,13 @@ peek.lua do them."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from delayqueue_django.engine.history import last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.memory import groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
-from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 
 
 class MemoryOperators(MemoryStoreBase):
@@ -221,3 +222,13 @@ class MemoryOperators(MemoryStoreBase):
         with self.server.lock:
             payloads = self._state().payloads
             return {message_id for message_id in message_ids if message_id in payloads}
+
+    def history(self, message_id: str) -> Attempts:
+        with self.server.lock:
+            return parse_history(self._state().history.get(message_id))
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        with self.server.lock:
+            history = self._state().history
+            found = {i: last_of(history.get(i)) for i in message_ids}
+        return {i: attempt for i, attempt in found.items() if attempt is not None}

@@ -111,6 +111,9 @@ class QueueState:
     expiries: dict[str, int] = field(default_factory=dict)
     postpones: dict[str, int] = field(default_factory=dict)
     dead_reasons: dict[str, str] = field(default_factory=dict)
+    # Attempt records ({tag}:history, see memory/history.py): id -> its records, packed as
+    # the scripts pack them (engine.history).
+    history: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

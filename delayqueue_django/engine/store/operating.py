@@ -5,9 +5,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from delayqueue_django.engine.history import foreign, last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.keyed_calls import wire
-from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 from delayqueue_django.engine.store.base import RedisStoreBase
 from delayqueue_django.engine.store.replies import (
     _id,
@@ -139,3 +142,32 @@ class RedisOperating(RedisStoreBase):
             pipe.hexists(payloads, wire(message_id))
         found = pipe.execute()
         return {message_id for message_id, there in zip(message_ids, found, strict=True) if there}
+
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first (see engine.history)."""
+        client: Any = self.client
+        try:
+            return parse_history(client.hget(self.keys.key("history"), wire(message_id)))
+        except ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            return [foreign(self._type_of("history"))]
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest record of each message that has one: one HMGET."""
+        if not message_ids:
+            return {}
+        client: Any = self.client
+        try:
+            raws = client.hmget(self.keys.key("history"), [wire(i) for i in message_ids])
+        except ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            damage = foreign(self._type_of("history"))
+            return dict.fromkeys(message_ids, damage)
+        found = {i: last_of(raw) for i, raw in zip(message_ids, raws, strict=True)}
+        return {i: attempt for i, attempt in found.items() if attempt is not None}
+
+    def _type_of(self, part: str) -> str:
+        client: Any = self.client
+        return _shown(client.type(self.keys.key(part)))
