@@ -3,10 +3,11 @@
 The rules: every message id is in exactly one state (pending, ready, unack, retry, garbage),
 once; every live message has a payload and a readable meta record whose attempt count fits
 its state, and its id and payload are UTF-8 text; no payload, meta record or attempt
-records outlive their message; an exhaustion still to announce belongs to a dead letter; and for keyed messages,
-every waiting one is its key's message in the key index (so no two wait with one key), and
-the index names no message that is gone (the scripts drop a key with its message: one left
-behind is a leak, though harmless to sends and lookups, which find nothing waiting).
+records outlive their message; an exhaustion still to announce belongs to a dead letter;
+and for keyed messages, every waiting one is its key's message in the key index (so no
+two wait with one key), and the index names no message that is gone (the scripts drop a
+key with its message: one left behind is a leak, though harmless to sends and lookups,
+which find nothing waiting).
 Dead letters without a readable payload or meta record are the engine's own way of setting
 damage aside, so they are counted (``damaged``), not reported as problems; and so are the
 keys renamed aside for holding the wrong type (``quarantined``).
