@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import AnyStr
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
@@ -70,6 +71,9 @@ class StoreLimits:
     # shard 0 on several (see engine.flow).
     rate_limit: tuple[int, int] | None = None
     max_in_flight: int = 0
+    # How long a message that ended leaves its outcome record (HISTORY_RETENTION; see
+    # engine.outcomes), in ms: 0 keeps none, and the scripts are given nothing more.
+    outcome_ms: int = 0
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"
@@ -239,6 +243,11 @@ class StoredMessage:
     group: str | None = None
     # A dead letter's reason when it is not the default (see NackOutcome.dead_reason).
     dead_reason: str = ""
+    # A message that ended, read from its outcome record (see engine.outcomes; its state is
+    # then one of ENDED_STATES, or DAMAGED_OUTCOME): when it ended, and the worker that
+    # acked it. None for a message still stored.
+    ended_at: datetime | None = None
+    worker: str | None = None
 
     @property
     def retries_left(self) -> int | None:

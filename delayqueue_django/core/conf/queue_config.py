@@ -46,6 +46,8 @@ class QueueConfig:
     # time (None: none), and how often one message may be postponed.
     expires_ms: int | None = None
     max_postpones: int = 100
+    # How long a message that ended leaves its outcome record (ms; None: none kept).
+    history_retention_ms: int | None = None
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

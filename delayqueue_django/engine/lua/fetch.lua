@@ -44,6 +44,9 @@
   ARGV[10] for "reserved": "1" when the reservation granted less than the fetch wanted:
            the gates, not the work, bound `count`, so handing all of it out wakes no peer
 
+  ARGV[11] optional "ended:<ms>:": keep an outcome record of each timed-out message
+           superseded (see "Outcome records" in the prelude)
+
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
   capped, warnings}:
     now_ms      the Redis server's clock
@@ -73,6 +76,7 @@
 local channel, count = args[1], tonumber(args[2])
 local consume_ms, stage_limit = tonumber(args[3]), tonumber(args[4])
 local record_key, request = keys[11], args[5]
+keep_outcomes(args[11])
 local now = now_ms()
 local deadline = int((tonumber(args[9] or '') or now) + consume_ms)
 local expired, handed, deliveries = 0, 0, {}

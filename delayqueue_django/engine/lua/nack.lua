@@ -20,6 +20,8 @@
               + 1)th postpone of a message buries it with the reason "postponed too often"
   A retry or postpone due at or after the message's expiry buries it with the reason
   "expired" instead.
+  ARGV[7+3n+m] optional "ended:<ms>:" (after the postpones, then given): keep an outcome
+              record of each superseded message (see "Outcome records" in the prelude)
 
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
@@ -50,9 +52,11 @@ end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 -- Postpones (see the header): the ids, and the bound.
 local max_postpones, postponing = tonumber(args[5 + 3 * n] or '0'), {}
-for i = 7 + 3 * n, #args do
+local m = tonumber(args[6 + 3 * n] or '0')
+for i = 7 + 3 * n, 6 + 3 * n + m do
   postponing[args[i]] = true
 end
+keep_outcomes(args[7 + 3 * n + m])
 local postponed = {}
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}

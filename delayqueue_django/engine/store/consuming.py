@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from delayqueue_django.engine.expiry_calls import postpone_args
 from delayqueue_django.engine.flow import GATES_OWN, rate_wire
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
+from delayqueue_django.engine.outcomes import outcome_arg
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult, NackOutcome
@@ -45,13 +46,18 @@ class RedisConsuming(RedisStoreBase):
         the flow gates apply, ``leased_from``: from when the leases run, if not now, and
         ``gated``: whether a reservation bound ``count`` (see engine.flow)."""
         limits = self.limits
+        reserved = () if leased_from is None and not gated else _reserved(leased_from, gated)
+        ended = outcome_arg(limits)
+        if ended:  # ARGV[11], after ARGV[9] and ARGV[10]
+            reserved = (*reserved, "", "")[:2]
         sent_at = time.monotonic()
         reply = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
                 *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
-                *(() if leased_from is None and not gated else _reserved(leased_from, gated)),
+                *reserved,
+                *ended,
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
@@ -141,6 +147,7 @@ class RedisConsuming(RedisStoreBase):
                 *_id_rows(leases),
                 *(["plain"] if plain else []),
                 *(["untracked"] if untracked else []),
+                *outcome_arg(self.limits, fetcher),
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
@@ -168,12 +175,17 @@ class RedisConsuming(RedisStoreBase):
         if not refusals:
             return []
         refused = {refusal[0] for refusal in refusals}
+        postpones = postpone_args(refused, postponed, max_postpones)
+        ended = outcome_arg(self.limits)
+        if ended and not postpones:  # (the record's argument comes after the postpones)
+            postpones = [max_postpones, 0]
         flat, _ = self._run(
             "nack",
             [
                 *(self._channel, request, self.limits.consume_ms, len(refusals)),
                 *_id_rows(refusals),
-                *postpone_args(refused, postponed, max_postpones),
+                *postpones,
+                *ended,
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
@@ -183,7 +195,10 @@ class RedisConsuming(RedisStoreBase):
         """Hand back deliveries that were never started, without using a retry."""
         if not leases:
             return []
-        released, _ = self._run("release", [self._channel, len(leases), *_id_rows(leases)])
+        released, _ = self._run(
+            "release",
+            [self._channel, len(leases), *_id_rows(leases), *outcome_arg(self.limits)],
+        )
         return [_id(message_id) for message_id in released]
 
     def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:
