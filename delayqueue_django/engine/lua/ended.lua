@@ -8,8 +8,9 @@
   ARGV[2]  the id, or the key
 
   Returns {id, record, warnings}: the id ("" when none) and its record as stored (false
-  when there is none, or it expired); a key holding another type than a string reads as
-  none, with a warning.
+  when there is none, or it expired). A record's key holding another type than a string
+  (a foreign write) reads as an empty record, which the client shows as damaged; a key's
+  such key as none; either with a warning.
 ]]
 
 local tag = string.sub(payloads, 1, -8)
@@ -18,7 +19,7 @@ local function read(name)
   local value = redis.pcall('GET', name)
   if type(value) == 'table' then
     table.insert(warnings, {name, 'holds another type than a string'})
-    return false
+    return ''
   end
   return value
 end
@@ -26,7 +27,7 @@ end
 local id = args[2]
 if args[1] == 'key' then
   id = read(tag .. 'ended_key:' .. args[2])
-  if not id then
+  if not id or id == '' then
     return {'', false, warnings}
   end
 end
