@@ -117,7 +117,19 @@ def test_a_keyed_message_superseded_on_its_release_says_replaced(kept: Queue) ->
     [message] = kept.fetch(1).messages
     kept.send({"v": 2}, key="k", delay=60)
     assert kept.release([message]) == []
-    assert ended(kept.message(first), "replaced").key == "k"
+    record = ended(kept.message(first), "replaced")
+    # Its attempts as its last delivery counted them: a superseded message's record is not
+    # rewritten (the release gives the attempt back only to a message that waits again).
+    assert (record.key, record.attempt) == ("k", 1)
+
+
+def test_a_keyed_message_superseded_on_its_postpone_says_replaced(kept: Queue) -> None:
+    first = kept.send({"v": 1}, key="k")
+    [message] = kept.fetch(1).messages
+    kept.send({"v": 2}, key="k", delay=60)
+    [outcome] = kept.postpone([message], delay=0)
+    assert outcome.superseded
+    assert ended(kept.message(first), "replaced").attempt == 1
 
 
 def test_a_keyed_message_superseded_as_it_times_out_says_replaced(

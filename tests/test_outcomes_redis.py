@@ -160,3 +160,17 @@ def test_a_foreign_typed_or_damaged_record_reads_as_damaged(
     assert queue.lookup("k") is None
     client.set(f"{tag}:ended_key:gone", "no-such-record")
     assert queue.lookup("gone") is None
+
+
+def test_a_key_whose_message_ended_gives_no_cancel_hint(
+    settings: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The DEBUG hint on a cancel by id that names a key says to pass key=: not for a key
+    whose message ended (its outcome record), which no cancel could remove."""
+    settings.DEBUG = True
+    queue = kept_queue(settings, redis_server, HISTORY_RETENTION=60)
+    queue.send("x", key="order-42-expiry", delay=60)
+    assert queue.cancel(key="order-42-expiry")
+    with caplog.at_level("WARNING", logger="delayqueue_django"):
+        assert queue.cancel("order-42-expiry") is False
+    assert caplog.records == []

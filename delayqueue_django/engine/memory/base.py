@@ -45,13 +45,28 @@ class MemoryStoreBase:
 
     # Outcome records (see memory/outcomes.py): written only when the queue keeps them.
 
-    def _end(self, state: QueueState, message_id: str, outcome: str, worker: str = "") -> None:
-        """Record that a message still stored ends now as ``outcome``."""
+    def _end(
+        self,
+        state: QueueState,
+        message_id: str,
+        outcome: str,
+        worker: str = "",
+        attempts: int | None = None,
+    ) -> None:
+        """Record that a message still stored ends now as ``outcome`` (``attempts``: its
+        attempts as Redis keeps them, when this store already changed its meta record)."""
         if self._limits.outcome_ms:
             now = self._now()
             retention = self._limits.outcome_ms
             outcomes.record_end(
-                state, message_id, outcome, at=now, now=now, retention_ms=retention, worker=worker
+                state,
+                message_id,
+                outcome,
+                at=now,
+                now=now,
+                retention_ms=retention,
+                worker=worker,
+                attempts=attempts,
             )
 
     def _end_dead(self, state: QueueState, message_id: str) -> None:
@@ -62,10 +77,14 @@ class MemoryStoreBase:
             retention = self._limits.outcome_ms
             outcomes.record_end(state, message_id, outcome, at=at, now=now, retention_ms=retention)
 
-    def _return_to_waiting(self, state: QueueState, message_id: str) -> bool:
-        """key_index.return_to_waiting, recording a superseded message as replaced."""
+    def _return_to_waiting(
+        self, state: QueueState, message_id: str, delivered_attempt: int | None = None
+    ) -> bool:
+        """key_index.return_to_waiting, recording a superseded message as replaced, with
+        the attempt of its delivery when the caller already gave it back (a release, a
+        postpone): the scripts never rewrite a superseded message's meta record."""
         if self._limits.outcome_ms and key_index.superseded(state, message_id):
-            self._end(state, message_id, REPLACED)
+            self._end(state, message_id, REPLACED, attempts=delivered_attempt)
         return key_index.return_to_waiting(state, message_id)
 
     def ended(

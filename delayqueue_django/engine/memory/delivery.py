@@ -348,6 +348,7 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
+                delivered_attempt = meta.attempt
                 postpone = message_id in postponed
                 if postpone:
                     # Not an attempt: the one its delivery counted is given back (nack.lua).
@@ -366,7 +367,7 @@ class MemoryDelivery(MemoryStoreBase):
                     postponed_back += postpone
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
                     outcomes.append(NackOutcome(message_id, True, now, dead_reason=EXPIRED))
-                elif not self._return_to_waiting(state, message_id):
+                elif not self._return_to_waiting(state, message_id, delivered_attempt):
                     postponed_back += postpone
                     outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
@@ -400,7 +401,7 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
-                if not self._return_to_waiting(state, message_id):
+                if not self._return_to_waiting(state, message_id, meta.attempt + 1):
                     superseded = True  # gone, so not handed back (its group passed on)
                     continue
                 (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)

@@ -30,12 +30,15 @@ def record_end(
     now: int,
     retention_ms: int,
     worker: str = "",
+    attempts: int | None = None,
 ) -> None:
     """Record how ``message_id`` ended, at ``at`` (ms); call while it is still stored. Its
-    key remembers it only if the key still names it (forget_keys in _prelude.lua)."""
+    attempts are its meta record's, unless given. Its key remembers it only if the key still
+    names it (forget_keys in _prelude.lua)."""
     reclaim(state, now)
-    meta = state.metas.get(message_id)
-    attempts = 0 if meta is None else meta.attempt
+    if attempts is None:
+        meta = state.metas.get(message_id)
+        attempts = 0 if meta is None else meta.attempt
     key = key_index.key_of(state, message_id)
     size = len(worker.encode("utf-8", "surrogateescape"))
     end = now + retention_ms
