@@ -14,6 +14,7 @@ from delayqueue_django.checks import check_delayqueues
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.outcomes import DAMAGED_OUTCOME
 from delayqueue_django.exceptions import QueueConfigurationError
+from delayqueue_django.worker import Worker
 from tests.helpers import redis_store, wait_for
 from tests.redis_servers import RedisServer
 
@@ -174,3 +175,16 @@ def test_a_key_whose_message_ended_gives_no_cancel_hint(
     with caplog.at_level("WARNING", logger="delayqueue_django"):
         assert queue.cancel("order-42-expiry") is False
     assert caplog.records == []
+
+
+def test_a_worker_acks_under_its_own_name(settings: Any, redis_server: RedisServer) -> None:
+    """The worker's acks name it as its heartbeats do (``Worker.worker_id``): a message it
+    handled says which worker that was."""
+    queue = kept_queue(settings, redis_server, HISTORY_RETENTION=60)
+    handled = queue.send({"n": 1}, key="order:7")
+    worker = Worker([(queue, lambda message: None)], burst=True)
+    worker.run()
+    record = queue.lookup("order:7")
+    assert record is not None
+    assert (record.id, record.state, record.worker) == (handled, "acked", worker.worker_id)
+    assert record.worker.count(":") >= 2  # host:pid:token
