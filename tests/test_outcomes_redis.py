@@ -187,4 +187,4 @@ def test_a_worker_acks_under_its_own_name(settings: Any, redis_server: RedisServ
     record = queue.lookup("order:7")
     assert record is not None
     assert (record.id, record.state, record.worker) == (handled, "acked", worker.worker_id)
-    assert record.worker.count(":") >= 2  # host:pid:token
+    assert str(record.worker).count(":") >= 2  # host:pid:token
