@@ -231,6 +231,15 @@ def test_the_expiry_benchmark_sets_expiring_messages_beside_plain_ones() -> None
     assert figure(table, f"{what}: with an expiry, handled before it ÷ plain") > 0
 
 
+def test_the_outcomes_benchmark_measures_records_and_an_acks_commands() -> None:
+    _, table = run_quick("outcomes")
+    what = "outcome records (HISTORY_RETENTION), 500 messages acked"
+    for mode in ("a plain message", "a keyed message (key 'order:<n>')"):
+        assert figure(table, f"{what}: bytes per record of {mode} (MEMORY USAGE)") > 0
+        off = figure(table, f"{what}: Redis commands per ack of {mode}, option off")
+        assert figure(table, f"{what}: Redis commands per ack of {mode}, option on") > off
+
+
 @pytest.mark.timeout(60)
 def test_the_async_benchmark_sets_the_event_loop_beside_threads() -> None:
     # Ours only: the peers' virtualenv is make bench's, not the tests'.

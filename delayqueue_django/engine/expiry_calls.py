@@ -28,11 +28,14 @@ def refusal_args(
     max_postpones: int,
     attempts: Mapping[str, AttemptNote] | None,
     history_attempts: int,
+    *,
+    whole: bool = False,
 ) -> list[Any]:
     """nack.lua's arguments after its refusals: the postpones (the bound, a count, then the
     ids of this call's refusals that are postponed), then the attempt records (their bound,
     a count, then a note of 8 per refused id that has one). Empty when there are neither;
-    the postpones "0", "0" when there are records and no postpone."""
+    the postpones "0", "0" when there are records and no postpone. ``whole``: both parts
+    always, as an argument after them needs (an outcome record's, see nack.lua)."""
     ids = [message_id for message_id in postponed if message_id in refused_ids]
     notes: list[Any] = []
     if attempts and history_attempts > 0:
@@ -40,6 +43,6 @@ def refusal_args(
             note = attempts.get(message_id)
             if note is not None:
                 notes += note.wire(message_id)
-    if not notes:
+    if not notes and not whole:
         return [max_postpones, len(ids), *ids] if ids else []
     return [max_postpones, len(ids), *ids, history_attempts, len(notes) // 8, *notes]

@@ -238,6 +238,14 @@ class Store(Protocol):
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
 
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        """The outcome record of a message that ended (engine.outcomes), by its id or by its
+        key (the key's latest message, when it ended as the key's), as a StoredMessage whose
+        state is how it ended; None when there is none: never ended, its retention passed,
+        or the queue keeps no records."""
+
     def peek_payload(self, message_id: str) -> bytes | None:
         """A message's whole payload, the very bytes stored (without the trace context a
         traced send put before them), or None if it has none."""

@@ -73,6 +73,9 @@ class StoreLimits:
     max_in_flight: int = 0
     # The most attempt records a message keeps (HISTORY_ATTEMPTS; 0: none written).
     history_attempts: int = 5
+    # How long a message that ended leaves its outcome record (HISTORY_RETENTION; see
+    # engine.outcomes), in ms: 0 keeps none, and the scripts are given nothing more.
+    outcome_ms: int = 0
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"
@@ -245,6 +248,11 @@ class StoredMessage:
     # The newest of its attempt records (see Attempt), where the read fills it in (a dead
     # letter's peek and listing); None when it has none.
     last_error: "Attempt | None" = None
+    # A message that ended, read from its outcome record (see engine.outcomes; its state is
+    # then one of ENDED_STATES, or DAMAGED_OUTCOME): when it ended, and the worker that
+    # acked it. None for a message still stored.
+    ended_at: datetime | None = None
+    worker: str | None = None
 
     @property
     def retries_left(self) -> int | None:

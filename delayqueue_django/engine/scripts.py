@@ -46,6 +46,7 @@ SCRIPT_NAMES = (
     "claim_exhausted",
     "confirm_exhausted",
     "drop_garbage",
+    "ended",
     "extend",
     "fetch",
     "flow",
@@ -77,6 +78,7 @@ SCRIPT_NAMES = (
 # Called with FCALL_RO: they run on a Redis out of memory and could run on a replica.
 READ_ONLY = frozenset(
     {
+        "ended",
         "holds_key",
         "list",
         "lookup",

@@ -24,6 +24,7 @@ from django.conf import settings
 from delayqueue_django.core.conf.expiry import check_expiry_options, expires_ms
 from delayqueue_django.core.conf.flow import check_flow_options, parse_rate
 from delayqueue_django.core.conf.history import check_history_options
+from delayqueue_django.core.conf.outcomes import check_outcome_options, history_retention_ms
 from delayqueue_django.core.conf.problem import SETTING, Problem
 from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.core.conf.spelling import meant
@@ -79,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     # dotted path of what cleans an error before it is stored (None: stored as raised).
     "HISTORY_ATTEMPTS": 5,
     "HISTORY_REDACT": None,
+    # How long a message that ended leaves an outcome record (None: none kept; see
+    # core.conf.outcomes and engine.outcomes).
+    "HISTORY_RETENTION": None,
 }
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -121,6 +125,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
     check_flow_options(name, options, problems)
     check_expiry_options(name, options, problems)
     check_history_options(name, options, problems)
+    check_outcome_options(name, options, problems)
     handler = options["HANDLER"]
     if handler is not None and not (
         isinstance(handler, str) and DOTTED_PATH_PATTERN.match(handler)
@@ -168,6 +173,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         max_postpones=options["MAX_POSTPONES"],
         history_attempts=options["HISTORY_ATTEMPTS"],
         history_redact=options["HISTORY_REDACT"],
+        history_retention_ms=history_retention_ms(options),
         feature_options=feature_options,
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),

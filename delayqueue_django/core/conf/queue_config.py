@@ -50,6 +50,8 @@ class QueueConfig:
     # path of the callable that cleans an error before it is stored (None: none).
     history_attempts: int = 5
     history_redact: str | None = None
+    # How long a message that ended leaves its outcome record (ms; None: none kept).
+    history_retention_ms: int | None = None
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

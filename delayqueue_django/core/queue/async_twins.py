@@ -28,7 +28,7 @@ from delayqueue_django.engine.sharding.store import ShardedStore
 
 
 class QueueAsync(QueueProducing, QueueOperating):
-    """asend, asend_many, acancel, areschedule, alookup, ahistory and astats."""
+    """asend, asend_many, acancel, areschedule, alookup, amessage, ahistory and astats."""
 
     # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
     # client (nor has a memory queue), so its calls run the sync client in a worker thread.
@@ -223,6 +223,12 @@ class QueueAsync(QueueProducing, QueueOperating):
     async def ahistory(self, message_id: str) -> Attempts:
         """``history`` for async code (the sync store's, in a worker thread)."""
         return await sync_to_async(self.history, thread_sensitive=False)(message_id)
+    async def amessage(
+        self, message_id: str, *, preview_bytes: int | None = None
+    ) -> StoredMessage | None:
+        """``message`` for async code (the sync store's, in a worker thread)."""
+        message = sync_to_async(self.message, thread_sensitive=False)
+        return await message(message_id, preview_bytes=preview_bytes)
 
     @_areaching_redis
     async def astats(self) -> dict[str, int]:

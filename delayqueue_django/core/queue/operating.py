@@ -99,6 +99,19 @@ class QueueOperating(QueueBase):
         return self._with_last_errors([stored])[0]
 
     @_reaching_redis
+    def message(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """The message as ``peek`` finds it while the queue holds it; once it ended, on a
+        queue with ``HISTORY_RETENTION``, what its outcome record tells for that long:
+        ``.state`` is "acked", "cancelled", "replaced", "expired" or "purged" (or "damaged"
+        for a record that cannot be read), with ``.ended_at``, ``.attempt``, ``.key`` and,
+        acked, the ``.worker`` that acked it. None for an id the queue does not know (never
+        sent, or ended and its record gone)."""
+        found = self.peek(message_id, preview_bytes=preview_bytes)
+        if found is None and self.config.history_retention_ms:
+            return self.store.ended(_check_id(message_id))
+        return found
+
+    @_reaching_redis
     def lookup(self, key: str) -> StoredMessage | None:
         """The message ``key`` names, with its id (``.id``), state, due time (``score``),
         attempt and payload; None when the key names nothing stored.
@@ -107,10 +120,14 @@ class QueueOperating(QueueBase):
         the key while it is still stored (in flight, or dead). A key whose latest message
         was handled or cancelled names nothing, even while an older message with the key is
         still dead: lookup follows the latest message only (list the dead letters to find
-        older ones).
+        older ones). On a queue with ``HISTORY_RETENTION``, it names that latest message's
+        outcome record instead while the record lasts, as ``message`` reads it.
         """
         key = check_key(key)
-        return self.store.lookup(key)
+        found = self.store.lookup(key)
+        if found is None and self.config.history_retention_ms:
+            return self.store.ended(key=key)
+        return found
 
     @_reaching_redis
     def peek_payload(self, message_id: str) -> bytes | None:

@@ -121,6 +121,10 @@ local histories
 -- by begin() like the others; group_names() hands them out.
 local group_of_key, group_busy_key, group_prefix, group_channel
 
+-- Outcome records (see "Outcome records" below): how long they are kept (ms, as text) and
+-- the worker that acks, set by keep_outcomes when the call was given them; nil when off.
+local outcome_ms, outcome_worker
+
 -- The names derived from a queue's tag ("<tag>:"), kept for the calls after by the key
 -- they come from: the payload key for begin()'s (`kept_names[NAMES]`), the pending key for
 -- layout_of's (`kept_names[LAYOUTS]`). A call building them anew (ten to twenty string
@@ -170,6 +174,7 @@ local function begin(keys)
     names[10], names[11], names[12], names[13]
   histories = names[14]
   options_absent = nil
+  outcome_ms, outcome_worker = nil, nil
 end
 
 -- The whole of KEYS (see the header) from KEYS[1], "<tag>:pending", for the functions
@@ -779,6 +784,67 @@ local function keys_used()
   return redis.call('EXISTS', key_index) == 1
 end
 
+--[[
+  Outcome records (HISTORY_RETENTION, issue #35). A script that ends a message is given
+  "ended:<retention ms>:<worker>" when the queue keeps outcome records (keep_outcomes), and
+  then leaves, in the same call, a record of how and when the message ended, as keys of its
+  own under the queue's tag (its Cluster slot) that Redis reclaims when the retention
+  passes: nothing sweeps them.
+    <tag>:ended:<id>       string "<state>:<ended ms>:<attempts>:<worker bytes>:<worker><key>",
+                           the key being the rest ("" for none); SET with PX
+    <tag>:ended_key:<key>  string the id of the key's message that ended, written where the
+                           key index lets the key go (forget_keys); SET with PX
+  state: "acked", "cancelled" (removed while waiting, or deleted in flight), "replaced" (a
+  keyed message superseded by a newer one of its key, see settle_keys), "expired" (the dead
+  letter of its expiry, deleted: its ended ms is when it was buried) and "purged" (any other
+  dead letter deleted). Only an ack names its worker. A call not given the argument reads
+  and writes nothing of them: not one command more.
+]]
+
+local function keep_outcomes(arg)
+  local ms, worker = string.match(arg or '', '^ended:(%d+):(.*)$')
+  if ms and tonumber(ms) > 0 then
+    outcome_ms, outcome_worker = ms, worker
+  end
+end
+
+-- The state and end time (nil: now) of a dead letter about to be deleted: expired, when
+-- its expiry buried it (at its burial time), else purged. Read before it leaves garbage.
+local function dead_end(id)
+  if call('HGET', dead_reasons, id) == 'expired' then
+    return 'expired', tonumber(call('ZSCORE', garbage, id))
+  end
+  return 'purged', nil
+end
+
+-- Writes the records of `ids`, ending as `state` at `at` (ms; nil: now), while their
+-- payload and meta record are still stored (their key and attempts are read from them).
+local function record_ends(ids, state, at)
+  if not outcome_ms or #ids == 0 then
+    return
+  end
+  local stored, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
+  local prefix = string.sub(payloads, 1, -8) .. 'ended:'
+  local worker = state == 'acked' and outcome_worker or ''
+  local ended = int(at or clock())
+  for i, id in ipairs(ids) do
+    local _, attempt = parse_meta(raw[i])
+    if not attempt and stored[i] then
+      attempt = 0 -- never handed out: its first record is with its payload
+    end
+    local record = state .. ':' .. ended .. ':' .. int(attempt or 0) .. ':' .. #worker .. ':'
+      .. worker .. (key_in(stored[i]) or '')
+    redis.call('SET', prefix .. id, record, 'PX', outcome_ms)
+  end
+end
+
+-- The key's message ended and the key index let it go: lookup(key) finds its record.
+local function record_key_end(key, id)
+  if outcome_ms then
+    redis.call('SET', string.sub(payloads, 1, -8) .. 'ended_key:' .. key, id, 'PX', outcome_ms)
+  end
+end
+
 -- Whether a message waits (stored, neither in flight nor dead) as this call leaves it:
 -- `moved` gives, for the ids the call moved but has not written yet, true if they wait.
 local function waits(id, moved)
@@ -826,6 +892,7 @@ end
 -- that held its ordered group (it was in flight: only a holder is handed out) passes it
 -- on, so that the group's next message, perhaps the newer one of its key, runs.
 local function remove_superseded(ids)
+  record_ends(ids, 'replaced')
   release_groups(ids, true)
   call_chunked('HDEL', payloads, ids)
   call_chunked('HDEL', metas, ids)
@@ -842,6 +909,7 @@ local function forget_keys(ids, stored)
     local key = key_in(stored[i])
     if key and call('HGET', key_index, key) == id then
       call('HDEL', key_index, key)
+      record_key_end(key, id)
       if key_rows_present == nil then
         key_rows_present = redis.call('EXISTS', key_rows) == 1
       end

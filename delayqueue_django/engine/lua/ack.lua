@@ -14,7 +14,9 @@
           key (each delivery says so), so the key index is not looked at: an ack of
           plain messages costs what it did before keys existed; and "untracked": each was
           handed out by a fetch that found no expiry, postpone count nor ordered group in
-          the queue (see fetch.lua), so those are not looked at either
+          the queue (see fetch.lua), so those are not looked at either; and
+          "ended:<ms>:<worker>": keep an outcome record of each (see "Outcome records" in
+          the prelude), naming this worker
 
   A pair counts only if the message is still in unack under that very lease: an ack
   from a delivery that timed out, was released or was already acked changes nothing.
@@ -69,7 +71,9 @@ end
 local flags = {}
 for i = 4 + 2 * n, #args do
   flags[args[i]] = true
+  keep_outcomes(args[i])
 end
+record_ends(acked, 'acked', now)
 if #acked > 0 and not flags.plain and keys_used() then
   forget_keys(acked, gather('HMGET', payloads, acked))
 end

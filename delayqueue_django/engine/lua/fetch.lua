@@ -48,6 +48,9 @@
            the verdict "lease expired", ended at its deadline, its start and worker not
            known (see "Attempt records" in the prelude)
 
+  ARGV[12] optional "ended:<ms>:": keep an outcome record of each timed-out message
+           superseded (see "Outcome records" in the prelude)
+
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
   capped, warnings}:
     now_ms      the Redis server's clock
@@ -77,6 +80,7 @@
 local channel, count = args[1], tonumber(args[2])
 local consume_ms, stage_limit = tonumber(args[3]), tonumber(args[4])
 local record_key, request = keys[11], args[5]
+keep_outcomes(args[12])
 local now = now_ms()
 local deadline = int((tonumber(args[9] or '') or now) + consume_ms)
 local expired, handed, deliveries = 0, 0, {}

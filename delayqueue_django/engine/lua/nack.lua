@@ -29,6 +29,10 @@
                 the attempt its delivery counted (a postpone's too), its verdict made
                 "expired" or "postponed too often" when it buries the message for that
                 reason; a superseded message is gone, and so are its records.
+  then, optionally (the postpones' and the records' arguments then come first, "0", "0"
+  each when there are none):
+  ARGV[9+3n+m+8k] "ended:<ms>:<worker>": keep an outcome record of each superseded message
+                  (see "Outcome records" in the prelude)
 
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
@@ -65,11 +69,13 @@ for i = 7 + 3 * n, 6 + 3 * n + m do
 end
 -- Attempt records (see the header): each refused id's note, by id.
 local notes, bound = {}, tonumber(args[7 + 3 * n + m] or '0')
-for i = 9 + 3 * n + m, #args, 8 do
+local k = tonumber(args[8 + 3 * n + m] or '0')
+for i = 9 + 3 * n + m, 8 + 3 * n + m + 8 * k, 8 do
   notes[args[i]] = i
 end
 -- The attempt each counted refusal's delivery counted, by id.
 local attempts_of = {}
+keep_outcomes(args[9 + 3 * n + m + 8 * k])
 local postponed = {}
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}

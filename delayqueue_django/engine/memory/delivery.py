@@ -11,10 +11,11 @@ from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.flow import GATES_OWN
 from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import expiry, flow, groups, key_index, prelude
+from delayqueue_django.engine.memory import expiry, flow, groups, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.history import record_attempt
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.outcomes import ACKED, CANCELLED
 from delayqueue_django.engine.records import (
     EXPIRED,
     LEASE_EXPIRED,
@@ -117,11 +118,15 @@ class MemoryDelivery(MemoryStoreBase):
             elif from_("retry") and prelude.remove_first(state.retry, message_id):
                 removed = "retry"
             elif include_in_flight_and_dead:
-                if from_("garbage") and state.garbage.remove(message_id):
+                if from_("garbage") and message_id in state.garbage:
+                    self._end_dead(state, message_id)
+                    state.garbage.remove(message_id)
                     removed = "garbage"
                 elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
+                if removed != "garbage":
+                    self._end(state, message_id, CANCELLED)
                 grouped = message_id in state.group_of
                 prelude.forget(state, message_id)
                 if grouped:
@@ -204,7 +209,7 @@ class MemoryDelivery(MemoryStoreBase):
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
                 prelude.bury(state, message_id, now)
-            elif key_index.return_to_waiting(state, message_id):
+            elif self._return_to_waiting(state, message_id):
                 prelude.count_total(state, "retried", 1)
                 if expiry.expired(state, message_id, now):
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
@@ -318,6 +323,7 @@ class MemoryDelivery(MemoryStoreBase):
             for message_id, lease in leases:
                 if prelude.holds(state, message_id, lease):
                     state.unack.remove(message_id)
+                    self._end(state, message_id, ACKED, fetcher)
                     prelude.forget(state, message_id)
                     acked.append(message_id)
             prelude.count(state, now, "acked", len(acked))
@@ -354,7 +360,7 @@ class MemoryDelivery(MemoryStoreBase):
                 meta = state.metas[message_id]
                 meta.lease += 1
                 note = (attempts or {}).get(message_id)
-                attempt = meta.attempt
+                attempt = delivered_attempt = meta.attempt
                 postpone = message_id in postponed
                 if postpone:
                     # Not an attempt: the one its delivery counted is given back (nack.lua).
@@ -373,7 +379,7 @@ class MemoryDelivery(MemoryStoreBase):
                     postponed_back += postpone
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
                     outcomes.append(NackOutcome(message_id, True, now, dead_reason=EXPIRED))
-                elif not key_index.return_to_waiting(state, message_id):
+                elif not self._return_to_waiting(state, message_id, delivered_attempt):
                     postponed_back += postpone
                     outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
@@ -412,7 +418,7 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
-                if not key_index.return_to_waiting(state, message_id):
+                if not self._return_to_waiting(state, message_id, meta.attempt + 1):
                     superseded = True  # gone, so not handed back (its group passed on)
                     continue
                 (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)

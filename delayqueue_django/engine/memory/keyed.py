@@ -9,6 +9,7 @@ from delayqueue_django.engine.keyed import keyed_body, split_keyed
 from delayqueue_django.engine.memory import expiry, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.outcomes import CANCELLED
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
 
 
@@ -213,6 +214,7 @@ class MemoryKeyed(MemoryStoreBase):
                 return None
             grouped = message_id in state.group_of
             prelude.take_out_of_waiting(state, message_id)
+            self._end(state, message_id, CANCELLED)
             prelude.forget(state, message_id)
             if grouped:
                 self._wake(self._now())  # its group may have passed on (groups.py)

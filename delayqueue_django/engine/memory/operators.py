@@ -82,6 +82,7 @@ class MemoryOperators(MemoryStoreBase):
             for message_id, _ in candidates:
                 if keep_unannounced and message_id in state.exhausted:
                     continue
+                self._end_dead(state, message_id)
                 state.garbage.remove(message_id)
                 prelude.forget(state, message_id)
                 dropped += 1

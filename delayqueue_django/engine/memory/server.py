@@ -114,6 +114,11 @@ class QueueState:
     # Attempt records ({tag}:history, see memory/history.py): id -> its records, packed as
     # the scripts pack them (engine.history).
     history: dict[str, str] = field(default_factory=dict)
+    # Outcome records (see memory/outcomes.py): id -> record ({tag}:ended:<id>), key -> id
+    # ({tag}:ended_key:<key>), and when each ends ("i<id>" or "k<key>" -> ms).
+    ended: dict[str, str] = field(default_factory=dict)
+    ended_keys: dict[str, str] = field(default_factory=dict)
+    ended_ends: ScoredSet = field(default_factory=ScoredSet)
 
 
 @dataclass(frozen=True, slots=True)

@@ -485,6 +485,20 @@ class ShardedStore(ShardFetching, ShardReads):
     def peek_payload(self, message_id: str) -> bytes | None:
         return self.shard_for(message_id).peek_payload(message_id)
 
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        # A message's record is on its shard; a key's, on the shard where its messages went.
+        if key is None:
+            if message_id is None:
+                raise ValueError("ended: give a message_id or a key")
+            return self.shard_for(message_id).ended(message_id)
+        for name in self._key_shards(key, self.layout):
+            found = self._store(name).ended(key=key)
+            if found is not None:
+                return found
+        return None
+
     def held(self, message_ids: Sequence[str]) -> set[str]:
         found: set[str] = set()
         for name, positions in self._group(message_ids).items():

@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from delayqueue_django.engine.history import foreign, last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.keyed_calls import wire
+from delayqueue_django.engine.outcomes import ended_message, outcome_arg
 from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 from delayqueue_django.engine.store.base import RedisStoreBase
 from delayqueue_django.engine.store.replies import (
@@ -55,7 +56,8 @@ class RedisOperating(RedisStoreBase):
         age = -1 if older_than_ms is None else older_than_ms
         before = -1 if buried_before_ms is None else buried_before_ms
         dropped, kept, _ = self._run(
-            "drop_garbage", [age, limit, int(keep_unannounced), offset, before]
+            "drop_garbage",
+            [age, limit, int(keep_unannounced), offset, before, *outcome_arg(self.limits)],
         )
         return int(dropped), int(kept)
 
@@ -120,6 +122,17 @@ class RedisOperating(RedisStoreBase):
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
         args = [wire(message_id)] if preview_bytes is None else [wire(message_id), preview_bytes]
         return described(message_id, self._run("peek", args))
+
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        """The outcome record of a message that ended (see engine.outcomes), by its id or
+        its key; None when there is none (never ended, or its retention passed)."""
+        by, name = ("id", message_id) if key is None else ("key", key)
+        if name is None:
+            raise ValueError("ended: give a message_id or a key")
+        found, raw, _ = self._run("ended", [by, wire(name)])
+        return ended_message(_id(found), raw) if found and raw is not None else None
 
     def peek_payload(self, message_id: str) -> bytes | None:
         """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
