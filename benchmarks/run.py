@@ -112,6 +112,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=10_000,
         help="messages per step of the attempt records benchmark (default: 10000)",
+    )
+    add(
         "--outcomes-messages",
         type=int,
         default=10_000,
@@ -364,6 +366,8 @@ def bench_history(args: argparse.Namespace, probe: Any) -> list[Row]:
         sizes = f"{typical[-1]:.0f} and {bounded[-1]:.0f} bytes"
         progress(f"  run {run + 1}/{args.runs}: {runs[-1]}, {sizes}")
     return history.rows(args.history_messages, runs, typical, bounded)
+
+
 def bench_outcomes(args: argparse.Namespace, probe: Any) -> list[Row]:
     progress("outcomes: bytes per outcome record, and an ack's commands with the option off/on")
     cycles: dict[str, list[outcomes.Cycle]] = {mode: [] for mode in outcomes.MODES}

@@ -223,6 +223,7 @@ class QueueAsync(QueueProducing, QueueOperating):
     async def ahistory(self, message_id: str) -> Attempts:
         """``history`` for async code (the sync store's, in a worker thread)."""
         return await sync_to_async(self.history, thread_sensitive=False)(message_id)
+
     async def amessage(
         self, message_id: str, *, preview_bytes: int | None = None
     ) -> StoredMessage | None:
