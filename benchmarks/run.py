@@ -33,6 +33,7 @@ from benchmarks import (
     expiry,
     flow,
     groups,
+    history,
     idle,
     io_burst,
     keys,
@@ -55,6 +56,7 @@ PHASES = (
     "keys",
     "groups",
     "expiry",
+    "history",
     "drain",
     "flow",
     "processes",
@@ -334,6 +336,11 @@ def bench_expiry(args: argparse.Namespace, probe: Any) -> list[Row]:
         )
         progress(f"  run {run + 1}/{args.runs}: {done}")
     return expiry.rows(args.expiry_messages, cycles)
+
+
+def bench_history(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("history: the bytes of 14 days of one queue's metrics history")
+    return history.rows(repeat(args.runs, "history", lambda: history.fill(probe)))
 
 
 def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -903,6 +910,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_groups(args, probe)
         if "expiry" in chosen:
             rows += bench_expiry(args, probe)
+        if "history" in chosen:
+            rows += bench_history(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

@@ -55,6 +55,7 @@ SCRIPT_NAMES = (
     "holds_key",
     "list",
     "lookup",
+    "metrics",
     "nack",
     "peek",
     "promote",
@@ -70,7 +71,6 @@ SCRIPT_NAMES = (
     "send_keyed",
     "snapshot",
     "stats",
-    "throughput",
     "totals",
 )
 
@@ -80,11 +80,11 @@ READ_ONLY = frozenset(
         "holds_key",
         "list",
         "lookup",
+        "metrics",
         "peek",
         "schedules",
         "snapshot",
         "stats",
-        "throughput",
         "totals",
     }
 )

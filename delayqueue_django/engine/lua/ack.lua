@@ -1,7 +1,7 @@
 --[[
   ack: a batch of deliveries succeeded; forget those messages.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput, the metrics history,
         and the key index (an acked keyed message that still is its key's leaves it),
         expiries and postpone counts (see "Expiry and postpones" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
@@ -75,5 +75,5 @@ if not flags.untracked then
   -- Ordered groups: an acked holder passes its group on.
   release_groups(acked, true)
 end
-count_throughput(now, 'acked', #acked)
+count_throughput(now, ACKED, 'acked', #acked)
 return {acked, warnings}

@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups, key_index, prelude
+from delayqueue_django.engine.memory import groups, history, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
+from delayqueue_django.engine.metrics import MetricsRead
 from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
 
 
@@ -153,18 +154,9 @@ class MemoryOperators(MemoryStoreBase):
     def unreadable_payloads(self) -> list[Any]:
         return []  # its payloads are what send was given: text
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+    def metrics(self, back_minutes: int) -> MetricsRead:
         with self.server.lock:
-            state = self._state()
-            current = self._now() // 60_000
-            return [
-                (
-                    minute * 60_000,
-                    state.throughput.get((minute, "acked"), 0),
-                    state.throughput.get((minute, "failed"), 0),
-                )
-                for minute in range(current - minutes + 1, current + 1)
-            ]
+            return history.read(self._state(), self._now(), back_minutes)
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         with self.server.lock:
@@ -176,14 +168,9 @@ class MemoryOperators(MemoryStoreBase):
         with self.server.lock:
             return dict(self._state().totals)
 
-    def prune_throughput(self, keep_minutes: int) -> int:
+    def prune_throughput(self) -> int:
         with self.server.lock:
-            state = self._state()
-            oldest_kept = self._now() // 60_000 - keep_minutes + 1
-            old = [field for field in state.throughput if field[0] < oldest_kept]
-            for field in old:
-                del state.throughput[field]
-            return len(old)
+            return history.prune(self._state(), self._now())
 
     def list(
         self, state: str, *, offset: int, limit: int, preview_bytes: int
