@@ -78,8 +78,10 @@ def test_the_charts_escape_what_they_draw() -> None:
     context = history_context([point, point], "hour")
     for chart in (context["throughput_chart"], context["lag_chart"]):
         ET.fromstring(str(chart))
-    assert "2 s" in str(context["lag_chart"])  # the largest lag labels the axis
+    assert ">2 s<" in str(context["lag_chart"])  # the largest lag labels the axis
     # A lag missing (nothing handed out) breaks the line instead of drawing 0.
     empty = Metrics(start, 1, 0, 0, 0, 0, 0, None, None)
     lag = str(history_context([point, empty, point], "hour")["lag_chart"])
     assert lag.count("<polyline") == 4  # two lines, each broken in two
+    small = Metrics(start, 1, 0, 0, 0, 0, 1, 2.0, 2)
+    assert ">0.002 s<" in str(history_context([small], "hour")["lag_chart"])

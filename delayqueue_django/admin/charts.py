@@ -170,7 +170,7 @@ def svg_chart(
             parts.append(
                 format_html(
                     '<polyline fill="none" stroke="{}" stroke-width="2" stroke-dasharray="{}"'
-                    ' points="{}"><title>{}</title></polyline>',
+                    ' stroke-linecap="round" points="{}"><title>{}</title></polyline>',
                     line.color,
                     line.dash,
                     coordinates,
@@ -201,7 +201,7 @@ def _runs(values: list[float | None]) -> list[list[tuple[int, float]]]:
 
 
 def _number(value: float) -> str:
-    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:,.2f}"
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.3g}"
 
 
 def _when(point: Metrics) -> str:
