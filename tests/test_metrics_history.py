@@ -223,3 +223,24 @@ def test_a_history_key_of_another_type_is_set_aside(redis_queue: Queue, raw: Any
     if store_time_ms(queue) // HOUR_MS == hour:
         assert raw.type(key) == b"string"
         assert totals(queue.metrics())["sent"] == 1
+
+
+def test_keyed_sends_count_what_they_wrote(configure: Callable[..., Queue]) -> None:
+    queue = configure()
+    queue.send("first", key="order-1", delay=60)
+    queue.send("kept", key="order-1", delay=60)  # the key's message kept: nothing written
+    queue.send("replaces", key="order-1", delay=60, if_exists="replace")
+    queue.send("other", key="order-2", delay=60)
+    assert totals(queue.metrics(since=timedelta(minutes=2)))["sent"] == 3
+
+
+def test_postpones_are_refusals_and_one_too_many_is_dead(configure: Callable[..., Queue]) -> None:
+    queue = configure(MAX_POSTPONES=1)
+    queue.send("later")
+    [message] = fetch_when_due(queue)
+    queue.postpone([message], delay=0)
+    [again] = fetch_when_due(queue)
+    queue.postpone([again], delay=0)  # the second postpone is one too many
+    counts = totals(queue.metrics(since=timedelta(minutes=2)))
+    assert (counts["nacked"], counts["dead"], counts["handed"]) == (1, 1, 2)
+    assert queue.stats()["garbage"] == 1
