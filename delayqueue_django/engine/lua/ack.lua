@@ -1,9 +1,9 @@
 --[[
   ack: a batch of deliveries succeeded; forget those messages.
 
-  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput, the metrics history,
-        and the key index (an acked keyed message that still is its key's leaves it),
-        expiries and postpone counts (see "Expiry and postpones" in the prelude);
+  KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
+        the metrics history, and the key index (an acked keyed message that still is its
+        key's leaves it), expiries and postpone counts (see "Expiry and postpones" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)

@@ -3,9 +3,9 @@
   the same step, after the bounded housekeeping that makes messages due:
     1. deliveries whose deadline passed go to retry (or to garbage when their
        retries are used up), and count as failed in the running totals and as nacked
-       (or dead) in the metrics history, with what is handed out and its lag; a keyed one whose
-       key's message is another one, waiting, is superseded: removed (see settle_keys
-       in the prelude);
+       (or dead) in the metrics history, as what is handed out counts with its lag; a
+       keyed one whose key's message is another one, waiting, is superseded: removed
+       (see settle_keys in the prelude);
     2. due pending messages are staged: to ready (first delivery) or retry; a grouped one
        whose group another message holds is parked instead, and a free group's next
        parked message comes with them (see "Ordered groups" in the prelude);

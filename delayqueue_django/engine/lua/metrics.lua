@@ -48,7 +48,8 @@ if redis.call('TYPE', throughput)['ok'] == 'hash' then
   end
   local values = {}
   for first = 1, #fields, 1000 do
-    local part = redis.call('HMGET', throughput, unpack(fields, first, math.min(first + 999, #fields)))
+    local last = math.min(first + 999, #fields)
+    local part = redis.call('HMGET', throughput, unpack(fields, first, last))
     for i = 1, #part do
       values[first + i - 1] = part[i]
     end

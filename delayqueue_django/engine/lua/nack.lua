@@ -3,8 +3,8 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted, throughput (each refusal counts as failed), the metrics history, payload and the key
-        index (keyed messages, see "Keys" in the prelude);
+        meta, exhausted, throughput (each refusal counts as failed), the metrics history,
+        payload and the key index (keyed messages, see "Keys" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  wake-up channel
