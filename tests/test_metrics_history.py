@@ -16,7 +16,7 @@ from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Metrics, Queue
 from delayqueue_django.engine.memory import ManualClock, MemoryServer, add_server, remove_server
 from delayqueue_django.engine.sharding.store import parts
-from tests.helpers import fetch_when_due, store_time_ms, wait_for
+from tests.helpers import fetch_when_due, redis_store, store_time_ms, wait_for
 
 RECORD = struct.Struct(">7Iq")
 HOUR_MS = 3_600_000
@@ -244,3 +244,40 @@ def test_postpones_are_refusals_and_one_too_many_is_dead(configure: Callable[...
     counts = totals(queue.metrics(since=timedelta(minutes=2)))
     assert (counts["nacked"], counts["dead"], counts["handed"]) == (1, 1, 2)
     assert queue.stats()["garbage"] == 1
+
+
+def commands_of(client: Any, call: Callable[[], object]) -> dict[str, int]:
+    """The Redis commands ``call`` made (the script calls themselves left out), as INFO
+    commandstats counts them."""
+    client.config_resetstat()
+    call()
+    stats = client.info("commandstats")
+    left_out = ("fcall", "fcall_ro", "evalsha", "info", "config|resetstat")
+    return {
+        name.removeprefix("cmdstat_"): int(stat["calls"])
+        for name, stat in stats.items()
+        if name.removeprefix("cmdstat_") not in left_out
+    }
+
+
+def test_a_plain_ack_costs_redis_the_commands_it_did_before_the_history() -> None:
+    # The release before counted an ack's minute with a HINCRBY of "<minute>:acked"; the
+    # history's BITFIELD takes its place: 8 commands, as before.
+    queue = get_queue()
+    client = redis_store(queue).client
+    queue.send_many(["warm", "plain"])
+    warm, plain = fetch_when_due(queue, 2)
+    queue.ack([warm])
+    assert commands_of(client, lambda: queue.ack([plain])) == {
+        "time": 1,
+        "hmget": 1,
+        "zmscore": 1,
+        "zrem": 1,
+        "hdel": 2,
+        "hincrby": 1,  # the running total, all:acked
+        "bitfield": 1,  # the minute's record
+    }
+    # A send call counts its messages with one BITFIELD, however many it sends.
+    one = commands_of(client, lambda: queue.send("one", delay=60))
+    many = commands_of(client, lambda: queue.send_many(range(50), delay=60))
+    assert one["bitfield"] == many["bitfield"] == 1
