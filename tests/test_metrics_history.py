@@ -3,6 +3,7 @@ counts adds up to what the queue handled, on every backend (a sharded queue's sh
 up); minutes are rolled up into hours after a day and go after 14 days; counts written by
 the release before (throughput's "<minute>:acked" and "<minute>:failed") still read."""
 
+import asyncio
 import itertools
 import struct
 import time
@@ -281,3 +282,13 @@ def test_a_plain_ack_costs_redis_the_commands_it_did_before_the_history() -> Non
     one = commands_of(client, lambda: queue.send("one", delay=60))
     many = commands_of(client, lambda: queue.send_many(range(50), delay=60))
     assert one["bitfield"] == many["bitfield"] == 1
+
+
+def test_ametrics_reads_the_same_history(configure: Callable[..., Queue]) -> None:
+    queue = configure()
+
+    async def send_and_read() -> list[Metrics]:
+        await queue.asend("from async code")
+        return await queue.ametrics(since=timedelta(minutes=2))
+
+    assert totals(asyncio.run(send_and_read()))["sent"] == 1

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from asgiref.sync import sync_to_async
+
 from delayqueue_django.core.queue.base import QueueBase, _reaching_redis
 from delayqueue_django.engine.metrics import (
     EMPTY,
@@ -107,6 +109,14 @@ class QueueMetrics(QueueBase):
             since_minute = read.current_minute - back
         oldest = read.current_minute - (HOURS_KEPT_DAYS + 1) * 24 * 60
         return series(read, max(since_minute, oldest), step_minutes)
+
+    async def ametrics(
+        self,
+        since: datetime | timedelta = timedelta(hours=1),
+        step: timedelta = MINUTE,
+    ) -> list[Metrics]:
+        """``metrics`` for async code (the sync store's, in a worker thread)."""
+        return await sync_to_async(self.metrics, thread_sensitive=False)(since, step)
 
     @_reaching_redis
     def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
