@@ -33,12 +33,12 @@ from benchmarks import (
     expiry,
     flow,
     groups,
-    history,
     idle,
     io_burst,
     keys,
     kills,
     lateness,
+    metrics,
     outbox,
     peers,
     probes,
@@ -56,7 +56,7 @@ PHASES = (
     "keys",
     "groups",
     "expiry",
-    "history",
+    "metrics",
     "drain",
     "flow",
     "processes",
@@ -338,9 +338,9 @@ def bench_expiry(args: argparse.Namespace, probe: Any) -> list[Row]:
     return expiry.rows(args.expiry_messages, cycles)
 
 
-def bench_history(args: argparse.Namespace, probe: Any) -> list[Row]:
-    progress("history: the bytes of 14 days of one queue's metrics history")
-    return history.rows(repeat(args.runs, "history", lambda: history.fill(probe)))
+def bench_metrics(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("metrics: the bytes of 14 days of one queue's metrics history")
+    return metrics.rows(repeat(args.runs, "metrics", lambda: metrics.fill(probe)))
 
 
 def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -910,8 +910,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_groups(args, probe)
         if "expiry" in chosen:
             rows += bench_expiry(args, probe)
-        if "history" in chosen:
-            rows += bench_history(args, probe)
+        if "metrics" in chosen:
+            rows += bench_metrics(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

@@ -10,7 +10,7 @@ from typing import Any
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.flow import GATES_OWN
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import expiry, flow, groups, history, key_index, prelude
+from delayqueue_django.engine.memory import expiry, flow, groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.metrics import Counts
@@ -80,7 +80,7 @@ class MemoryDelivery(MemoryStoreBase):
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
             written = [due for due, replay in zip(dues, replayed, strict=True) if not replay]
-            history.count_minute(state, now, Counts(sent=len(written)))
+            metrics.count_minute(state, now, Counts(sent=len(written)))
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
@@ -153,7 +153,7 @@ class MemoryDelivery(MemoryStoreBase):
                 flow.record(state, self._limits, len(deliveries), now, gates)
                 if allowed < count and len(deliveries) == allowed:
                     deliveries = [replace(d, due_ms=max(d.due_ms, now)) for d in deliveries]
-                history.handed_out(state, now, [delivery.due_ms for delivery in deliveries])
+                metrics.handed_out(state, now, [delivery.due_ms for delivery in deliveries])
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
@@ -205,7 +205,7 @@ class MemoryDelivery(MemoryStoreBase):
                 else:
                     state.retry.append(message_id)
         # The metrics history: a timeout not buried is a refusal (fetch.lua).
-        history.count_minute(state, now, Counts(nacked=expired - buried))
+        metrics.count_minute(state, now, Counts(nacked=expired - buried))
         prelude.count_total(state, "failed", expired)
         prelude.count_total(state, "timed_out", expired)
 
@@ -316,7 +316,7 @@ class MemoryDelivery(MemoryStoreBase):
                     state.unack.remove(message_id)
                     prelude.forget(state, message_id)
                     acked.append(message_id)
-            history.count_minute(state, now, Counts(acked=len(acked)))
+            metrics.count_minute(state, now, Counts(acked=len(acked)))
             prelude.count_total(state, "acked", len(acked))
             if acked and state.group_of:
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
@@ -384,7 +384,7 @@ class MemoryDelivery(MemoryStoreBase):
             # The metrics history: retries, postpones and superseded messages were refused
             # (the buried counted as they were buried). A postpone is no failure.
             refused = sum(not o.exhausted for o in outcomes)
-            history.count_minute(state, now, Counts(nacked=refused))
+            metrics.count_minute(state, now, Counts(nacked=refused))
             prelude.count_total(state, "failed", len(outcomes) - postponed_back)
             prelude.count_total(state, "postponed", postponed_back)
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)

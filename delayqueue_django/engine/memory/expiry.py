@@ -6,7 +6,7 @@ announced like an exhausted one."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.errors import expiry_refusal
-from delayqueue_django.engine.memory import groups, history
+from delayqueue_django.engine.memory import groups, metrics
 from delayqueue_django.engine.memory.server import QueueState
 from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.records import EXPIRED, NewMessage
@@ -65,7 +65,7 @@ def bury_for(state: QueueState, message_id: str, now: int, reason: str, total: s
     state.expiries.pop(message_id, None)
     state.totals[total] = state.totals.get(total, 0) + 1
     counts = Counts(expired=1) if reason == EXPIRED else Counts(dead=1)
-    history.count_minute(state, now, counts)
+    metrics.count_minute(state, now, counts)
     groups.release(state, message_id)  # a dead letter passes its ordered group on
 
 

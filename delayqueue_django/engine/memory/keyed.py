@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
 from delayqueue_django.engine.keyed import keyed_body, split_keyed
-from delayqueue_django.engine.memory import expiry, groups, history, key_index, prelude
+from delayqueue_django.engine.memory import expiry, groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.metrics import Counts
@@ -38,7 +38,7 @@ class MemoryKeyed(MemoryStoreBase):
             previous_head = state.pending.head()
             sent, earliest = self._write_keyed(state, batch, now, now_us)
             written = sum(outcome.outcome in ("created", "replaced") for outcome in sent)
-            history.count_minute(state, now, Counts(sent=written))
+            metrics.count_minute(state, now, Counts(sent=written))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             return sent

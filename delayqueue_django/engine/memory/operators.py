@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups, history, key_index, prelude
+from delayqueue_django.engine.memory import groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
@@ -156,7 +156,7 @@ class MemoryOperators(MemoryStoreBase):
 
     def metrics(self, back_minutes: int) -> MetricsRead:
         with self.server.lock:
-            return history.read(self._state(), self._now(), back_minutes)
+            return metrics.read(self._state(), self._now(), back_minutes)
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         with self.server.lock:
@@ -170,7 +170,7 @@ class MemoryOperators(MemoryStoreBase):
 
     def prune_throughput(self) -> int:
         with self.server.lock:
-            return history.prune(self._state(), self._now())
+            return metrics.prune(self._state(), self._now())
 
     def list(
         self, state: str, *, offset: int, limit: int, preview_bytes: int

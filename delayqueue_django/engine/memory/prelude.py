@@ -5,7 +5,7 @@ schedule's record), for the memory store's operations to share in the same way."
 from collections import deque
 
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups, history
+from delayqueue_django.engine.memory import groups, metrics
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
@@ -115,7 +115,7 @@ def bury(state: QueueState, message_id: str, now: int) -> None:
     state.garbage.add(message_id, now)
     state.exhausted.add(message_id, now)
     count_total(state, "exhausted", 1)
-    history.count_minute(state, now, Counts(dead=1))
+    metrics.count_minute(state, now, Counts(dead=1))
     # A buried holder passes its group on; its entry stays, for a requeue to wait again.
     groups.release(state, message_id)
 
