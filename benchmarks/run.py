@@ -39,6 +39,7 @@ from benchmarks import (
     keys,
     kills,
     lateness,
+    metrics,
     outbox,
     outcomes,
     peers,
@@ -59,6 +60,7 @@ PHASES = (
     "expiry",
     "history",
     "outcomes",
+    "metrics",
     "drain",
     "flow",
     "processes",
@@ -379,6 +381,11 @@ def bench_outcomes(args: argparse.Namespace, probe: Any) -> list[Row]:
         )
         progress(f"  run {run + 1}/{args.runs}: {done}")
     return outcomes.rows(args.outcomes_messages, cycles)
+
+
+def bench_metrics(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("metrics: the bytes of 14 days of one queue's metrics history")
+    return metrics.rows(repeat(args.runs, "metrics", lambda: metrics.fill(probe)))
 
 
 def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -952,6 +959,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_history(args, probe)
         if "outcomes" in chosen:
             rows += bench_outcomes(args, probe)
+        if "metrics" in chosen:
+            rows += bench_metrics(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

@@ -88,6 +88,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "Redis CPU per message, 500 due together") > 0
     # The floor under the trickle: a bare PING at its pace costs the server something too.
     assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
+    # 14 days of a queue's metrics history, full, under BullMQ's two weeks (issue #35).
+    assert 0 < figure(table, "metrics history: bytes per queue for 14 days") < 120_000
 
 
 @pytest.mark.timeout(60)

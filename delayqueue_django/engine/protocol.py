@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
 from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.metrics import MetricsRead
 from delayqueue_django.engine.records import (
     Attempt,
     Attempts,
@@ -217,11 +218,13 @@ class Store(Protocol):
 
     def stats(self) -> dict[str, int]: ...
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
-        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
+    def metrics(self, back_minutes: int) -> MetricsRead:
+        """The metrics history (see engine.metrics) from ``back_minutes`` before the current
+        minute on (the store's clock), 15 days back at most."""
 
-    def prune_throughput(self, keep_minutes: int) -> int:
-        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
+    def prune_throughput(self) -> int:
+        """The metrics history's upkeep: minute records older than a day rolled up into
+        hour records; returns how many hours were rolled up (and old fields moved)."""
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Add worker-measured counts to the queue's running totals."""

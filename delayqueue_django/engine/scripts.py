@@ -56,6 +56,7 @@ SCRIPT_NAMES = (
     "holds_key",
     "list",
     "lookup",
+    "metrics",
     "nack",
     "peek",
     "promote",
@@ -71,7 +72,6 @@ SCRIPT_NAMES = (
     "send_keyed",
     "snapshot",
     "stats",
-    "throughput",
     "totals",
 )
 
@@ -82,11 +82,11 @@ READ_ONLY = frozenset(
         "holds_key",
         "list",
         "lookup",
+        "metrics",
         "peek",
         "schedules",
         "snapshot",
         "stats",
-        "throughput",
         "totals",
     }
 )

@@ -12,8 +12,6 @@ from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMe
 
 # How many dead letters one purge or retention call deletes per script call.
 GARBAGE_DROP_BATCH = 1000
-# Per-minute throughput counts older than this are pruned by the workers.
-THROUGHPUT_MINUTES_KEPT = 60
 
 
 class QueueOperating(QueueBase):
@@ -58,18 +56,6 @@ class QueueOperating(QueueBase):
         """Check the queue's state in Redis: every message in exactly one state, nothing
         orphaned (see ``engine.invariants``). One atomic read of the whole queue: O(n)."""
         return check_queue(self.store)
-
-    @_reaching_redis
-    def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
-        """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for
-        the last ``minutes`` minutes (Redis clock), oldest first, in one round trip."""
-        if not 1 <= minutes <= THROUGHPUT_MINUTES_KEPT:
-            raise ValueError(f"minutes must be 1..{THROUGHPUT_MINUTES_KEPT}, not {minutes}")
-        return self.store.throughput(minutes)
-
-    @_reaching_redis
-    def prune_throughput(self) -> int:
-        return self.store.prune_throughput(THROUGHPUT_MINUTES_KEPT)
 
     @_reaching_redis
     def list_messages(

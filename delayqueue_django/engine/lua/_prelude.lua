@@ -34,7 +34,19 @@
                              to waiting, see "Keys" below),
                              "all:expired" (buried as their expiry passed) and
                              "all:postponed" (deliveries a handler postponed), see
-                             "Expiry and postpones" below
+                             "Expiry and postpones" below. (A release before the metrics
+                             history also counted "<minute>:acked" / "<minute>:failed"
+                             here: prune_throughput moves any it finds into the history,
+                             and metrics.lua reads those not moved yet.)
+
+  Metrics history (see "Metrics history" below), derived from the queue's tag like "Keys":
+    <tag>:metrics:m:<hour>  string  the hour's 60 minute records (hour = ms // 3600000;
+                                    the minute's record at (minute % 60) * 36 bytes)
+    <tag>:metrics:h:<day>   string  the day's 24 hour records (day = ms // 86400000),
+                                    rolled up from the minute records by prune_throughput
+  A record is 36 bytes, big-endian as BITFIELD writes them: sent, acked, nacked, dead,
+  expired, handed (deliveries handed out), lag_max (ms) as u32 each, then lag_sum (ms) as
+  i64; counts saturate rather than wrap.
 
   Keys: the keys of keyed messages (the user's own names for them, see send_keyed.lua)
   are not in KEYS: begin() derives their names from the payload key's, "<tag>:payload", so
@@ -116,6 +128,8 @@ local options_absent
 local expiries, postpone_counts, dead_reasons
 -- Attempt records (see "Attempt records" above).
 local histories
+-- The metrics history's keys start with this, "<tag>:metrics:" (see the header).
+local metrics_prefix
 
 -- The ordered groups' keys and the queue's wake-up channel (see "Ordered groups"), named
 -- by begin() like the others; group_names() hands them out.
@@ -147,8 +161,8 @@ local function remember(kind, key, names)
 end
 
 -- {keys, holds' prefix, key rows, flow, flow log, flow slots, expiries, postpones, dead
--- reasons, group_of, group_busy, group prefix, wake-up channel, attempt records} from
--- "<tag>:payload".
+-- reasons, group_of, group_busy, group prefix, wake-up channel, attempt records, metrics
+-- history's prefix} from "<tag>:payload".
 local function names_of(payload_key)
   local tag = string.sub(payload_key, 1, -8)
   return remember(NAMES, payload_key, {
@@ -156,7 +170,7 @@ local function names_of(payload_key)
     tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots',
     tag .. 'expires', tag .. 'postpones', tag .. 'dead_reason',
     tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup',
-    tag .. 'history',
+    tag .. 'history', tag .. 'metrics:',
   })
 end
 
@@ -172,7 +186,7 @@ local function begin(keys)
   expiries, postpone_counts, dead_reasons = names[7], names[8], names[9]
   group_of_key, group_busy_key, group_prefix, group_channel =
     names[10], names[11], names[12], names[13]
-  histories = names[14]
+  histories, metrics_prefix = names[14], names[15]
   options_absent = nil
   outcome_ms, outcome_worker = nil, nil
 end
@@ -727,10 +741,68 @@ local function wake(channel, due)
   redis.call('PUBLISH', channel, int(due))
 end
 
--- Per-minute counts of acked and failed deliveries, and their totals, for monitoring.
-local function count_throughput(now, what, n)
+-- Metrics history (see the header): each counting script adds its counts to the current
+-- minute's record with one BITFIELD, which a plain ack pays in place of the HINCRBY of a
+-- "<minute>:acked" field that the release before counted with. A record's fields, by
+-- their place: u32 at 32 bits each, then lag_sum, an i64.
+local SENT, ACKED, NACKED, DEAD, EXPIRED, HANDED, LAG_MAX = 0, 1, 2, 3, 4, 5, 6
+local RECORD_BITS, LAG_SUM_BITS = 288, 224
+local U32_MAX = 4294967295
+
+local function minute_key(hour)
+  return metrics_prefix .. 'm:' .. int(hour)
+end
+
+local function hour_key(day)
+  return metrics_prefix .. 'h:' .. int(day)
+end
+
+-- BITFIELD on a history key; a key of another type (a foreign write) is renamed aside first.
+local function bitfield(key, ops)
+  local reply = redis.pcall('BITFIELD', key, unpack(ops))
+  if failed(reply) and wrong_type(reply) then
+    rename_foreign(key)
+    reply = redis.pcall('BITFIELD', key, unpack(ops))
+  end
+  if failed(reply) then
+    table.insert(warnings, {key, 'could not count (' .. reply.err .. ')'})
+    return nil
+  end
+  return reply
+end
+
+-- Adds `counts` ({field, n, field, n, ...}) to the record of the minute of `now`, and the
+-- lag of deliveries handed out (`lag_sum` and `lag_max`, ms; nil for none): one command,
+-- and a second when lag_max is above the minute's maximum so far.
+local function count_minute(now, counts, lag_sum, lag_max)
+  local minute = math.floor(now / 60000)
+  local base = (minute % 60) * RECORD_BITS
+  local ops = {'OVERFLOW', 'SAT'}
+  for i = 1, #counts, 2 do
+    if counts[i + 1] > 0 then
+      ops[#ops + 1], ops[#ops + 2] = 'INCRBY', 'u32'
+      ops[#ops + 1], ops[#ops + 2] = base + 32 * counts[i], int(counts[i + 1])
+    end
+  end
+  if lag_sum then
+    ops[#ops + 1], ops[#ops + 2] = 'INCRBY', 'i64'
+    ops[#ops + 1], ops[#ops + 2] = base + LAG_SUM_BITS, int(lag_sum)
+    ops[#ops + 1], ops[#ops + 2], ops[#ops + 3] = 'GET', 'u32', base + 32 * LAG_MAX
+  end
+  if #ops == 2 then
+    return
+  end
+  local key = minute_key(math.floor(minute / 60))
+  local reply = bitfield(key, ops)
+  if reply and lag_sum and math.min(lag_max, U32_MAX) > tonumber(reply[#reply]) then
+    bitfield(key, {'SET', 'u32', base + 32 * LAG_MAX, int(math.min(lag_max, U32_MAX))})
+  end
+end
+
+-- Per-minute counts of acked and refused deliveries (one kind each), and their totals.
+local function count_throughput(now, field, what, n)
   if n > 0 then
-    add_count(int(math.floor(now / 60000)) .. ':' .. what, n)
+    count_minute(now, {field, n})
     count_total(what, n)
   end
 end

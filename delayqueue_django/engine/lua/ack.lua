@@ -2,9 +2,9 @@
   ack: a batch of deliveries succeeded; forget those messages.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
-        and the key index (an acked keyed message that still is its key's leaves it),
-        expiries and postpone counts (see "Expiry and postpones" in the prelude), and
-        attempt records (see "Attempt records" there);
+        the metrics history, and the key index (an acked keyed message that still is its
+        key's leaves it), expiries and postpone counts (see "Expiry and postpones" in the
+        prelude), and attempt records (see "Attempt records" there);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)
@@ -89,5 +89,5 @@ else
   -- A message that never failed has no attempt records: its ack costs nothing more.
   call_chunked('HDEL', histories, retried)
 end
-count_throughput(now, 'acked', #acked)
+count_throughput(now, ACKED, 'acked', #acked)
 return {acked, warnings}

@@ -3,8 +3,8 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted, throughput (each refusal counts as failed), payload and the key
-        index (keyed messages, see "Keys" in the prelude);
+        meta, exhausted, throughput (each refusal counts as failed), the metrics history,
+        payload and the key index (keyed messages, see "Keys" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  wake-up channel
@@ -210,8 +210,12 @@ count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
--- A postpone is no failure.
-count_throughput(now, 'failed', #outcomes / 3 - postponed_back)
+-- The metrics history: a retry, a postpone and a superseded message were refused; a
+-- burial is dead (expired when its expiry passed). The running total of failures leaves
+-- postpones out: a postpone is no failure.
+count_minute(now, {NACKED, #scored / 2 + #gone, DEAD, #to_bury + #dead['postponed too often'],
+  EXPIRED, #dead['expired']})
+count_total('failed', #outcomes / 3 - postponed_back)
 count_total('postponed', postponed_back)
 record_reply(keys[11], request, outcomes, #outcomes, record_ms)
 return {outcomes, warnings}

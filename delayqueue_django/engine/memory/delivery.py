@@ -11,10 +11,11 @@ from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.flow import GATES_OWN
 from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import expiry, flow, groups, prelude
+from delayqueue_django.engine.memory import expiry, flow, groups, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.history import record_attempt
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.outcomes import ACKED, CANCELLED
 from delayqueue_django.engine.records import (
     EXPIRED,
@@ -87,6 +88,7 @@ class MemoryDelivery(MemoryStoreBase):
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
             written = [due for due, replay in zip(dues, replayed, strict=True) if not replay]
+            metrics.count_minute(state, now, Counts(sent=len(written)))
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
@@ -163,6 +165,7 @@ class MemoryDelivery(MemoryStoreBase):
                 flow.record(state, self._limits, len(deliveries), now, gates)
                 if allowed < count and len(deliveries) == allowed:
                     deliveries = [replace(d, due_ms=max(d.due_ms, now)) for d in deliveries]
+                metrics.handed_out(state, now, [delivery.due_ms for delivery in deliveries])
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
@@ -199,7 +202,7 @@ class MemoryDelivery(MemoryStoreBase):
 
         # 1. Deliveries that outlived their deadline: retry, or garbage when used up; each
         # leaves a record of its attempt (see fetch.lua).
-        expired = 0
+        expired = buried = 0
         for message_id, passed in state.unack.pop_upto(now, room()):
             meta = state.metas[message_id]
             expired += 1
@@ -208,6 +211,7 @@ class MemoryDelivery(MemoryStoreBase):
             # Its redelivery is due from the moment the deadline passed.
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
+                buried += 1
                 prelude.bury(state, message_id, now)
             elif self._return_to_waiting(state, message_id):
                 prelude.count_total(state, "retried", 1)
@@ -215,7 +219,9 @@ class MemoryDelivery(MemoryStoreBase):
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
                 else:
                     state.retry.append(message_id)
-        prelude.count(state, now, "failed", expired)
+        # The metrics history: a timeout not buried is a refusal (fetch.lua).
+        metrics.count_minute(state, now, Counts(nacked=expired - buried))
+        prelude.count_total(state, "failed", expired)
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
@@ -326,7 +332,8 @@ class MemoryDelivery(MemoryStoreBase):
                     self._end(state, message_id, ACKED, fetcher)
                     prelude.forget(state, message_id)
                     acked.append(message_id)
-            prelude.count(state, now, "acked", len(acked))
+            metrics.count_minute(state, now, Counts(acked=len(acked)))
+            prelude.count_total(state, "acked", len(acked))
             if acked and state.group_of:
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
@@ -398,8 +405,11 @@ class MemoryDelivery(MemoryStoreBase):
                 self._wake(earliest)
             if state.group_of and any(o.exhausted or o.superseded for o in outcomes):
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
-            # A postpone is no failure.
-            prelude.count(state, now, "failed", len(outcomes) - postponed_back)
+            # The metrics history: retries, postpones and superseded messages were refused
+            # (the buried counted as they were buried). A postpone is no failure.
+            refused = sum(not o.exhausted for o in outcomes)
+            metrics.count_minute(state, now, Counts(nacked=refused))
+            prelude.count_total(state, "failed", len(outcomes) - postponed_back)
             prelude.count_total(state, "postponed", postponed_back)
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes

@@ -6,9 +6,10 @@ announced like an exhausted one."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.errors import expiry_refusal
-from delayqueue_django.engine.memory import groups
+from delayqueue_django.engine.memory import groups, metrics
 from delayqueue_django.engine.memory.server import QueueState
-from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.metrics import Counts
+from delayqueue_django.engine.records import EXPIRED, NewMessage
 
 
 def due_after(now: int, now_us: int, delay_ms: int, delay_us: int) -> int:
@@ -63,6 +64,8 @@ def bury_for(state: QueueState, message_id: str, now: int, reason: str, total: s
     state.dead_reasons[message_id] = reason
     state.expiries.pop(message_id, None)
     state.totals[total] = state.totals.get(total, 0) + 1
+    counts = Counts(expired=1) if reason == EXPIRED else Counts(dead=1)
+    metrics.count_minute(state, now, counts)
     groups.release(state, message_id)  # a dead letter passes its ordered group on
 
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
 from delayqueue_django.engine.keyed import keyed_body, split_keyed
-from delayqueue_django.engine.memory import expiry, groups, key_index, prelude
+from delayqueue_django.engine.memory import expiry, groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.outcomes import CANCELLED
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
 
@@ -37,6 +38,8 @@ class MemoryKeyed(MemoryStoreBase):
             state, (now, now_us) = self._state(), self._now_with_us()
             previous_head = state.pending.head()
             sent, earliest = self._write_keyed(state, batch, now, now_us)
+            written = sum(outcome.outcome in ("created", "replaced") for outcome in sent)
+            metrics.count_minute(state, now, Counts(sent=written))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             return sent

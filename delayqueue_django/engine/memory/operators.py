@@ -7,10 +7,11 @@ from typing import Any
 
 from delayqueue_django.engine.history import last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups, key_index, prelude
+from delayqueue_django.engine.memory import groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
+from delayqueue_django.engine.metrics import MetricsRead
 from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 
 
@@ -156,18 +157,9 @@ class MemoryOperators(MemoryStoreBase):
     def unreadable_payloads(self) -> list[Any]:
         return []  # its payloads are what send was given: text
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+    def metrics(self, back_minutes: int) -> MetricsRead:
         with self.server.lock:
-            state = self._state()
-            current = self._now() // 60_000
-            return [
-                (
-                    minute * 60_000,
-                    state.throughput.get((minute, "acked"), 0),
-                    state.throughput.get((minute, "failed"), 0),
-                )
-                for minute in range(current - minutes + 1, current + 1)
-            ]
+            return metrics.read(self._state(), self._now(), back_minutes)
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         with self.server.lock:
@@ -179,14 +171,9 @@ class MemoryOperators(MemoryStoreBase):
         with self.server.lock:
             return dict(self._state().totals)
 
-    def prune_throughput(self, keep_minutes: int) -> int:
+    def prune_throughput(self) -> int:
         with self.server.lock:
-            state = self._state()
-            oldest_kept = self._now() // 60_000 - keep_minutes + 1
-            old = [field for field in state.throughput if field[0] < oldest_kept]
-            for field in old:
-                del state.throughput[field]
-            return len(old)
+            return metrics.prune(self._state(), self._now())
 
     def list(
         self, state: str, *, offset: int, limit: int, preview_bytes: int

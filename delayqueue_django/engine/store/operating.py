@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from delayqueue_django.engine.history import foreign, last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.keyed_calls import wire
+from delayqueue_django.engine.metrics import MetricsRead, read_reply
 from delayqueue_django.engine.outcomes import ended_message, outcome_arg
 from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 from delayqueue_django.engine.store.base import RedisStoreBase
@@ -78,13 +79,9 @@ class RedisOperating(RedisStoreBase):
                 unreadable.append(message_id)
         return unreadable
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
-        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
-        _, flat, _ = self._run("throughput", [minutes])
-        return [
-            (int(flat[i]) * 60_000, int(flat[i + 1]), int(flat[i + 2]))
-            for i in range(0, len(flat), 3)
-        ]
+    def metrics(self, back_minutes: int) -> MetricsRead:
+        """The metrics history from ``back_minutes`` before the current minute on."""
+        return read_reply(self._run("metrics", [back_minutes]))
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Add worker-measured counts to the queue's running totals (names without "all:")."""
@@ -97,9 +94,10 @@ class RedisOperating(RedisStoreBase):
         flat, _ = self._run("totals", [])
         return {_shown(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def prune_throughput(self, keep_minutes: int) -> int:
-        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
-        pruned, _ = self._run("prune_throughput", [keep_minutes])
+    def prune_throughput(self) -> int:
+        """The metrics history's upkeep (see prune_throughput.lua); returns how many hours
+        were rolled up and old fields moved."""
+        pruned, _ = self._run("prune_throughput", [])
         return int(pruned)
 
     def list(
