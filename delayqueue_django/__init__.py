@@ -25,10 +25,12 @@ from delayqueue_django.core.outgoing import Outgoing
 from delayqueue_django.core.queue import Exhausted, Fetched, Queue
 from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.core.registry import get_queue
+from delayqueue_django.engine import Attempt
 from delayqueue_django.exceptions import Postpone, Retry
 from delayqueue_django.schedules.api import Schedules
 
 __all__ = [
+    "Attempt",
     "Exhausted",
     "Fetched",
     "Message",

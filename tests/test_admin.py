@@ -587,9 +587,9 @@ def test_a_million_pending_messages_cost_the_page_no_more_round_trips(
     last_page = count_round_trips(queue, lambda: client.get(path + "?page=20001"))
     page = client.get(path + "?page=20001").content.decode()
     assert big == small == last_page
-    # Stats, one page of messages, throughput, the workers index, the schedules, the flow
-    # gates' state.
-    assert big == 6
+    # Stats, one page of messages, throughput, the metrics history, the workers index, the
+    # schedules, the flow gates' state.
+    assert big == 7
     assert "page 20001 of 20001" in page
     assert 'data-dq-stat="pending">1000001<' in client.get(path).content.decode()
 

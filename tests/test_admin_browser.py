@@ -127,3 +127,45 @@ def test_a_staff_user_pauses_and_resumes_a_queue(
     wait_for(lambda: "Flowing." in browser.page_source, what="the resumed queue")
     assert queue.stats()["paused"] == 0
     assert len(fetch_when_due(queue, 10)) == 2
+
+
+def test_a_staff_user_reads_the_history_charts_and_picks_a_range(
+    browser: Any, live_server: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pw")
+    queue = get_queue()
+    queue.send_many([{"order": n} for n in range(6)])
+    delivered = fetch_when_due(queue, 6)
+    queue.ack(delivered[:4])
+    queue.nack(delivered[4:5], delay=3600)
+    queue.bury(delivered[5:])
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("secret-pw")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(lambda: "Delay queues" in browser.page_source, what="the admin index")
+    browser.find_element(By.LINK_TEXT, "Queues").click()
+    browser.find_element(By.LINK_TEXT, "default").click()
+
+    charts = browser.find_elements(By.CSS_SELECTOR, "#history svg.dq-chart[role=img]")
+    assert len(charts) == 2
+    assert all(chart.size["width"] > 300 and chart.size["height"] > 60 for chart in charts)
+    assert browser.find_elements(By.CSS_SELECTOR, "#history polyline")  # lines drawn
+    current = browser.find_element(By.CSS_SELECTOR, "#history [aria-current=true]")
+    assert current.text == "last hour, per minute"
+    browser.find_element(By.CSS_SELECTOR, "#history summary").click()
+    sent = browser.find_elements(By.CSS_SELECTOR, ".dq-history-table tbody td:nth-child(2)")
+    assert sum(int(cell.text) for cell in sent) == 6
+    history = browser.find_element(By.ID, "history")
+    browser.execute_script("arguments[0].scrollIntoView();", history)
+    screenshot_dir = Path(os.environ.get("DQ_SCREENSHOT_DIR", tmp_path))
+    history.screenshot(str(screenshot_dir / "admin-queue-history.png"))
+
+    browser.find_element(By.LINK_TEXT, "last 14 days, per 3 hours").click()
+    wait_for(lambda: "history=14d" in browser.current_url, what="the 14 days' range")
+    current = browser.find_element(By.CSS_SELECTOR, "#history [aria-current=true]")
+    assert current.text == "last 14 days, per 3 hours"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#history svg.dq-chart")) == 2

@@ -42,8 +42,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
     # async phase runs arq, saq and streaq from a virtualenv of their own, which neither has:
-    # its test below runs ours only. The keys', flow gates', groups', processes' and expiry's
-    # have tests of their own too.
+    # its test below runs ours only. The keys', flow gates', groups', processes', expiry's
+    # and attempt records' have tests of their own too.
     skipped = (
         "shards",
         "peers",
@@ -54,6 +54,7 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
         "groups",
         "processes",
         "expiry",
+        "history",
     )
     stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
@@ -87,6 +88,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     assert figure(table, "Redis CPU per message, 500 due together") > 0
     # The floor under the trickle: a bare PING at its pace costs the server something too.
     assert figure(table, "trickle's floor: Redis CPU per bare PING sent at the same pace") > 0
+    # 14 days of a queue's metrics history, full, under BullMQ's two weeks (issue #35).
+    assert 0 < figure(table, "metrics history: bytes per queue for 14 days") < 120_000
 
 
 @pytest.mark.timeout(60)
@@ -230,6 +233,15 @@ def test_the_expiry_benchmark_sets_expiring_messages_beside_plain_ones() -> None
     assert figure(table, f"{what}: with an expiry, handled before it ÷ plain") > 0
 
 
+def test_the_outcomes_benchmark_measures_records_and_an_acks_commands() -> None:
+    _, table = run_quick("outcomes")
+    what = "outcome records (HISTORY_RETENTION), 500 messages acked"
+    for mode in ("a plain message", "a keyed message (key 'order:<n>')"):
+        assert figure(table, f"{what}: bytes per record of {mode} (MEMORY USAGE)") > 0
+        off = figure(table, f"{what}: Redis commands per ack of {mode}, option off")
+        assert figure(table, f"{what}: Redis commands per ack of {mode}, option on") > off
+
+
 @pytest.mark.timeout(60)
 def test_the_async_benchmark_sets_the_event_loop_beside_threads() -> None:
     # Ours only: the peers' virtualenv is make bench's, not the tests'.
@@ -273,3 +285,13 @@ def test_the_peers_benchmark_sets_the_burst_beside_the_trickle() -> None:
         assert figure(table, f"{what}: {measure} — delayqueue_django") > 0
     # The ratios need huey in the same run.
     assert not [line for line in table if "ours ÷ huey's" in line]
+
+
+def test_the_history_benchmark_counts_commands_and_bytes_of_attempt_records() -> None:
+    _, table = run_quick("history")
+    what = "attempt records, 200 messages in batches of 100"
+    assert figure(table, f"{what}: Redis commands per ack of a message that never failed") > 0
+    assert figure(table, f"{what}: Redis commands per nack, its attempt record written") > 0
+    assert 0 < figure(table, "Redis bytes per attempt record, a usual failure") < 2_000
+    bounded = figure(table, "Redis bytes per attempt record, text and traceback at their bounds")
+    assert 10_000 < bounded <= 13 * 1024

@@ -144,7 +144,7 @@ STEPS: dict[str, Callable[[Queue, dict[str, Any]], Any]] = {
     "claim": lambda queue, held: queue.store.claim_exhausted(10, 1000),
     "confirm": lambda queue, held: queue.store.confirm_exhausted([(held["garbage"], 1)]),
     "add_totals": lambda queue, held: queue.store.add_totals({"x": 1}),
-    "prune_throughput": lambda queue, held: queue.store.prune_throughput(1),
+    "prune_throughput": lambda queue, held: queue.store.prune_throughput(),
     "stats": lambda queue, held: queue.stats(),
     "list": lambda queue, held: [queue.list_messages(state) for state in STATES],
     "peek": lambda queue, held: queue.peek(held["pending"]),

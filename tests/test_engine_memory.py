@@ -78,17 +78,6 @@ def test_deliveries_time_out_on_the_moved_clock(clock: ManualClock) -> None:
     assert (second.id, second.attempt, second.due_ms) == (first.id, 2, first.deadline_ms)
 
 
-def test_old_throughput_counts_are_pruned(clock: ManualClock) -> None:
-    queue = get_queue()
-    queue.send("x")
-    queue.ack(queue.fetch().messages)
-    clock.advance(timedelta(minutes=59))
-    assert queue.prune_throughput() == 0  # 60 minutes are kept: this one and 59 before
-    clock.advance(timedelta(minutes=1))
-    assert queue.prune_throughput() == 1
-    assert all((acked, failed) == (0, 0) for _, acked, failed in queue.throughput(60))
-
-
 def test_heartbeats_expire_on_the_store_clock(clock: ManualClock) -> None:
     store = get_queue().store
     store.put_heartbeat("w1", '{"pid": 1}', ttl_ms=30_000)

@@ -331,15 +331,7 @@ def test_throughput_counts_acks_and_failures_per_minute(configure: Callable[...,
     assert counts[0][0] + 60_000 == counts[1][0]
 
 
-def test_old_throughput_counts_are_pruned(redis_queue: Queue, raw: Any) -> None:
-    # Redis's clock cannot be moved, so the counts are written by hand (the memory store's
-    # pruning is tested with a clock moved forward: test_engine_memory).
-    queue = redis_queue
-    key = queue.store.keys.key("throughput")
-    now_minute = store_time_ms(queue) // 60_000
-    raw.hset(key, mapping={f"{now_minute}:acked": 5, f"{now_minute - 61}:acked": 7, "junk": 1})
-    assert queue.prune_throughput() == 2
-    assert raw.hkeys(key) == [f"{now_minute}:acked".encode()]
+def test_throughput_refuses_minutes_out_of_range(queue: Queue) -> None:
     with pytest.raises(ValueError, match="minutes must be"):
         queue.throughput(0)
 

@@ -3,6 +3,7 @@ the memory store: each relayed message is written once, however often it is rela
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 
@@ -110,3 +111,9 @@ def test_keep_ms_counts_from_the_last_relay_of_an_id(queue: Queue) -> None:
     assert queue.store.relay([], forget=[], keep_ms=300) == []
     assert queue.store.relay([relayed("m1")], forget=[], keep_ms=KEEP_MS) == [None]
     assert states_of(queue, "m1") == []
+
+
+def test_the_messages_a_relay_writes_count_as_sent(queue: Queue) -> None:
+    queue.store.relay([relayed("m1"), relayed("m2")], forget=[], keep_ms=KEEP_MS)
+    queue.store.relay([relayed("m1"), relayed("m3")], forget=[], keep_ms=KEEP_MS)  # m1 again
+    assert sum(point.sent for point in queue.metrics(since=timedelta(minutes=2))) == 3

@@ -8,6 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from redis.exceptions import RedisError
 
+from delayqueue_django.admin import charts
 from delayqueue_django.admin.display import (
     COUNT_NAMES,
     as_datetime,
@@ -97,7 +98,8 @@ class QueuePages(ViewsBase):
             # throughput read every shard (they would only fail, after a timeout maybe),
             # and the workers and schedules are on shard 0.
             partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
-            entries, throughput = [], []
+            entries, throughput, history = [], [], None
+            chosen = charts.range_of(request.GET.get("history"))
             if not partial:
                 entries = queue.list_messages(
                     state,
@@ -106,6 +108,8 @@ class QueuePages(ViewsBase):
                     preview_bytes=PREVIEW_BYTES,
                 )
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
+                back, step, _ = charts.RANGES[chosen]
+                history = charts.history_context(queue.metrics(since=back, step=step), chosen)
             workers: list[dict[str, Any]] | None = None
             schedules: list[ScheduleInfo] | None = None
             flow = status = None
@@ -154,6 +158,8 @@ class QueuePages(ViewsBase):
                 }
                 for start, acked, failed in throughput
             ],
+            history=history,
+            history_range=chosen,
             throughput_totals=(
                 sum(row[1] for row in throughput),
                 sum(row[2] for row in throughput),

@@ -43,7 +43,8 @@ def keyed_state(key: str, *, queue: str) -> str | None:
         found = get_queue(queue).lookup(key)
     except (QueueUnavailable, ValueError):
         return None  # the queue's Redis is away, or the string is no key (InvalidKey)
-    return None if found is None else found.state
+    # (An outcome record, HISTORY_RETENTION: the key names no message to cancel.)
+    return None if found is None or found.ended_at is not None else found.state
 
 
 def hint_on_miss(message_id: str, *, queue: str) -> None:

@@ -19,6 +19,8 @@ def store_for(config: QueueConfig) -> Store:
         send_batch_size=config.send_batch_size,
         rate_limit=config.rate_limit,
         max_in_flight=config.max_in_flight,
+        history_attempts=config.history_attempts,
+        outcome_ms=config.history_retention_ms or 0,
     )
 
     if config.memory_name is not None:

@@ -18,8 +18,11 @@ from delayqueue_django.engine.protocol import Store, WakeupSubscription
 from delayqueue_django.engine.records import (
     BURY,
     EXPIRED,
+    LEASE_EXPIRED,
     POSTPONED_TOO_OFTEN,
     STATES,
+    VERDICTS,
+    Attempt,
     Delivery,
     ExhaustedClaim,
     FetchResult,
@@ -36,8 +39,11 @@ from delayqueue_django.engine.store import RedisStore
 __all__ = [
     "BURY",
     "EXPIRED",
+    "LEASE_EXPIRED",
     "POSTPONED_TOO_OFTEN",
     "STATES",
+    "VERDICTS",
+    "Attempt",
     "DelayQueueError",
     "Delivery",
     "DuplicateKey",

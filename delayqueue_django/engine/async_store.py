@@ -21,6 +21,7 @@ from delayqueue_django.engine.keyed_calls import (
     wire,
 )
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.outcomes import outcome_arg
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage, StoreLimits
 from delayqueue_django.engine.scripts import AsyncLua, send_keys
 from delayqueue_django.engine.store.base import log_warnings, oldest_version, require_supported
@@ -99,11 +100,14 @@ class AsyncRedisStore:
 
     async def remove(self, message_id: str) -> str | None:
         """Cancel a waiting message; returns the state it left, or None."""
-        return removed_state(await self._run("remove", [message_id, "cancel"]))
+        ended = outcome_arg(self.limits)  # ARGV[5] (see RedisStore.remove)
+        args = [message_id, "cancel", *(["", "", *ended] if ended else [])]
+        return removed_state(await self._run("remove", args))
 
     async def cancel_key(self, key: str) -> str | None:
         """Cancel the key's message if it waits; returns its id, or None."""
-        return cancelled_id(await self._run("remove", cancel_key_args(key)))
+        args = [*cancel_key_args(key), *outcome_arg(self.limits)]
+        return cancelled_id(await self._run("remove", args))
 
     async def reschedule(
         self,

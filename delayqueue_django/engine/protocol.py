@@ -10,8 +10,12 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.metrics import MetricsRead
 from delayqueue_django.engine.records import (
+    Attempt,
+    Attempts,
     ExhaustedClaim,
     FetchResult,
     KeyedSent,
@@ -159,13 +163,16 @@ class Store(Protocol):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
         A repeated ``request`` gets the reply it had (see ack). The ids in ``postponed``
         are postponed: their attempt is not counted nor their budget checked, and one
         postponed more than ``max_postpones`` times is buried with the reason
         POSTPONED_TOO_OFTEN. A retry or postpone due at or after the message's expiry
-        buries it with the reason EXPIRED."""
+        buries it with the reason EXPIRED. ``attempts``: the note of each refused id's
+        attempt, written as its attempt record in the same step (at most
+        ``limits.history_attempts`` a message, the newest kept; see engine.history)."""
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""
@@ -211,11 +218,13 @@ class Store(Protocol):
 
     def stats(self) -> dict[str, int]: ...
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
-        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
+    def metrics(self, back_minutes: int) -> MetricsRead:
+        """The metrics history (see engine.metrics) from ``back_minutes`` before the current
+        minute on (the store's clock), 15 days back at most."""
 
-    def prune_throughput(self, keep_minutes: int) -> int:
-        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
+    def prune_throughput(self) -> int:
+        """The metrics history's upkeep: minute records older than a day rolled up into
+        hour records; returns how many hours were rolled up (and old fields moved)."""
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Add worker-measured counts to the queue's running totals."""
@@ -232,6 +241,14 @@ class Store(Protocol):
         """Where a message is and what it holds, or None if the queue does not know it; its
         payload cut to at most ``preview_bytes`` bytes, as ``list`` cuts, if that is given."""
 
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        """The outcome record of a message that ended (engine.outcomes), by its id or by its
+        key (the key's latest message, when it ended as the key's), as a StoredMessage whose
+        state is how it ended; None when there is none: never ended, its retention passed,
+        or the queue keeps no records."""
+
     def peek_payload(self, message_id: str) -> bytes | None:
         """A message's whole payload, the very bytes stored (without the trace context a
         traced send put before them), or None if it has none."""
@@ -239,6 +256,14 @@ class Store(Protocol):
     def held(self, message_ids: Sequence[str]) -> set[str]:
         """Those of these messages the queue still holds, in any state (dead letters too):
         those not yet acked, removed or dropped. One round trip per shard."""
+
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first ([] when it has none). A damaged
+        record reads as an Attempt whose ``damaged`` says why; nothing here raises for it."""
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest attempt record of each of these messages that has one, by id. One
+        round trip per shard."""
 
     # Schedules (delayqueue_django.schedules; the semantics are schedule.lua's)
 

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import AnyStr
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
@@ -70,6 +71,11 @@ class StoreLimits:
     # shard 0 on several (see engine.flow).
     rate_limit: tuple[int, int] | None = None
     max_in_flight: int = 0
+    # The most attempt records a message keeps (HISTORY_ATTEMPTS; 0: none written).
+    history_attempts: int = 5
+    # How long a message that ended leaves its outcome record (HISTORY_RETENTION; see
+    # engine.outcomes), in ms: 0 keeps none, and the scripts are given nothing more.
+    outcome_ms: int = 0
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"
@@ -239,12 +245,74 @@ class StoredMessage:
     group: str | None = None
     # A dead letter's reason when it is not the default (see NackOutcome.dead_reason).
     dead_reason: str = ""
+    # The newest of its attempt records (see Attempt), where the read fills it in (a dead
+    # letter's peek and listing); None when it has none.
+    last_error: "Attempt | None" = None
+    # A message that ended, read from its outcome record (see engine.outcomes; its state is
+    # then one of ENDED_STATES, or DAMAGED_OUTCOME): when it ended, and the worker that
+    # acked it. None for a message still stored.
+    ended_at: datetime | None = None
+    worker: str | None = None
 
     @property
     def retries_left(self) -> int | None:
         if self.attempt is None or self.budget is None:
             return None
         return max(self.budget - max(self.attempt - 1, 0), 0)
+
+
+# Attempt records (see "Attempt records" in _prelude.lua): why each refused delivery of a
+# message was refused. The verdicts:
+ERROR = "error"  # the handler raised
+NACK = "nack"  # the handler returned False
+RETRY = "retry"  # the handler raised Retry
+REJECT = "reject"  # the handler raised Reject: a dead letter at once
+POSTPONE = "postpone"  # the handler raised Postpone
+TIME_LIMIT = "time limit"  # the handler ran past TIME_LIMIT (TimeLimitExceeded)
+LEASE_EXPIRED = "lease expired"  # no verdict came before the lease ran out (worker died)
+# EXPIRED and POSTPONED_TOO_OFTEN (above): a refusal that buried the message for that
+# reason, whatever the handler did (its error is kept all the same).
+VERDICTS = (
+    ERROR,
+    NACK,
+    RETRY,
+    REJECT,
+    POSTPONE,
+    TIME_LIMIT,
+    LEASE_EXPIRED,
+    EXPIRED,
+    POSTPONED_TOO_OFTEN,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One refused delivery of a message, as its verdict's script recorded it."""
+
+    attempt: int
+    verdict: str
+    # The exception's class as "module.qualname", its text and the tail of its traceback;
+    # empty when there was none (a handler that returned False, a lease that ran out).
+    error_class: str = ""
+    error: str = ""
+    traceback: str = ""
+    # "host:pid" of the worker that ran it; empty when not known (a lease that ran out).
+    worker: str = ""
+    # On Redis's clock: when the handler started (the worker's estimate; None when not
+    # known) and when the verdict was written.
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    # The text and the traceback were cut to their bounds (the traceback keeps its tail).
+    error_cut: bool = False
+    traceback_cut: bool = False
+    # Why the record could not be read in full (damaged, missing fields, not UTF-8, a key
+    # of another type): what could be read is shown, the rest empty. Empty when sound.
+    damaged: str = ""
+
+
+# A message's attempt records, oldest first (a name of its own: the stores' classes have a
+# method named list).
+Attempts = list[Attempt]
 
 
 # Schedules (schedule.lua): a schedule's ticks are messages with ids of this form.

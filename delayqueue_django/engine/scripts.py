@@ -46,6 +46,7 @@ SCRIPT_NAMES = (
     "claim_exhausted",
     "confirm_exhausted",
     "drop_garbage",
+    "ended",
     "extend",
     "fetch",
     "flow",
@@ -55,6 +56,7 @@ SCRIPT_NAMES = (
     "holds_key",
     "list",
     "lookup",
+    "metrics",
     "nack",
     "peek",
     "promote",
@@ -70,21 +72,21 @@ SCRIPT_NAMES = (
     "send_keyed",
     "snapshot",
     "stats",
-    "throughput",
     "totals",
 )
 
 # Called with FCALL_RO: they run on a Redis out of memory and could run on a replica.
 READ_ONLY = frozenset(
     {
+        "ended",
         "holds_key",
         "list",
         "lookup",
+        "metrics",
         "peek",
         "schedules",
         "snapshot",
         "stats",
-        "throughput",
         "totals",
     }
 )

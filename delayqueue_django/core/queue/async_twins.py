@@ -22,12 +22,13 @@ from delayqueue_django.core.queue.producing import (
 )
 from delayqueue_django.engine import NewMessage, StoredMessage
 from delayqueue_django.engine.async_store import AsyncRedisStore
+from delayqueue_django.engine.records import Attempts
 from delayqueue_django.engine.sharding.placement import SHARD_MARK
 from delayqueue_django.engine.sharding.store import ShardedStore
 
 
 class QueueAsync(QueueProducing, QueueOperating):
-    """asend, asend_many, acancel, areschedule, alookup and astats."""
+    """asend, asend_many, acancel, areschedule, alookup, amessage, ahistory and astats."""
 
     # Async producing: redis.asyncio for URL queues; a django-redis alias has no asyncio
     # client (nor has a memory queue), so its calls run the sync client in a worker thread.
@@ -218,6 +219,17 @@ class QueueAsync(QueueProducing, QueueOperating):
     async def alookup(self, key: str) -> StoredMessage | None:
         """``lookup`` for async code (the sync store's, in a worker thread)."""
         return await sync_to_async(self.lookup, thread_sensitive=False)(key)
+
+    async def ahistory(self, message_id: str) -> Attempts:
+        """``history`` for async code (the sync store's, in a worker thread)."""
+        return await sync_to_async(self.history, thread_sensitive=False)(message_id)
+
+    async def amessage(
+        self, message_id: str, *, preview_bytes: int | None = None
+    ) -> StoredMessage | None:
+        """``message`` for async code (the sync store's, in a worker thread)."""
+        message = sync_to_async(self.message, thread_sensitive=False)
+        return await message(message_id, preview_bytes=preview_bytes)
 
     @_areaching_redis
     async def astats(self) -> dict[str, int]:

@@ -2,17 +2,16 @@
 and deleting, requeueing, delivering now and purging messages."""
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from delayqueue_django.core import features
 from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
 from delayqueue_django.core.queue.key_options import check_key
-from delayqueue_django.engine import STATES, StoredMessage
 from delayqueue_django.engine.invariants import InvariantReport, check_queue
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage
 
 # How many dead letters one purge or retention call deletes per script call.
 GARBAGE_DROP_BATCH = 1000
-# Per-minute throughput counts older than this are pruned by the workers.
-THROUGHPUT_MINUTES_KEPT = 60
 
 
 class QueueOperating(QueueBase):
@@ -59,25 +58,14 @@ class QueueOperating(QueueBase):
         return check_queue(self.store)
 
     @_reaching_redis
-    def throughput(self, minutes: int = 15) -> list[tuple[int, int, int]]:
-        """Acked and failed deliveries per minute: ``(minute_start_ms, acked, failed)`` for
-        the last ``minutes`` minutes (Redis clock), oldest first, in one round trip."""
-        if not 1 <= minutes <= THROUGHPUT_MINUTES_KEPT:
-            raise ValueError(f"minutes must be 1..{THROUGHPUT_MINUTES_KEPT}, not {minutes}")
-        return self.store.throughput(minutes)
-
-    @_reaching_redis
-    def prune_throughput(self) -> int:
-        return self.store.prune_throughput(THROUGHPUT_MINUTES_KEPT)
-
-    @_reaching_redis
     def list_messages(
         self, state: str, *, offset: int = 0, limit: int = 50, preview_bytes: int = 1000
     ) -> list[StoredMessage]:
         """One page of messages in a state (pending, ready, unack, retry or garbage)."""
         if offset < 0 or not 0 <= limit <= 1000:
             raise ValueError(f"offset must be >= 0 and limit 0..1000 (got {offset}, {limit})")
-        return self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
+        listed = self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
+        return self._with_last_errors(listed) if state == "garbage" else listed
 
     @_reaching_redis
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
@@ -91,7 +79,23 @@ class QueueOperating(QueueBase):
         """
         if preview_bytes is not None and preview_bytes < 0:
             raise ValueError(f"preview_bytes must be >= 0 or None (got {preview_bytes})")
-        return self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
+        stored = self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
+        if stored is None or stored.state != "garbage":
+            return stored
+        return self._with_last_errors([stored])[0]
+
+    @_reaching_redis
+    def message(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
+        """The message as ``peek`` finds it while the queue holds it; once it ended, on a
+        queue with ``HISTORY_RETENTION``, what its outcome record tells for that long:
+        ``.state`` is "acked", "cancelled", "replaced", "expired" or "purged" (or "damaged"
+        for a record that cannot be read), with ``.ended_at``, ``.attempt``, ``.key`` and,
+        acked, the ``.worker`` that acked it. None for an id the queue does not know (never
+        sent, or ended and its record gone)."""
+        found = self.peek(message_id, preview_bytes=preview_bytes)
+        if found is None and self.config.history_retention_ms:
+            return self.store.ended(_check_id(message_id))
+        return found
 
     @_reaching_redis
     def lookup(self, key: str) -> StoredMessage | None:
@@ -102,10 +106,14 @@ class QueueOperating(QueueBase):
         the key while it is still stored (in flight, or dead). A key whose latest message
         was handled or cancelled names nothing, even while an older message with the key is
         still dead: lookup follows the latest message only (list the dead letters to find
-        older ones).
+        older ones). On a queue with ``HISTORY_RETENTION``, it names that latest message's
+        outcome record instead while the record lasts, as ``message`` reads it.
         """
         key = check_key(key)
-        return self.store.lookup(key)
+        found = self.store.lookup(key)
+        if found is None and self.config.history_retention_ms:
+            return self.store.ended(key=key)
+        return found
 
     @_reaching_redis
     def peek_payload(self, message_id: str) -> bytes | None:
@@ -135,6 +143,27 @@ class QueueOperating(QueueBase):
     def held(self, message_ids: Sequence[str]) -> set[str]:
         """Those of these messages the queue still holds, in any state (dead letters too)."""
         return self.store.held([_check_id(i) for i in message_ids])
+
+    def _with_last_errors(self, dead: list[StoredMessage]) -> list[StoredMessage]:
+        """Dead letters with their newest attempt record (``last_error``): one more round
+        trip per shard."""
+        found = self.store.last_errors([stored.id for stored in dead]) if dead else {}
+        return [replace(stored, last_error=found.get(stored.id)) for stored in dead]
+
+    @_reaching_redis
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first: one per refused delivery (an
+        exception, a False, Retry, Reject, Postpone, the time limit, a lease that ran out),
+        at most HISTORY_ATTEMPTS of them, the newest kept; [] for a message that never
+        failed, or is gone (its records go with it). See docs/guides/failures-and-history.md.
+        """
+        return self.store.history(_check_id(message_id))
+
+    @_reaching_redis
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest attempt record of each of these messages that has one, by id (one
+        round trip per shard): what the admin's dead-letter list shows and filters by."""
+        return self.store.last_errors([_check_id(i) for i in message_ids])
 
     @_reaching_redis
     def deliver_now(self, message_ids: Sequence[str]) -> list[str]:

@@ -34,7 +34,19 @@
                              to waiting, see "Keys" below),
                              "all:expired" (buried as their expiry passed) and
                              "all:postponed" (deliveries a handler postponed), see
-                             "Expiry and postpones" below
+                             "Expiry and postpones" below. (A release before the metrics
+                             history also counted "<minute>:acked" / "<minute>:failed"
+                             here: prune_throughput moves any it finds into the history,
+                             and metrics.lua reads those not moved yet.)
+
+  Metrics history (see "Metrics history" below), derived from the queue's tag like "Keys":
+    <tag>:metrics:m:<hour>  string  the hour's 60 minute records (hour = ms // 3600000;
+                                    the minute's record at (minute % 60) * 36 bytes)
+    <tag>:metrics:h:<day>   string  the day's 24 hour records (day = ms // 86400000),
+                                    rolled up from the minute records by prune_throughput
+  A record is 36 bytes, big-endian as BITFIELD writes them: sent, acked, nacked, dead,
+  expired, handed (deliveries handed out), lag_max (ms) as u32 each, then lag_sum (ms) as
+  i64; counts saturate rather than wrap.
 
   Keys: the keys of keyed messages (the user's own names for them, see send_keyed.lua)
   are not in KEYS: begin() derives their names from the payload key's, "<tag>:payload", so
@@ -80,6 +92,10 @@
     <tag>:postpones   hash   id -> how often a handler postponed it (Postpone)
     <tag>:dead_reason hash   id -> why a dead letter died, when it is not the default
                              (retries used up, or a Reject): "expired", "postponed too often"
+  Attempt records (see "Attempt records" below), derived the same way:
+    <tag>:history     hash   id -> the message's attempt records, a JSON array of at most
+                             HISTORY_ATTEMPTS records, oldest first; only messages with a
+                             refused delivery have one, and it goes when they go
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -110,10 +126,18 @@ local flow_state, flow_log, flow_slots
 local options_absent
 -- Expiry and postpones (see "Expiry and postpones" above).
 local expiries, postpone_counts, dead_reasons
+-- Attempt records (see "Attempt records" above).
+local histories
+-- The metrics history's keys start with this, "<tag>:metrics:" (see the header).
+local metrics_prefix
 
 -- The ordered groups' keys and the queue's wake-up channel (see "Ordered groups"), named
 -- by begin() like the others; group_names() hands them out.
 local group_of_key, group_busy_key, group_prefix, group_channel
+
+-- Outcome records (see "Outcome records" below): how long they are kept (ms, as text) and
+-- the worker that acks, set by keep_outcomes when the call was given them; nil when off.
+local outcome_ms, outcome_worker
 
 -- The names derived from a queue's tag ("<tag>:"), kept for the calls after by the key
 -- they come from: the payload key for begin()'s (`kept_names[NAMES]`), the pending key for
@@ -137,7 +161,8 @@ local function remember(kind, key, names)
 end
 
 -- {keys, holds' prefix, key rows, flow, flow log, flow slots, expiries, postpones, dead
--- reasons, group_of, group_busy, group prefix, wake-up channel} from "<tag>:payload".
+-- reasons, group_of, group_busy, group prefix, wake-up channel, attempt records, metrics
+-- history's prefix} from "<tag>:payload".
 local function names_of(payload_key)
   local tag = string.sub(payload_key, 1, -8)
   return remember(NAMES, payload_key, {
@@ -145,6 +170,7 @@ local function names_of(payload_key)
     tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots',
     tag .. 'expires', tag .. 'postpones', tag .. 'dead_reason',
     tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup',
+    tag .. 'history', tag .. 'metrics:',
   })
 end
 
@@ -160,7 +186,9 @@ local function begin(keys)
   expiries, postpone_counts, dead_reasons = names[7], names[8], names[9]
   group_of_key, group_busy_key, group_prefix, group_channel =
     names[10], names[11], names[12], names[13]
+  histories, metrics_prefix = names[14], names[15]
   options_absent = nil
+  outcome_ms, outcome_worker = nil, nil
 end
 
 -- The whole of KEYS (see the header) from KEYS[1], "<tag>:pending", for the functions
@@ -576,13 +604,67 @@ local function bury_for(ids, now, reason, total)
 end
 
 -- Messages leaving the queue, or starting a new life (requeue): their expiry, postpone
--- count and dead reason go with them. One EXISTS on a queue that never had any.
+-- count, dead reason and attempt records go with them. One EXISTS on a queue that never
+-- had any.
 local function forget_flow(ids)
-  if #ids > 0 and redis.call('EXISTS', expiries, postpone_counts, dead_reasons) > 0 then
+  if #ids > 0 and
+      redis.call('EXISTS', expiries, postpone_counts, dead_reasons, histories) > 0 then
     call_chunked('ZREM', expiries, ids)
     call_chunked('HDEL', postpone_counts, ids)
     call_chunked('HDEL', dead_reasons, ids)
+    call_chunked('HDEL', histories, ids)
   end
+end
+
+-- Attempt records. Every refusal of a delivery (nack.lua: an error, a False, Retry,
+-- Reject, Postpone, the time limit, a burial as expired or postponed too often) and every
+-- lease that ran out (fetch.lua) writes a record of that attempt in the call that writes
+-- its verdict, so neither is ever stored without the other. A record is a JSON array
+--   [attempt, verdict, error class, error, traceback, worker, started ms, ended ms, cut]
+-- (started null when not known; cut "e" and/or "t" when the worker cut the error's text
+-- or its traceback to their bounds), and a message keeps at most `bound` of them
+-- (HISTORY_ATTEMPTS), the newest, in one field of <tag>:history as a JSON array. A value
+-- that is not such an array (a foreign write) is replaced. An ack leaves the records
+-- alone unless they may exist (ack.lua: an attempt past the first, or a tracked
+-- delivery), so a message that never failed pays nothing for them.
+-- `entries`: {id, record} pairs, the record a Lua array as above.
+local function record_attempts(entries, bound)
+  if bound <= 0 or #entries == 0 then
+    return
+  end
+  local ids = {}
+  for i, entry in ipairs(entries) do
+    ids[i] = entry[1]
+  end
+  local raw, kept, written = gather('HMGET', histories, ids), {}, {}
+  for i, entry in ipairs(entries) do
+    local id = entry[1]
+    local records = kept[id]
+    if not records then
+      local ok, decoded = false, nil
+      if raw[i] then
+        ok, decoded = pcall(cjson.decode, raw[i])
+      end
+      records = {}
+      if ok and type(decoded) == 'table' then
+        for j = 1, #decoded do
+          records[j] = decoded[j]
+        end
+      end
+      kept[id] = records
+      table.insert(written, id)
+    end
+    table.insert(records, entry[2])
+    while #records > bound do
+      table.remove(records, 1)
+    end
+  end
+  local values = {}
+  for _, id in ipairs(written) do
+    table.insert(values, id)
+    table.insert(values, cjson.encode(kept[id]))
+  end
+  call_chunked('HSET', histories, values)
 end
 
 -- (The payload first: a message never handed out keeps its first record there.)
@@ -659,10 +741,68 @@ local function wake(channel, due)
   redis.call('PUBLISH', channel, int(due))
 end
 
--- Per-minute counts of acked and failed deliveries, and their totals, for monitoring.
-local function count_throughput(now, what, n)
+-- Metrics history (see the header): each counting script adds its counts to the current
+-- minute's record with one BITFIELD, which a plain ack pays in place of the HINCRBY of a
+-- "<minute>:acked" field that the release before counted with. A record's fields, by
+-- their place: u32 at 32 bits each, then lag_sum, an i64.
+local SENT, ACKED, NACKED, DEAD, EXPIRED, HANDED, LAG_MAX = 0, 1, 2, 3, 4, 5, 6
+local RECORD_BITS, LAG_SUM_BITS = 288, 224
+local U32_MAX = 4294967295
+
+local function minute_key(hour)
+  return metrics_prefix .. 'm:' .. int(hour)
+end
+
+local function hour_key(day)
+  return metrics_prefix .. 'h:' .. int(day)
+end
+
+-- BITFIELD on a history key; a key of another type (a foreign write) is renamed aside first.
+local function bitfield(key, ops)
+  local reply = redis.pcall('BITFIELD', key, unpack(ops))
+  if failed(reply) and wrong_type(reply) then
+    rename_foreign(key)
+    reply = redis.pcall('BITFIELD', key, unpack(ops))
+  end
+  if failed(reply) then
+    table.insert(warnings, {key, 'could not count (' .. reply.err .. ')'})
+    return nil
+  end
+  return reply
+end
+
+-- Adds `counts` ({field, n, field, n, ...}) to the record of the minute of `now`, and the
+-- lag of deliveries handed out (`lag_sum` and `lag_max`, ms; nil for none): one command,
+-- and a second when lag_max is above the minute's maximum so far.
+local function count_minute(now, counts, lag_sum, lag_max)
+  local minute = math.floor(now / 60000)
+  local base = (minute % 60) * RECORD_BITS
+  local ops = {'OVERFLOW', 'SAT'}
+  for i = 1, #counts, 2 do
+    if counts[i + 1] > 0 then
+      ops[#ops + 1], ops[#ops + 2] = 'INCRBY', 'u32'
+      ops[#ops + 1], ops[#ops + 2] = base + 32 * counts[i], int(counts[i + 1])
+    end
+  end
+  if lag_sum then
+    ops[#ops + 1], ops[#ops + 2] = 'INCRBY', 'i64'
+    ops[#ops + 1], ops[#ops + 2] = base + LAG_SUM_BITS, int(lag_sum)
+    ops[#ops + 1], ops[#ops + 2], ops[#ops + 3] = 'GET', 'u32', base + 32 * LAG_MAX
+  end
+  if #ops == 2 then
+    return
+  end
+  local key = minute_key(math.floor(minute / 60))
+  local reply = bitfield(key, ops)
+  if reply and lag_sum and math.min(lag_max, U32_MAX) > tonumber(reply[#reply]) then
+    bitfield(key, {'SET', 'u32', base + 32 * LAG_MAX, int(math.min(lag_max, U32_MAX))})
+  end
+end
+
+-- Per-minute counts of acked and refused deliveries (one kind each), and their totals.
+local function count_throughput(now, field, what, n)
   if n > 0 then
-    add_count(int(math.floor(now / 60000)) .. ':' .. what, n)
+    count_minute(now, {field, n})
     count_total(what, n)
   end
 end
@@ -716,6 +856,67 @@ local function keys_used()
   return redis.call('EXISTS', key_index) == 1
 end
 
+--[[
+  Outcome records (HISTORY_RETENTION, issue #35). A script that ends a message is given
+  "ended:<retention ms>:<worker>" when the queue keeps outcome records (keep_outcomes), and
+  then leaves, in the same call, a record of how and when the message ended, as keys of its
+  own under the queue's tag (its Cluster slot) that Redis reclaims when the retention
+  passes: nothing sweeps them.
+    <tag>:ended:<id>       string "<state>:<ended ms>:<attempts>:<worker bytes>:<worker><key>",
+                           the key being the rest ("" for none); SET with PX
+    <tag>:ended_key:<key>  string the id of the key's message that ended, written where the
+                           key index lets the key go (forget_keys); SET with PX
+  state: "acked", "cancelled" (removed while waiting, or deleted in flight), "replaced" (a
+  keyed message superseded by a newer one of its key, see settle_keys), "expired" (the dead
+  letter of its expiry, deleted: its ended ms is when it was buried) and "purged" (any other
+  dead letter deleted). Only an ack names its worker. A call not given the argument reads
+  and writes nothing of them: not one command more.
+]]
+
+local function keep_outcomes(arg)
+  local ms, worker = string.match(arg or '', '^ended:(%d+):(.*)$')
+  if ms and tonumber(ms) > 0 then
+    outcome_ms, outcome_worker = ms, worker
+  end
+end
+
+-- The state and end time (nil: now) of a dead letter about to be deleted: expired, when
+-- its expiry buried it (at its burial time), else purged. Read before it leaves garbage.
+local function dead_end(id)
+  if call('HGET', dead_reasons, id) == 'expired' then
+    return 'expired', tonumber(call('ZSCORE', garbage, id))
+  end
+  return 'purged', nil
+end
+
+-- Writes the records of `ids`, ending as `state` at `at` (ms; nil: now), while their
+-- payload and meta record are still stored (their key and attempts are read from them).
+local function record_ends(ids, state, at)
+  if not outcome_ms or #ids == 0 then
+    return
+  end
+  local stored, raw = gather('HMGET', payloads, ids), gather('HMGET', metas, ids)
+  local prefix = string.sub(payloads, 1, -8) .. 'ended:'
+  local worker = state == 'acked' and outcome_worker or ''
+  local ended = int(at or clock())
+  for i, id in ipairs(ids) do
+    local _, attempt = parse_meta(raw[i])
+    if not attempt and stored[i] then
+      attempt = 0 -- never handed out: its first record is with its payload
+    end
+    local record = state .. ':' .. ended .. ':' .. int(attempt or 0) .. ':' .. #worker .. ':'
+      .. worker .. (key_in(stored[i]) or '')
+    redis.call('SET', prefix .. id, record, 'PX', outcome_ms)
+  end
+end
+
+-- The key's message ended and the key index let it go: lookup(key) finds its record.
+local function record_key_end(key, id)
+  if outcome_ms then
+    redis.call('SET', string.sub(payloads, 1, -8) .. 'ended_key:' .. key, id, 'PX', outcome_ms)
+  end
+end
+
 -- Whether a message waits (stored, neither in flight nor dead) as this call leaves it:
 -- `moved` gives, for the ids the call moved but has not written yet, true if they wait.
 local function waits(id, moved)
@@ -763,6 +964,7 @@ end
 -- that held its ordered group (it was in flight: only a holder is handed out) passes it
 -- on, so that the group's next message, perhaps the newer one of its key, runs.
 local function remove_superseded(ids)
+  record_ends(ids, 'replaced')
   release_groups(ids, true)
   call_chunked('HDEL', payloads, ids)
   call_chunked('HDEL', metas, ids)
@@ -779,6 +981,7 @@ local function forget_keys(ids, stored)
     local key = key_in(stored[i])
     if key and call('HGET', key_index, key) == id then
       call('HDEL', key_index, key)
+      record_key_end(key, id)
       if key_rows_present == nil then
         key_rows_present = redis.call('EXISTS', key_rows) == 1
       end
@@ -1027,11 +1230,16 @@ local function send_keys(items, now)
   -- Then the writes: each message in one ZADD and one HSET, the key index in one HSET.
   local earliest = nil
   local scored, bodies, records, index = {}, {}, {}, {'', '1'}
-  local leaving, joining = {}, {}
+  local leaving, joining, renewed = {}, {}, {}
   for _, id in ipairs(order) do
     local entry = fresh[id]
     if not entry.created then
       table.insert(leaving, id)
+      -- Replaced after a delivery: its attempts start again, and its records go (see
+      -- "Attempt records"; a message never handed out has none).
+      if entry.lease then
+        table.insert(renewed, id)
+      end
     end
     if entry.group then
       table.insert(joining, id)
@@ -1063,6 +1271,7 @@ local function send_keys(items, now)
   call_chunked('ZADD', pending, scored)
   call_chunked('HSET', payloads, bodies)
   call_chunked('HSET', metas, records)
+  call_chunked('HDEL', histories, renewed)
   if #index > 2 then
     call_chunked('HSET', key_index, index)
   end

@@ -16,6 +16,8 @@
   ARGV[4]  offset: how many of the oldest candidates to pass over (kept by earlier calls)
   ARGV[5]  buried_before_ms: instead of older_than_ms, drop only those buried before this
            time (Redis clock, ms), or -1: a purge of the dead letters an operator was shown
+  ARGV[6]  optional "ended:<ms>:": keep an outcome record of each dropped, expired or
+           purged (see "Outcome records" in the prelude)
 
   Returns {dropped, kept, warnings}: how many were deleted, and how many examined were
   kept. Fewer than `limit` examined in all means there are no more candidates.
@@ -31,12 +33,16 @@ if buried_before >= 0 then
 elseif older_than_ms >= 0 then
   upto = int(now_ms() - older_than_ms)
 end
+keep_outcomes(args[6])
 local ids = call('ZRANGE', garbage, '-inf', upto, 'BYSCORE', 'LIMIT', offset, limit)
 local dropped = 0
 local keyed = #ids > 0 and keys_used()
 local grouped = #ids > 0 and groups_used()
 for _, id in ipairs(ids) do
   if not (keep_unannounced == '1' and call('ZSCORE', exhausted, id)) then
+    if outcome_ms then
+      record_ends({id}, dead_end(id))
+    end
     if keyed then
       forget_keys({id}, {call('HGET', payloads, id)})
     end

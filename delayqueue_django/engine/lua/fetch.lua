@@ -2,9 +2,10 @@
   fetch: hand out up to `count` due messages to one consumer, moving them to unack in
   the same step, after the bounded housekeeping that makes messages due:
     1. deliveries whose deadline passed go to retry (or to garbage when their
-       retries are used up), and count as failed in throughput; a keyed one whose
-       key's message is another one, waiting, is superseded: removed (see settle_keys
-       in the prelude);
+       retries are used up), and count as failed in the running totals and as nacked
+       (or dead) in the metrics history, as what is handed out counts with its lag; a
+       keyed one whose key's message is another one, waiting, is superseded: removed
+       (see settle_keys in the prelude);
     2. due pending messages are staged: to ready (first delivery) or retry; a grouped one
        whose group another message holds is parked instead, and a free group's next
        parked message comes with them (see "Ordered groups" in the prelude);
@@ -43,6 +44,13 @@
            ("" for now)
   ARGV[10] for "reserved": "1" when the reservation granted less than the fetch wanted:
            the gates, not the work, bound `count`, so handing all of it out wakes no peer
+  ARGV[11] the most attempt records a message keeps (HISTORY_ATTEMPTS; missing: 0): a
+           delivery whose deadline passed in step 1 leaves a record of its attempt with
+           the verdict "lease expired", ended at its deadline, its start and worker not
+           known (see "Attempt records" in the prelude)
+
+  ARGV[12] optional "ended:<ms>:": keep an outcome record of each timed-out message
+           superseded (see "Outcome records" in the prelude)
 
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
   capped, warnings}:
@@ -73,9 +81,13 @@
 local channel, count = args[1], tonumber(args[2])
 local consume_ms, stage_limit = tonumber(args[3]), tonumber(args[4])
 local record_key, request = keys[11], args[5]
+keep_outcomes(args[12])
 local now = now_ms()
 local deadline = int((tonumber(args[9] or '') or now) + consume_ms)
 local expired, handed, deliveries = 0, 0, {}
+-- For the metrics history: of the deliveries that timed out, those buried; and the messages
+-- dead-lettered as their expiry passed.
+local timed_out_dead, expired_now = 0, 0
 -- The new meta records and unack entries of the deliveries, written once at the end.
 local records, leased = {}, {}
 -- The staging lists' lengths, the earliest delivery deadline and pending due time, read
@@ -131,6 +143,7 @@ local function drop_expired(ids)
   -- A holder of an ordered group passes it on: the group's next message is back in pending,
   -- maybe due now, where the head read before may be its parked score (issue #33).
   local passed = bury_for(dead, now, 'expired', 'expired')
+  expired_now = expired_now + #dead
   if passed and (pending_head == nil or passed < pending_head) then
     pending_head = passed
   end
@@ -190,13 +203,15 @@ local function take_due()
     call_chunked('ZREM', unack, ids)
     unack_moved = true
     local raw = gather('HMGET', metas, ids)
-    local expired_records, to_bury = {}, {}
+    local expired_records, to_bury, lapsed = {}, {}, {}
     for i, id in ipairs(ids) do
       local lease, attempt, budget = parse_meta(raw[i])
       if not lease then
         note_damage(aside, id, 'meta record missing or unreadable; moved to garbage')
       else
         expired = expired + 1
+        table.insert(lapsed, {id, {attempt, 'lease expired', '', '', '', '', cjson.null,
+          deadlines[i], ''}})
         -- Its redelivery is due from the moment the deadline passed.
         local record = format_meta(lease + 1, attempt, budget, deadlines[i])
         known[id] = record
@@ -210,7 +225,9 @@ local function take_due()
       end
     end
     call_chunked('HSET', metas, expired_records)
+    record_attempts(lapsed, tonumber(args[11] or '0') or 0)
     bury(to_bury, now)
+    timed_out_dead = #to_bury
     -- Ordered groups: a buried holder passes its group on; staged below if due.
     release_groups(to_bury, false)
     if #staged_retry > 0 and keys_used() then
@@ -220,7 +237,7 @@ local function take_due()
     free = free - #staged_retry
   end
 
-  count_throughput(now, 'failed', expired)
+  count_total('failed', expired)
   count_total('timed_out', expired)
 
   -- 2. Pending messages whose time has come. Each staging list keeps their order. One
@@ -374,6 +391,21 @@ if count < asked and handed == count then
 end
 count = asked
 call_chunked('HSET', metas, records)
+
+-- The metrics history: deliveries that timed out count as refused (nacked) or dead, and
+-- what this request handed out (not a repeat's: counted the first time) with its lag, how
+-- late after its due time it went out, as the workers' lateness figures take it.
+local counts = {NACKED, expired - timed_out_dead, DEAD, timed_out_dead, EXPIRED, expired_now}
+local lag_sum, lag_max = nil, nil
+if not recorded and handed > 0 then
+  lag_sum, lag_max = 0, 0
+  for i = 6, 6 * handed, 6 do
+    local lag = math.max(now - deliveries[i], 0)
+    lag_sum, lag_max = lag_sum + lag, math.max(lag_max, lag)
+  end
+  counts[7], counts[8] = HANDED, handed
+end
+count_minute(now, counts, lag_sum, lag_max)
 call_chunked('ZADD', unack, leased)
 
 -- Record what this request handed out (each delivery's id and lease), for a repeat of it;

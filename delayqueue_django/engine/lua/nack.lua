@@ -3,8 +3,8 @@
   bury it in garbage when its retries are used up.
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, pending, garbage,
-        meta, exhausted, throughput (each refusal counts as failed), payload and the key
-        index (keyed messages, see "Keys" in the prelude);
+        meta, exhausted, throughput (each refusal counts as failed), the metrics history,
+        payload and the key index (keyed messages, see "Keys" in the prelude);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  wake-up channel
@@ -20,6 +20,19 @@
               + 1)th postpone of a message buries it with the reason "postponed too often"
   A retry or postpone due at or after the message's expiry buries it with the reason
   "expired" instead.
+  then, optionally (attempt records, see "Attempt records" in the prelude; the postpones'
+  two arguments then come first, "0", "0" when there are none):
+  ARGV[7+3n+m]  bound: the most records a message keeps (HISTORY_ATTEMPTS)
+  ARGV[8+3n+m]  k, then k notes of 8: id, verdict, error class, error, traceback, worker,
+                how long before this call the handler started (ms; "": not known), cut
+                ("e" and/or "t"). A refusal that counts writes its note as the record of
+                the attempt its delivery counted (a postpone's too), its verdict made
+                "expired" or "postponed too often" when it buries the message for that
+                reason; a superseded message is gone, and so are its records.
+  then, optionally (the postpones' and the records' arguments then come first, "0", "0"
+  each when there are none):
+  ARGV[9+3n+m+8k] "ended:<ms>:<worker>": keep an outcome record of each superseded message
+                  (see "Outcome records" in the prelude)
 
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
@@ -50,9 +63,19 @@ end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 -- Postpones (see the header): the ids, and the bound.
 local max_postpones, postponing = tonumber(args[5 + 3 * n] or '0'), {}
-for i = 7 + 3 * n, #args do
+local m = tonumber(args[6 + 3 * n] or '0')
+for i = 7 + 3 * n, 6 + 3 * n + m do
   postponing[args[i]] = true
 end
+-- Attempt records (see the header): each refused id's note, by id.
+local notes, bound = {}, tonumber(args[7 + 3 * n + m] or '0')
+local k = tonumber(args[8 + 3 * n + m] or '0')
+for i = 9 + 3 * n + m, 8 + 3 * n + m + 8 * k, 8 do
+  notes[args[i]] = i
+end
+-- The attempt each counted refusal's delivery counted, by id.
+local attempts_of = {}
+keep_outcomes(args[9 + 3 * n + m + 8 * k])
 local postponed = {}
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
@@ -67,6 +90,7 @@ for i, id in ipairs(ids) do
   if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(refused, id)
+    attempts_of[id] = attempt
     if postponing[id] then
       -- Not an attempt: the one its delivery counted is given back.
       attempt = math.max(attempt - 1, 0)
@@ -153,6 +177,26 @@ for i, id in ipairs(retrying) do
   end
 end
 
+-- The records of the attempts, before a superseded message's go with it.
+if bound > 0 and next(notes) ~= nil then
+  local entries, verdicts = {}, {}
+  for reason, buried in pairs(dead) do
+    for _, id in ipairs(buried) do
+      verdicts[id] = reason
+    end
+  end
+  for _, id in ipairs(refused) do
+    local at = notes[id]
+    if at then
+      local ago = tonumber(args[at + 6])
+      table.insert(entries, {id, {
+        attempts_of[id], verdicts[id] or args[at + 1], args[at + 2], args[at + 3],
+        args[at + 4], args[at + 5], ago and (now - ago) or cjson.null, now, args[at + 7],
+      }})
+    end
+  end
+  record_attempts(entries, bound)
+end
 call_chunked('ZREM', unack, refused)
 call_chunked('HSET', metas, records)
 bury(to_bury, now)
@@ -166,8 +210,12 @@ count_total('retried', #scored / 2)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
--- A postpone is no failure.
-count_throughput(now, 'failed', #outcomes / 3 - postponed_back)
+-- The metrics history: a retry, a postpone and a superseded message were refused; a
+-- burial is dead (expired when its expiry passed). The running total of failures leaves
+-- postpones out: a postpone is no failure.
+count_minute(now, {NACKED, #scored / 2 + #gone, DEAD, #to_bury + #dead['postponed too often'],
+  EXPIRED, #dead['expired']})
+count_total('failed', #outcomes / 3 - postponed_back)
 count_total('postponed', postponed_back)
 record_reply(keys[11], request, outcomes, #outcomes, record_ms)
 return {outcomes, warnings}

@@ -140,6 +140,9 @@ if #keyed > 0 then
   end
   for j, position in ipairs(keyed_at) do
     local code, due = outcomes[3 * j - 1], outcomes[3 * j]
+    if code == 1 or code == 3 then
+      written = written + 1
+    end
     -- Created, or the key's waiting message replaced: written. Kept or held: not.
     dues[position] = (code == 1 or code == 3) and due or -1
     -- Its expiry, or none (a replace without one drops the replaced message's).
@@ -165,5 +168,7 @@ call_chunked('ZADD', expiries, expiry_scored)
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
+-- The metrics history: the messages written (created or replaced) were sent.
+count_minute(now, {SENT, written})
 table.insert(dues, warnings)
 return dues

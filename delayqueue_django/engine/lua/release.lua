@@ -7,6 +7,8 @@
         payload and the key index (keyed messages, see "Keys" in the prelude).
   ARGV[1]  wake-up channel
   ARGV[2]  n, then n pairs: id, lease
+  ARGV[3+2n] optional "ended:<ms>:": keep an outcome record of each superseded message
+             (see "Outcome records" in the prelude)
 
   Pairs whose lease does not match are ignored (see ack). A keyed message whose key's
   message is another one, waiting, is superseded: removed, not handed back (see
@@ -15,6 +17,7 @@
 ]]
 
 local channel, n = args[1], tonumber(args[2])
+keep_outcomes(args[3 + 2 * n])
 -- Walk backwards, so that pushing each to the front leaves the first id given first.
 local matched, records = {}, {}
 for i = n - 1, 0, -1 do

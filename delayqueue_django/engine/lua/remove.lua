@@ -14,6 +14,8 @@
            that a message that moved on meanwhile (requeued, handed out) is left alone
   ARGV[4]  optional "key": ARGV[1] is a key, and the message removed is the key's message
            (the one the key index names)
+  ARGV[5]  optional "ended:<ms>:": keep an outcome record of it (see "Outcome records" in
+           the prelude): cancelled, or for a dead letter expired or purged
 
   Returns {state, id, warnings}: the state it was removed from and its id, or "" and ""
   if nothing was removed.
@@ -33,6 +35,13 @@ local function from(state)
   return only == '' or only == state
 end
 
+keep_outcomes(args[5])
+-- A dead letter's outcome is read before it leaves garbage (only when records are kept).
+local dead_state, dead_at
+if outcome_ms and mode == 'delete' and from('garbage') then
+  dead_state, dead_at = dead_end(id)
+end
+
 local removed = ''
 if from('pending') and call('ZREM', pending, id) == 1 then
   removed = 'pending'
@@ -49,6 +58,11 @@ elseif mode == 'delete' then
 end
 if removed == '' then
   return {'', '', warnings}
+end
+if removed == 'garbage' then
+  record_ends({id}, dead_state, dead_at)
+else
+  record_ends({id}, 'cancelled')
 end
 if keyed then
   forget_keys({id}, {call('HGET', payloads, id)})

@@ -4,7 +4,7 @@
   KEYS[1]: the queue's pending key alone; begin() is given the whole layout derived from
         it (layout_of, see _prelude.lua). Writes pending and payload (the budget
         and due time go with the payload: a message has no meta record until it is
-        handed out).
+        handed out), and the metrics history (its messages sent, one command a call).
   ARGV[1]  wake-up channel
   ARGV[2]  n, the number of messages
   then, five values per message:
@@ -84,6 +84,7 @@ if claimed and grouped == 0 and not expiring[1] then
   if previous_head == nil or first_due < previous_head then
     wake(channel, first_due)
   end
+  count_minute(now, {SENT, 1})
   return {first_due, warnings}
 end
 
@@ -182,5 +183,8 @@ end
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
+-- The metrics history counts the batch's new messages (a replay was counted before) in
+-- one command, whatever the batch's size.
+count_minute(now, {SENT, written})
 table.insert(dues, warnings)
 return dues

@@ -4,7 +4,8 @@
   messages go through send.lua, which knows nothing of keys.
 
   KEYS: the queue's key layout (see _prelude.lua); writes pending, ready, retry, payload,
-        meta (a replaced message's record), the key index and holds.
+        meta (a replaced message's record), the key index and holds, and the metrics
+        history (the messages created or replaced count as sent).
   ARGV[1]  wake-up channel
   ARGV[2]  n, the number of messages
   then, eight values per message:
@@ -72,10 +73,11 @@ if refusal then
 end
 -- Expiries of the messages created (code 1) or replaced (code 3); a replace without one
 -- drops the expiry the replaced message had.
-local expiry_scored, unexpiring = {}, {}
+local expiry_scored, unexpiring, sent = {}, {}, 0
 for i = 1, n do
   local id, code = outcomes[3 * i - 2], outcomes[3 * i - 1]
   if code == 1 or code == 3 then
+    sent = sent + 1
     if expiring[i] then
       table.insert(expiry_scored, int(expiring[i]))
       table.insert(expiry_scored, id)
@@ -91,5 +93,7 @@ end
 if earliest ~= nil and (previous_head == nil or earliest < previous_head) then
   wake(channel, earliest)
 end
+-- The metrics history: a message created or replaced was sent (one kept or held was not).
+count_minute(now, {SENT, sent})
 table.insert(outcomes, warnings)
 return outcomes

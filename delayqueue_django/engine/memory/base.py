@@ -4,8 +4,10 @@ the server, the server's clock and wake-ups."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.keys import QueueKeys
+from delayqueue_django.engine.memory import key_index, outcomes
 from delayqueue_django.engine.memory.server import MemoryServer, MemoryWakeups, QueueState
-from delayqueue_django.engine.records import StoreLimits
+from delayqueue_django.engine.outcomes import REPLACED, ended_message
+from delayqueue_django.engine.records import StoredMessage, StoreLimits
 
 
 class MemoryStoreBase:
@@ -40,6 +42,59 @@ class MemoryStoreBase:
 
     def _wake(self, due_ms: int) -> None:
         self.server.publish(self._channel, due_ms)
+
+    # Outcome records (see memory/outcomes.py): written only when the queue keeps them.
+
+    def _end(
+        self,
+        state: QueueState,
+        message_id: str,
+        outcome: str,
+        worker: str = "",
+        attempts: int | None = None,
+    ) -> None:
+        """Record that a message still stored ends now as ``outcome`` (``attempts``: its
+        attempts as Redis keeps them, when this store already changed its meta record)."""
+        if self._limits.outcome_ms:
+            now = self._now()
+            retention = self._limits.outcome_ms
+            outcomes.record_end(
+                state,
+                message_id,
+                outcome,
+                at=now,
+                now=now,
+                retention_ms=retention,
+                worker=worker,
+                attempts=attempts,
+            )
+
+    def _end_dead(self, state: QueueState, message_id: str) -> None:
+        """Record the end of a dead letter about to be deleted (still in garbage)."""
+        if self._limits.outcome_ms:
+            now = self._now()
+            outcome, at = outcomes.dead_end(state, message_id, now)
+            retention = self._limits.outcome_ms
+            outcomes.record_end(state, message_id, outcome, at=at, now=now, retention_ms=retention)
+
+    def _return_to_waiting(
+        self, state: QueueState, message_id: str, delivered_attempt: int | None = None
+    ) -> bool:
+        """key_index.return_to_waiting, recording a superseded message as replaced, with
+        the attempt of its delivery when the caller already gave it back (a release, a
+        postpone): the scripts never rewrite a superseded message's meta record."""
+        if self._limits.outcome_ms and key_index.superseded(state, message_id):
+            self._end(state, message_id, REPLACED, attempts=delivered_attempt)
+        return key_index.return_to_waiting(state, message_id)
+
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        if message_id is None and key is None:
+            raise ValueError("ended: give a message_id or a key")
+        with self.server.lock:
+            found, raw = outcomes.read(self._state(), self._now(), message_id, key)
+        return ended_message(found, raw) if found else None
 
     def place(self, message_ids: list[str], keys: Sequence[str | None] | None = None) -> list[str]:
         """New ids as this store files them: as they are (one queue, one set of keys)."""

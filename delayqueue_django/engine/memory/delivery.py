@@ -3,18 +3,23 @@ release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.l
 
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.flow import GATES_OWN
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import expiry, flow, groups, key_index, prelude
+from delayqueue_django.engine.memory import expiry, flow, groups, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
+from delayqueue_django.engine.memory.history import record_attempt
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.metrics import Counts
+from delayqueue_django.engine.outcomes import ACKED, CANCELLED
 from delayqueue_django.engine.records import (
     EXPIRED,
+    LEASE_EXPIRED,
     POSTPONED_TOO_OFTEN,
     Delivery,
     ExhaustedClaim,
@@ -83,6 +88,7 @@ class MemoryDelivery(MemoryStoreBase):
                 if self.server.sent is not None:
                     self.server.sent.append(SentRecord(self._keys.queue, message, due, now))
             written = [due for due, replay in zip(dues, replayed, strict=True) if not replay]
+            metrics.count_minute(state, now, Counts(sent=len(written)))
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues
@@ -114,11 +120,15 @@ class MemoryDelivery(MemoryStoreBase):
             elif from_("retry") and prelude.remove_first(state.retry, message_id):
                 removed = "retry"
             elif include_in_flight_and_dead:
-                if from_("garbage") and state.garbage.remove(message_id):
+                if from_("garbage") and message_id in state.garbage:
+                    self._end_dead(state, message_id)
+                    state.garbage.remove(message_id)
                     removed = "garbage"
                 elif from_("unack") and state.unack.remove(message_id):
                     removed = "unack"
             if removed is not None:
+                if removed != "garbage":
+                    self._end(state, message_id, CANCELLED)
                 grouped = message_id in state.group_of
                 prelude.forget(state, message_id)
                 if grouped:
@@ -155,6 +165,7 @@ class MemoryDelivery(MemoryStoreBase):
                 flow.record(state, self._limits, len(deliveries), now, gates)
                 if allowed < count and len(deliveries) == allowed:
                     deliveries = [replace(d, due_ms=max(d.due_ms, now)) for d in deliveries]
+                metrics.handed_out(state, now, [delivery.due_ms for delivery in deliveries])
             if request and deliveries:
                 handed = [(delivery.id, delivery.lease) for delivery in deliveries]
                 state.fetches[fetcher] = (request, handed, deadline)
@@ -189,22 +200,28 @@ class MemoryDelivery(MemoryStoreBase):
         def room() -> int:
             return stage_limit - len(state.ready) - len(state.retry)
 
-        # 1. Deliveries that outlived their deadline: retry, or garbage when used up.
-        expired = 0
+        # 1. Deliveries that outlived their deadline: retry, or garbage when used up; each
+        # leaves a record of its attempt (see fetch.lua).
+        expired = buried = 0
         for message_id, passed in state.unack.pop_upto(now, room()):
             meta = state.metas[message_id]
             expired += 1
+            lapsed = [meta.attempt, LEASE_EXPIRED, "", "", "", "", None, passed, ""]
+            record_attempt(state, message_id, lapsed, self._limits.history_attempts)
             # Its redelivery is due from the moment the deadline passed.
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
+                buried += 1
                 prelude.bury(state, message_id, now)
-            elif key_index.return_to_waiting(state, message_id):
+            elif self._return_to_waiting(state, message_id):
                 prelude.count_total(state, "retried", 1)
                 if expiry.expired(state, message_id, now):
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
                 else:
                     state.retry.append(message_id)
-        prelude.count(state, now, "failed", expired)
+        # The metrics history: a timeout not buried is a refusal (fetch.lua).
+        metrics.count_minute(state, now, Counts(nacked=expired - buried))
+        prelude.count_total(state, "failed", expired)
         prelude.count_total(state, "timed_out", expired)
 
         # 2. Pending messages whose time has come.
@@ -312,9 +329,11 @@ class MemoryDelivery(MemoryStoreBase):
             for message_id, lease in leases:
                 if prelude.holds(state, message_id, lease):
                     state.unack.remove(message_id)
+                    self._end(state, message_id, ACKED, fetcher)
                     prelude.forget(state, message_id)
                     acked.append(message_id)
-            prelude.count(state, now, "acked", len(acked))
+            metrics.count_minute(state, now, Counts(acked=len(acked)))
+            prelude.count_total(state, "acked", len(acked))
             if acked and state.group_of:
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
             self._record(state, fetcher, request, frozenset(acked), len(acked), now)
@@ -328,6 +347,7 @@ class MemoryDelivery(MemoryStoreBase):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         if not refusals:
             return []
@@ -346,6 +366,8 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
+                note = (attempts or {}).get(message_id)
+                attempt = delivered_attempt = meta.attempt
                 postpone = message_id in postponed
                 if postpone:
                     # Not an attempt: the one its delivery counted is given back (nack.lua).
@@ -364,7 +386,7 @@ class MemoryDelivery(MemoryStoreBase):
                     postponed_back += postpone
                     expiry.bury_for(state, message_id, now, EXPIRED, "expired")
                     outcomes.append(NackOutcome(message_id, True, now, dead_reason=EXPIRED))
-                elif not key_index.return_to_waiting(state, message_id):
+                elif not self._return_to_waiting(state, message_id, delivered_attempt):
                     postponed_back += postpone
                     outcomes.append(NackOutcome(message_id, False, now, superseded=True))
                 else:
@@ -374,12 +396,20 @@ class MemoryDelivery(MemoryStoreBase):
                     prelude.count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
                     outcomes.append(NackOutcome(message_id, False, meta.due))
+                outcome = outcomes[-1]
+                if note is not None and not outcome.superseded:
+                    verdict = outcome.dead_reason or note.verdict
+                    record = note.record(attempt, verdict, now)
+                    record_attempt(state, message_id, record, self._limits.history_attempts)
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             if state.group_of and any(o.exhausted or o.superseded for o in outcomes):
                 self._wake(now)  # a group passed on: its next message is due (groups.py)
-            # A postpone is no failure.
-            prelude.count(state, now, "failed", len(outcomes) - postponed_back)
+            # The metrics history: retries, postpones and superseded messages were refused
+            # (the buried counted as they were buried). A postpone is no failure.
+            refused = sum(not o.exhausted for o in outcomes)
+            metrics.count_minute(state, now, Counts(nacked=refused))
+            prelude.count_total(state, "failed", len(outcomes) - postponed_back)
             prelude.count_total(state, "postponed", postponed_back)
             self._record(state, fetcher, request, tuple(outcomes), len(outcomes), now)
             return outcomes
@@ -398,7 +428,7 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease, meta.attempt = meta.lease + 1, meta.attempt - 1
-                if not key_index.return_to_waiting(state, message_id):
+                if not self._return_to_waiting(state, message_id, meta.attempt + 1):
                     superseded = True  # gone, so not handed back (its group passed on)
                     continue
                 (state.retry if meta.attempt > 0 else state.ready).appendleft(message_id)

@@ -6,9 +6,10 @@ announced like an exhausted one."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.errors import expiry_refusal
-from delayqueue_django.engine.memory import groups
+from delayqueue_django.engine.memory import groups, metrics
 from delayqueue_django.engine.memory.server import QueueState
-from delayqueue_django.engine.records import NewMessage
+from delayqueue_django.engine.metrics import Counts
+from delayqueue_django.engine.records import EXPIRED, NewMessage
 
 
 def due_after(now: int, now_us: int, delay_ms: int, delay_us: int) -> int:
@@ -63,11 +64,15 @@ def bury_for(state: QueueState, message_id: str, now: int, reason: str, total: s
     state.dead_reasons[message_id] = reason
     state.expiries.pop(message_id, None)
     state.totals[total] = state.totals.get(total, 0) + 1
+    counts = Counts(expired=1) if reason == EXPIRED else Counts(dead=1)
+    metrics.count_minute(state, now, counts)
     groups.release(state, message_id)  # a dead letter passes its ordered group on
 
 
 def forget_flow(state: QueueState, message_id: str) -> None:
-    """A message leaving, or starting a new life: its expiry, postpones and dead reason."""
+    """A message leaving, or starting a new life: its expiry, postpones, dead reason and
+    attempt records."""
     state.expiries.pop(message_id, None)
     state.postpones.pop(message_id, None)
     state.dead_reasons.pop(message_id, None)
+    state.history.pop(message_id, None)

@@ -6,9 +6,11 @@ from dataclasses import dataclass, replace
 
 from delayqueue_django.engine.errors import DuplicateKey
 from delayqueue_django.engine.keyed import keyed_body, split_keyed
-from delayqueue_django.engine.memory import expiry, groups, key_index, prelude
+from delayqueue_django.engine.memory import expiry, groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
+from delayqueue_django.engine.metrics import Counts
+from delayqueue_django.engine.outcomes import CANCELLED
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
 
 
@@ -36,6 +38,8 @@ class MemoryKeyed(MemoryStoreBase):
             state, (now, now_us) = self._state(), self._now_with_us()
             previous_head = state.pending.head()
             sent, earliest = self._write_keyed(state, batch, now, now_us)
+            written = sum(outcome.outcome in ("created", "replaced") for outcome in sent)
+            metrics.count_minute(state, now, Counts(sent=written))
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             return sent
@@ -157,15 +161,16 @@ class MemoryKeyed(MemoryStoreBase):
         state: QueueState, message_id: str, message: NewMessage, due: int, now: int
     ) -> bool:
         """The waiting message gets the new payload, due time and budget, and a new
-        generation; its attempts start again (its lease stays: a stale verdict of an older
-        delivery never matches it); taken out of a staging list back to pending. It leaves
-        its ordered group and joins the send's, as the latest send (regroup in
-        _prelude.lua); True when it held its old group, which passed on."""
+        generation; its attempts start again, its attempt records gone (its lease stays: a
+        stale verdict of an older delivery never matches it); taken out of a staging list
+        back to pending. It leaves its ordered group and joins the send's, as the latest
+        send (regroup in _prelude.lua); True when it held its old group, which passed on."""
         key, generation, _ = split_keyed(state.payloads[message_id])
         assert key is not None  # only a keyed message is a key's
         state.payloads[message_id] = keyed_body(key, max(now, generation + 1), message.payload)
         meta = state.metas[message_id]
         meta.attempt, meta.budget, meta.due = 0, message.budget, due
+        state.history.pop(message_id, None)  # its attempts start again: their records go
         prelude.take_out_of_waiting(state, message_id)
         state.pending.add(message_id, due)
         old_group = groups.group_of(state, message_id)
@@ -212,6 +217,7 @@ class MemoryKeyed(MemoryStoreBase):
                 return None
             grouped = message_id in state.group_of
             prelude.take_out_of_waiting(state, message_id)
+            self._end(state, message_id, CANCELLED)
             prelude.forget(state, message_id)
             if grouped:
                 self._wake(self._now())  # its group may have passed on (groups.py)

@@ -5,12 +5,14 @@ peek.lua do them."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from delayqueue_django.engine.history import last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups, key_index, prelude
+from delayqueue_django.engine.memory import groups, key_index, metrics, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.server import Meta
-from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
+from delayqueue_django.engine.metrics import MetricsRead
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 
 
 class MemoryOperators(MemoryStoreBase):
@@ -81,6 +83,7 @@ class MemoryOperators(MemoryStoreBase):
             for message_id, _ in candidates:
                 if keep_unannounced and message_id in state.exhausted:
                     continue
+                self._end_dead(state, message_id)
                 state.garbage.remove(message_id)
                 prelude.forget(state, message_id)
                 dropped += 1
@@ -147,24 +150,16 @@ class MemoryOperators(MemoryStoreBase):
                     if (key := key_index.key_of(state, message_id)) is not None
                     for part in (message_id, key)
                 ],
+                list(state.history),
                 [],
             ]
 
     def unreadable_payloads(self) -> list[Any]:
         return []  # its payloads are what send was given: text
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
+    def metrics(self, back_minutes: int) -> MetricsRead:
         with self.server.lock:
-            state = self._state()
-            current = self._now() // 60_000
-            return [
-                (
-                    minute * 60_000,
-                    state.throughput.get((minute, "acked"), 0),
-                    state.throughput.get((minute, "failed"), 0),
-                )
-                for minute in range(current - minutes + 1, current + 1)
-            ]
+            return metrics.read(self._state(), self._now(), back_minutes)
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         with self.server.lock:
@@ -176,14 +171,9 @@ class MemoryOperators(MemoryStoreBase):
         with self.server.lock:
             return dict(self._state().totals)
 
-    def prune_throughput(self, keep_minutes: int) -> int:
+    def prune_throughput(self) -> int:
         with self.server.lock:
-            state = self._state()
-            oldest_kept = self._now() // 60_000 - keep_minutes + 1
-            old = [field for field in state.throughput if field[0] < oldest_kept]
-            for field in old:
-                del state.throughput[field]
-            return len(old)
+            return metrics.prune(self._state(), self._now())
 
     def list(
         self, state: str, *, offset: int, limit: int, preview_bytes: int
@@ -221,3 +211,13 @@ class MemoryOperators(MemoryStoreBase):
         with self.server.lock:
             payloads = self._state().payloads
             return {message_id for message_id in message_ids if message_id in payloads}
+
+    def history(self, message_id: str) -> Attempts:
+        with self.server.lock:
+            return parse_history(self._state().history.get(message_id))
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        with self.server.lock:
+            history = self._state().history
+            found = {i: last_of(history.get(i)) for i in message_ids}
+        return {i: attempt for i, attempt in found.items() if attempt is not None}

@@ -5,7 +5,7 @@ schedule's record), for the memory store's operations to share in the same way."
 from collections import deque
 
 from delayqueue_django.engine.keyed import split_keyed
-from delayqueue_django.engine.memory import groups
+from delayqueue_django.engine.memory import groups, metrics
 from delayqueue_django.engine.memory.expiry import forget_flow
 from delayqueue_django.engine.memory.key_index import drop_pointer
 from delayqueue_django.engine.memory.server import (
@@ -13,6 +13,7 @@ from delayqueue_django.engine.memory.server import (
     QueueState,
     TickRecord,
 )
+from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.records import (
     Delivery,
     ScheduleRecord,
@@ -114,6 +115,7 @@ def bury(state: QueueState, message_id: str, now: int) -> None:
     state.garbage.add(message_id, now)
     state.exhausted.add(message_id, now)
     count_total(state, "exhausted", 1)
+    metrics.count_minute(state, now, Counts(dead=1))
     # A buried holder passes its group on; its entry stays, for a requeue to wait again.
     groups.release(state, message_id)
 
@@ -142,14 +144,6 @@ def forget(state: QueueState, message_id: str) -> None:
     state.metas.pop(message_id, None)
     state.exhausted.remove(message_id)
     forget_flow(state, message_id)
-
-
-def count(state: QueueState, now: int, what: str, n: int) -> None:
-    """Per-minute counts of acked and failed deliveries, and their totals."""
-    if n > 0:
-        field = (now // 60_000, what)
-        state.throughput[field] = state.throughput.get(field, 0) + n
-        count_total(state, what, n)
 
 
 def count_total(state: QueueState, what: str, n: int) -> None:

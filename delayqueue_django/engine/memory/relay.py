@@ -5,9 +5,10 @@ decides it."""
 from collections.abc import Sequence
 
 from delayqueue_django.engine.keyed import check_relayable
-from delayqueue_django.engine.memory import expiry, groups
+from delayqueue_django.engine.memory import expiry, groups, metrics
 from delayqueue_django.engine.memory.keyed import MemoryKeyed
 from delayqueue_django.engine.memory.server import Meta, SentRecord
+from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.records import NewMessage
 
 # As relay.lua: ids relayed longer ago than keep_ms are dropped, this many per call.
@@ -85,6 +86,7 @@ class MemoryRelay(MemoryKeyed):
             for message_id, group in grouped:
                 groups.record(state, message_id, group)
             written = [due for due in dues if due is not None]
+            metrics.count_minute(state, now, Counts(sent=len(written)))
             if written and (previous_head is None or min(written) < previous_head[1]):
                 self._wake(min(written))
             return dues

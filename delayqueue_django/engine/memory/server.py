@@ -15,6 +15,7 @@ from typing import Any
 
 from delayqueue_django.engine.memory.clock import Clock, ManualClock, SystemClock
 from delayqueue_django.engine.memory.scored import ScoredSet
+from delayqueue_django.engine.metrics import Counts
 from delayqueue_django.engine.records import NewMessage, ScheduleFailure
 
 
@@ -53,8 +54,11 @@ class QueueState:
     payloads: dict[str, str] = field(default_factory=dict)
     metas: dict[str, Meta] = field(default_factory=dict)
     exhausted: ScoredSet = field(default_factory=ScoredSet)
-    # (minute, "acked" | "failed") -> count, minute being the clock's ms // 60000.
-    throughput: dict[tuple[int, str], int] = field(default_factory=dict)
+    # The metrics history ("<tag>:metrics:m:<hour>" and "<tag>:metrics:h:<day>" in Redis):
+    # minute (the clock's ms // 60000) -> its counts, for the last day; hour (ms // 3600000)
+    # -> its counts, rolled up from the minutes by prune_throughput, for 14 days.
+    minute_records: dict[int, Counts] = field(default_factory=dict)
+    hour_records: dict[int, Counts] = field(default_factory=dict)
     # Running totals since the queue began, never pruned ("all:<name>" in Redis).
     totals: dict[str, int] = field(default_factory=dict)
     # worker id -> (details JSON, expiry ms)
@@ -111,6 +115,14 @@ class QueueState:
     expiries: dict[str, int] = field(default_factory=dict)
     postpones: dict[str, int] = field(default_factory=dict)
     dead_reasons: dict[str, str] = field(default_factory=dict)
+    # Attempt records ({tag}:history, see memory/history.py): id -> its records, packed as
+    # the scripts pack them (engine.history).
+    history: dict[str, str] = field(default_factory=dict)
+    # Outcome records (see memory/outcomes.py): id -> record ({tag}:ended:<id>), key -> id
+    # ({tag}:ended_key:<key>), and when each ends ("i<id>" or "k<key>" -> ms).
+    ended: dict[str, str] = field(default_factory=dict)
+    ended_keys: dict[str, str] = field(default_factory=dict)
+    ended_ends: ScoredSet = field(default_factory=ScoredSet)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ every shard it reads (the live and the draining ones)."""
 
 from collections.abc import Mapping
 
+from delayqueue_django.engine.metrics import MetricsRead, merged
 from delayqueue_django.engine.records import StoredMessage
 from delayqueue_django.engine.sharding.layouts import ShardLayouts
 from delayqueue_django.engine.sharding.stats import partial_stats, read_stats
@@ -51,19 +52,12 @@ class ShardReads(ShardLayouts):
             raise next(stats for stats in read.values() if isinstance(stats, Exception))
         return partial_stats(answered, len(read))
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
-        by_minute: dict[int, tuple[int, int]] = {}
-        for store in self.consumed().values():
-            for minute, acked, failed in store.throughput(minutes):
-                before = by_minute.get(minute, (0, 0))
-                by_minute[minute] = (before[0] + acked, before[1] + failed)
-        # Shards on one server share its clock; on a cluster, masters' clocks may put the
-        # current minute a minute apart: keep the latest ``minutes``.
-        rows = [(minute, acked, failed) for minute, (acked, failed) in sorted(by_minute.items())]
-        return rows[-minutes:]
+    def metrics(self, back_minutes: int) -> MetricsRead:
+        """Every shard's history, to be added up by minute (see engine.metrics.merged)."""
+        return merged(store.metrics(back_minutes) for store in self.consumed().values())
 
-    def prune_throughput(self, keep_minutes: int) -> int:
-        return sum(store.prune_throughput(keep_minutes) for store in self.consumed().values())
+    def prune_throughput(self) -> int:
+        return sum(store.prune_throughput() for store in self.consumed().values())
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Worker-measured counts belong to no shard: kept on shard 0."""

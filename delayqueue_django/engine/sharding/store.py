@@ -59,9 +59,12 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from delayqueue_django.engine.flow import FlowState
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
+    Attempt,
+    Attempts,
     KeyedSent,
     NackOutcome,
     NewMessage,
@@ -351,6 +354,7 @@ class ShardedStore(ShardFetching, ShardReads):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         outcomes: list[NackOutcome] = self._per_shard(
             refusals,
@@ -361,6 +365,7 @@ class ShardedStore(ShardFetching, ShardReads):
                 request=request,
                 postponed=postponed,
                 max_postpones=max_postpones,
+                attempts=attempts,
             ),
         )
         self._free_slots([outcome.id for outcome in outcomes if outcome is not None])
@@ -480,10 +485,33 @@ class ShardedStore(ShardFetching, ShardReads):
     def peek_payload(self, message_id: str) -> bytes | None:
         return self.shard_for(message_id).peek_payload(message_id)
 
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        # A message's record is on its shard; a key's, on the shard where its messages went.
+        if key is None:
+            if message_id is None:
+                raise ValueError("ended: give a message_id or a key")
+            return self.shard_for(message_id).ended(message_id)
+        for name in self._key_shards(key, self.layout):
+            found = self._store(name).ended(key=key)
+            if found is not None:
+                return found
+        return None
+
     def held(self, message_ids: Sequence[str]) -> set[str]:
         found: set[str] = set()
         for name, positions in self._group(message_ids).items():
             found |= self._store(name).held([message_ids[i] for i in positions])
+        return found
+
+    def history(self, message_id: str) -> Attempts:
+        return self.shard_for(message_id).history(message_id)
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        found: dict[str, Attempt] = {}
+        for name, positions in self._group(message_ids).items():
+            found |= self._store(name).last_errors([message_ids[i] for i in positions])
         return found
 
     # Schedules, task results and heartbeats: on shard 0 (a tick is a message of shard 0,

@@ -2,16 +2,18 @@
 exhausted messages' announcements, and the wake-up subscriptions."""
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from delayqueue_django.engine.expiry_calls import postpone_args
+from delayqueue_django.engine.expiry_calls import refusal_args
 from delayqueue_django.engine.flow import GATES_OWN, rate_wire
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
+from delayqueue_django.engine.outcomes import outcome_arg
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult, NackOutcome
 from delayqueue_django.engine.store.base import RedisStoreBase
-from delayqueue_django.engine.store.calls import _id_rows, _reserved
+from delayqueue_django.engine.store.calls import _fetch_tail, _id_rows
 from delayqueue_django.engine.store.replies import (
     _id,
     _optional_shown,
@@ -45,13 +47,18 @@ class RedisConsuming(RedisStoreBase):
         the flow gates apply, ``leased_from``: from when the leases run, if not now, and
         ``gated``: whether a reservation bound ``count`` (see engine.flow)."""
         limits = self.limits
+        tail = _fetch_tail(leased_from, gated, limits.history_attempts)
+        ended = outcome_arg(limits)
+        if ended:  # ARGV[12], after ARGV[9] to ARGV[11]
+            tail = (*tail, "", "", 0)[:3]
         sent_at = time.monotonic()
         reply = self._run(
             "fetch",
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
                 *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
-                *(() if leased_from is None and not gated else _reserved(leased_from, gated)),
+                *tail,
+                *ended,
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
@@ -141,6 +148,7 @@ class RedisConsuming(RedisStoreBase):
                 *_id_rows(leases),
                 *(["plain"] if plain else []),
                 *(["untracked"] if untracked else []),
+                *outcome_arg(self.limits, fetcher),
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
@@ -157,10 +165,12 @@ class RedisConsuming(RedisStoreBase):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
         The ids in ``postponed`` are postponed: no attempt counted, and buried once
-        postponed more than ``max_postpones`` times (see nack.lua).
+        postponed more than ``max_postpones`` times (see nack.lua). ``attempts``: each
+        refusal's attempt record (see engine.history).
 
         Returns the outcome of each refusal whose lease still held. A repeated ``request``
         answers what that request did, as for ack.
@@ -168,12 +178,24 @@ class RedisConsuming(RedisStoreBase):
         if not refusals:
             return []
         refused = {refusal[0] for refusal in refusals}
+        # An outcome record's argument comes after the postpones' and the records' (see
+        # nack.lua), so it needs them whole.
+        ended = outcome_arg(self.limits)
+        tail = refusal_args(
+            refused,
+            postponed,
+            max_postpones,
+            attempts,
+            self.limits.history_attempts,
+            whole=bool(ended),
+        )
         flat, _ = self._run(
             "nack",
             [
                 *(self._channel, request, self.limits.consume_ms, len(refusals)),
                 *_id_rows(refusals),
-                *postpone_args(refused, postponed, max_postpones),
+                *tail,
+                *ended,
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
@@ -183,7 +205,10 @@ class RedisConsuming(RedisStoreBase):
         """Hand back deliveries that were never started, without using a retry."""
         if not leases:
             return []
-        released, _ = self._run("release", [self._channel, len(leases), *_id_rows(leases)])
+        released, _ = self._run(
+            "release",
+            [self._channel, len(leases), *_id_rows(leases), *outcome_arg(self.limits)],
+        )
         return [_id(message_id) for message_id in released]
 
     def extend(self, leases: Sequence[tuple[str, int]]) -> tuple[int, list[str]]:

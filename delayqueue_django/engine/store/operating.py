@@ -5,9 +5,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from delayqueue_django.engine.history import foreign, last_of, parse_history
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.keyed_calls import wire
-from delayqueue_django.engine.records import STATES, StoredMessage, split_trace
+from delayqueue_django.engine.metrics import MetricsRead, read_reply
+from delayqueue_django.engine.outcomes import ended_message, outcome_arg
+from delayqueue_django.engine.records import STATES, Attempt, Attempts, StoredMessage, split_trace
 from delayqueue_django.engine.store.base import RedisStoreBase
 from delayqueue_django.engine.store.replies import (
     _id,
@@ -52,7 +57,8 @@ class RedisOperating(RedisStoreBase):
         age = -1 if older_than_ms is None else older_than_ms
         before = -1 if buried_before_ms is None else buried_before_ms
         dropped, kept, _ = self._run(
-            "drop_garbage", [age, limit, int(keep_unannounced), offset, before]
+            "drop_garbage",
+            [age, limit, int(keep_unannounced), offset, before, *outcome_arg(self.limits)],
         )
         return int(dropped), int(kept)
 
@@ -73,13 +79,9 @@ class RedisOperating(RedisStoreBase):
                 unreadable.append(message_id)
         return unreadable
 
-    def throughput(self, minutes: int) -> list[tuple[int, int, int]]:
-        """``(minute_start_ms, acked, failed)`` for the last ``minutes`` minutes, oldest first."""
-        _, flat, _ = self._run("throughput", [minutes])
-        return [
-            (int(flat[i]) * 60_000, int(flat[i + 1]), int(flat[i + 2]))
-            for i in range(0, len(flat), 3)
-        ]
+    def metrics(self, back_minutes: int) -> MetricsRead:
+        """The metrics history from ``back_minutes`` before the current minute on."""
+        return read_reply(self._run("metrics", [back_minutes]))
 
     def add_totals(self, increments: Mapping[str, int]) -> None:
         """Add worker-measured counts to the queue's running totals (names without "all:")."""
@@ -92,9 +94,10 @@ class RedisOperating(RedisStoreBase):
         flat, _ = self._run("totals", [])
         return {_shown(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def prune_throughput(self, keep_minutes: int) -> int:
-        """Forget per-minute counts older than ``keep_minutes``; returns how many."""
-        pruned, _ = self._run("prune_throughput", [keep_minutes])
+    def prune_throughput(self) -> int:
+        """The metrics history's upkeep (see prune_throughput.lua); returns how many hours
+        were rolled up and old fields moved."""
+        pruned, _ = self._run("prune_throughput", [])
         return int(pruned)
 
     def list(
@@ -118,6 +121,17 @@ class RedisOperating(RedisStoreBase):
         args = [wire(message_id)] if preview_bytes is None else [wire(message_id), preview_bytes]
         return described(message_id, self._run("peek", args))
 
+    def ended(
+        self, message_id: str | None = None, *, key: str | None = None
+    ) -> StoredMessage | None:
+        """The outcome record of a message that ended (see engine.outcomes), by its id or
+        its key; None when there is none (never ended, or its retention passed)."""
+        by, name = ("id", message_id) if key is None else ("key", key)
+        if name is None:
+            raise ValueError("ended: give a message_id or a key")
+        found, raw, _ = self._run("ended", [by, wire(name)])
+        return ended_message(_id(found), raw) if found and raw is not None else None
+
     def peek_payload(self, message_id: str) -> bytes | None:
         """The payload as peek reads it whole, but not decoded: bytes that are not UTF-8
         (only a foreign write stores them) stay those bytes, where peek shows them as
@@ -139,3 +153,32 @@ class RedisOperating(RedisStoreBase):
             pipe.hexists(payloads, wire(message_id))
         found = pipe.execute()
         return {message_id for message_id, there in zip(message_ids, found, strict=True) if there}
+
+    def history(self, message_id: str) -> Attempts:
+        """The message's attempt records, oldest first (see engine.history)."""
+        client: Any = self.client
+        try:
+            return parse_history(client.hget(self.keys.key("history"), wire(message_id)))
+        except ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            return [foreign(self._type_of("history"))]
+
+    def last_errors(self, message_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The newest record of each message that has one: one HMGET."""
+        if not message_ids:
+            return {}
+        client: Any = self.client
+        try:
+            raws = client.hmget(self.keys.key("history"), [wire(i) for i in message_ids])
+        except ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            damage = foreign(self._type_of("history"))
+            return dict.fromkeys(message_ids, damage)
+        found = {i: last_of(raw) for i, raw in zip(message_ids, raws, strict=True)}
+        return {i: attempt for i, attempt in found.items() if attempt is not None}
+
+    def _type_of(self, part: str) -> str:
+        client: Any = self.client
+        return _shown(client.type(self.keys.key(part)))

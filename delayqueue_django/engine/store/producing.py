@@ -15,6 +15,7 @@ from delayqueue_django.engine.keyed_calls import (
     send_keyed_calls,
     wire,
 )
+from delayqueue_django.engine.outcomes import outcome_arg
 from delayqueue_django.engine.records import KeyedSent, NewMessage, StoredMessage
 from delayqueue_django.engine.store.base import RedisStoreBase, log_warnings
 from delayqueue_django.engine.store.calls import (
@@ -106,7 +107,8 @@ class RedisProducing(RedisStoreBase):
 
     def cancel_key(self, key: str) -> str | None:
         """Remove the key's message if it waits; returns its id, or None."""
-        return cancelled_id(self._run("remove", cancel_key_args(key)))
+        args = [*cancel_key_args(key), *outcome_arg(self.limits)]
+        return cancelled_id(self._run("remove", args))
 
     def reschedule(
         self,
@@ -135,4 +137,6 @@ class RedisProducing(RedisStoreBase):
         message in that state is removed.
         """
         mode = "delete" if include_in_flight_and_dead else "cancel"
-        return removed_state(self._run("remove", [wire(message_id), mode, only_from or ""]))
+        ended = outcome_arg(self.limits)  # ARGV[5], after ARGV[4] (not by key)
+        args = [wire(message_id), mode, only_from or "", *(["", *ended] if ended else [])]
+        return removed_state(self._run("remove", args))
