@@ -1,7 +1,7 @@
 """Why a dead letter died, in words, from what the queue keeps of it: its dead reason when
 that is not the default, else its attempts against its retry budget, which tell a message
-whose retries were used up from one buried before (a Reject buries at once). The queue
-keeps no history of a message's attempts: what each one raised is in the workers' log."""
+whose retries were used up from one buried before (a Reject buries at once). What each
+attempt raised is in its attempt records, the message page's Attempts table (admin.attempts)."""
 
 from django.template.defaultfilters import date as format_date
 

@@ -8,12 +8,19 @@ from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from redis.exceptions import RedisError
 
+from delayqueue_django.admin.attempts import error_cell
 from delayqueue_django.admin.display import (
     COUNT_NAMES,
     as_datetime,
     call_arguments,
     from_epoch,
     shard_table,
+)
+from delayqueue_django.admin.error_classes import (
+    NO_ERROR,
+    ErrorFilter,
+    choice_label,
+    error_filter,
 )
 from delayqueue_django.admin.message_search import SearchResult, search_messages
 from delayqueue_django.admin.queue_status import queue_status
@@ -22,6 +29,7 @@ from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.engine import STATES, StoredMessage, printable
+from delayqueue_django.engine.records import Attempt
 from delayqueue_django.monitoring.reports import (
     describe_running,
     outbox_report,
@@ -36,6 +44,9 @@ from delayqueue_django.worker import heartbeat
 
 PREVIEW_BYTES = 300
 THROUGHPUT_MINUTES = 15
+# The dead letters' page reads at most this many of them for its filter by error class (in
+# batches of error_classes.BATCH): the counts and a chosen class's list are of those.
+FILTER_LIMIT = 10_000
 
 
 class QueuePages(ViewsBase):
@@ -79,6 +90,8 @@ class QueuePages(ViewsBase):
         state = request.GET.get("state", "pending")
         if state not in STATES:
             state = "pending"
+        # The dead letters' filter: the class of their last error (see admin.error_classes).
+        chosen = request.GET.get("error", "") if state == "garbage" else ""
         shards = shard_reports(queue)
         shard_context = shard_table(shards)
         # The search box (a GET: it only reads); an empty box searches nothing.
@@ -98,13 +111,39 @@ class QueuePages(ViewsBase):
             # and the workers and schedules are on shard 0.
             partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
             entries, throughput = [], []
-            if not partial:
+            errors: ErrorFilter | None = None
+            last_errors: dict[str, Attempt] = {}
+            if not partial and state == "garbage":
+                errors = error_filter(queue, chosen, limit=FILTER_LIMIT)
+            if errors is not None and chosen:
+                # The page of those of the chosen class (the filter read them all, up to
+                # its limit), their previews read again as the list reads them.
+                pages = max(math.ceil(len(errors.matches) / PAGE_SIZE), 1)
+                page = _page_number(request.GET.get("page"), pages)
+                shown = errors.matches[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+                last_errors = {
+                    letter.stored.id: letter.last_error
+                    for letter in shown
+                    if letter.last_error is not None
+                }
+                entries = [
+                    stored
+                    for stored in (
+                        queue.peek(letter.stored.id, preview_bytes=PREVIEW_BYTES)
+                        for letter in shown
+                    )
+                    if stored is not None
+                ]
+            elif not partial:
                 entries = queue.list_messages(
                     state,
                     offset=(page - 1) * PAGE_SIZE,
                     limit=PAGE_SIZE,
                     preview_bytes=PREVIEW_BYTES,
                 )
+                if state == "garbage" and entries:
+                    last_errors = queue.last_errors([entry.id for entry in entries if entry.id])
+            if not partial:
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers: list[dict[str, Any]] | None = None
             schedules: list[ScheduleInfo] | None = None
@@ -138,7 +177,13 @@ class QueuePages(ViewsBase):
             search=search,
             page=page,
             pages=pages,
-            entries=[self._row(queue, entry) for entry in entries],
+            entries=[self._row(queue, entry, last_errors.get(entry.id)) for entry in entries],
+            errors=errors,
+            error_choice=chosen,
+            error_label=choice_label(chosen),
+            no_error=NO_ERROR,
+            filter_limit=FILTER_LIMIT,
+            by_error_url=self._url("by_error", queue_name),
             actions=actions,
             next_due=as_datetime(stats["next_due_ms"]),
             lag_seconds=stats["lag_ms"] / 1000,
@@ -210,7 +255,9 @@ class QueuePages(ViewsBase):
             + (f", the latest {schedule.missed_limit}" if schedule.missed == "all" else ""),
         }
 
-    def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
+    def _row(
+        self, queue: Queue, entry: StoredMessage, last_error: Attempt | None
+    ) -> dict[str, Any]:
         payload = entry.payload or ""
         preview = payload[:200]
         shown_id = printable(entry.id)
@@ -220,6 +267,7 @@ class QueuePages(ViewsBase):
             "when": as_datetime(entry.score_ms),
             "preview": preview,
             "cut": entry.payload_size > len(preview.encode()),
+            "last_error": error_cell(last_error),
             # An id whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
             # form: it is shown, without a link or a checkbox.
             "url": self._url("message", queue.name, entry.id) if shown_id == entry.id else None,
