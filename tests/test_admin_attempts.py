@@ -7,7 +7,6 @@ Records here are written where the store keeps them, packed as its scripts pack 
 data, as no release writes them."""
 
 import html
-import json
 import re
 import time
 from collections.abc import Callable
@@ -21,9 +20,8 @@ from django.urls import reverse
 from delayqueue_django import get_queue
 from delayqueue_django.admin import error_actions, error_classes
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import RedisStore
-from delayqueue_django.engine.memory.store import MemoryStore
 from delayqueue_django.engine.sharding.store import ShardedStore
+from tests.attempt_records import plant, record
 from tests.backends import SHARDED_BACKENDS
 from tests.conftest import MEMORY_URL, queue_settings
 from tests.helpers import fetch_when_due, redis_store, states_of
@@ -52,37 +50,6 @@ def superuser(**kwargs: Any) -> Client:
     client = Client(**kwargs)
     client.force_login(User.objects.create_superuser("root", password="pw"))
     return client
-
-
-def record(
-    attempt: int,
-    error_class: str = "shop.errors.PaymentDown",
-    error: str = "the provider said 503",
-    *,
-    verdict: str = "error",
-    traceback: str = 'Traceback (most recent call last):\n  File "shop/tasks.py", line 9\n',
-    worker: str = "web-1:4242",
-    started_ms: int | None = 1_700_000_000_000,
-    ended_ms: int = 1_700_000_001_250,
-    cut: str = "",
-) -> list[Any]:
-    """One attempt record as the store packs it (engine.history)."""
-    return [attempt, verdict, error_class, error, traceback, worker, started_ms, ended_ms, cut]
-
-
-def plant(queue: Queue, message_id: str, records: list[Any] | bytes) -> None:
-    """Write a message's attempt records where its store keeps them: a JSON array of packed
-    records, or the very bytes given."""
-    raw = records if isinstance(records, bytes) else json.dumps(records).encode()
-    store: Any = queue.store
-    if isinstance(store, ShardedStore):
-        store = store.shard_for(message_id)
-    if isinstance(store, RedisStore):
-        store.client.hset(store.keys.key("history"), message_id.encode(), raw)
-    else:
-        assert isinstance(store, MemoryStore)
-        with store.server.lock:
-            store._state().history[message_id] = raw.decode("utf-8", "surrogateescape")
 
 
 def bury(queue: Queue, payload: Any = "dead") -> str:
