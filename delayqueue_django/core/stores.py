@@ -19,6 +19,7 @@ def store_for(config: QueueConfig) -> Store:
         send_batch_size=config.send_batch_size,
         rate_limit=config.rate_limit,
         max_in_flight=config.max_in_flight,
+        history_attempts=config.history_attempts,
     )
 
     if config.memory_name is not None:

@@ -1,10 +1,12 @@
 """Expiry and postpones on the wire (see "Expiry and postpones" in _prelude.lua): the
-arguments send.lua, send_keyed.lua and nack.lua take after their messages. A call that uses
+arguments send.lua, send_keyed.lua and nack.lua take after their messages (nack.lua's
+attempt records too, see engine.history). A call that uses
 neither sends exactly what it sent before they existed."""
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.records import NewMessage
 
 
@@ -20,10 +22,24 @@ def expiry_args(chunk: Sequence[NewMessage]) -> list[Any]:
     return [len(args) // 3, *args] if args else []
 
 
-def postpone_args(
-    refused_ids: Collection[str], postponed: Collection[str], max_postpones: int
+def refusal_args(
+    refused_ids: Collection[str],
+    postponed: Collection[str],
+    max_postpones: int,
+    attempts: Mapping[str, AttemptNote] | None,
+    history_attempts: int,
 ) -> list[Any]:
-    """nack.lua's postpones, after its refusals: the bound, a count, then the ids (of this
-    call's refusals) that are postponed. Empty when none is."""
+    """nack.lua's arguments after its refusals: the postpones (the bound, a count, then the
+    ids of this call's refusals that are postponed), then the attempt records (their bound,
+    a count, then a note of 8 per refused id that has one). Empty when there are neither;
+    the postpones "0", "0" when there are records and no postpone."""
     ids = [message_id for message_id in postponed if message_id in refused_ids]
-    return [max_postpones, len(ids), *ids] if ids else []
+    notes: list[Any] = []
+    if attempts and history_attempts > 0:
+        for message_id in refused_ids:
+            note = attempts.get(message_id)
+            if note is not None:
+                notes += note.wire(message_id)
+    if not notes:
+        return [max_postpones, len(ids), *ids] if ids else []
+    return [max_postpones, len(ids), *ids, history_attempts, len(notes) // 8, *notes]

@@ -55,6 +55,39 @@ class AttemptNote:
             cut,
         ]
 
+    def record(self, attempt: int, verdict: str, now_ms: int) -> list[Any]:
+        """The record nack.lua writes of this note (the memory store writes the same)."""
+        cut = ("e" if self.error_cut else "") + ("t" if self.traceback_cut else "")
+        ago = None if self.started_ago_ms is None else max(int(self.started_ago_ms), 0)
+        texts = (self.error_class, self.error, self.traceback, self.worker)
+        return [
+            attempt,
+            verdict,
+            *(_sendable(text).decode("utf-8") for text in texts),
+            None if ago is None else now_ms - ago,
+            now_ms,
+            cut,
+        ]
+
+
+def pack(records: list[list[Any]]) -> str:
+    """A message's records as the history hash holds them (as cjson writes them, but for
+    its escaping of "/")."""
+    return json.dumps(records, ensure_ascii=False, separators=(",", ":"))
+
+
+def appended(raw: str | None, record: list[Any], bound: int) -> str:
+    """A message's packed records with ``record`` added, the oldest dropped past
+    ``bound``; a value that is not a list of records (a foreign write) is replaced."""
+    try:
+        records = json.loads(raw) if raw is not None else []
+    except (ValueError, RecursionError):
+        records = []
+    if not isinstance(records, list):
+        records = []
+    records.append(record)
+    return pack(records[-bound:])
+
 
 def _sendable(text: str) -> bytes:
     """Text as UTF-8, a lone surrogate (an exception's text may hold one) escaped."""

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from delayqueue_django.engine.flow import GATES_OWN, FlowState, Reservation
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keys import QueueKeys
 from delayqueue_django.engine.records import (
     Attempt,
@@ -161,13 +162,16 @@ class Store(Protocol):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
         A repeated ``request`` gets the reply it had (see ack). The ids in ``postponed``
         are postponed: their attempt is not counted nor their budget checked, and one
         postponed more than ``max_postpones`` times is buried with the reason
         POSTPONED_TOO_OFTEN. A retry or postpone due at or after the message's expiry
-        buries it with the reason EXPIRED."""
+        buries it with the reason EXPIRED. ``attempts``: the note of each refused id's
+        attempt, written as its attempt record in the same step (at most
+        ``limits.history_attempts`` a message, the newest kept; see engine.history)."""
 
     def release(self, leases: Sequence[tuple[str, int]]) -> list[str]:
         """Hand back deliveries that were never started, without using a retry."""

@@ -71,6 +71,8 @@ class StoreLimits:
     # shard 0 on several (see engine.flow).
     rate_limit: tuple[int, int] | None = None
     max_in_flight: int = 0
+    # The most attempt records a message keeps (HISTORY_ATTEMPTS; 0: none written).
+    history_attempts: int = 5
 
 
 # A traced send puts its span's W3C traceparent before the payload, as "^<traceparent>^"

@@ -17,6 +17,7 @@ from delayqueue_django import signals
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine import EXPIRED, loggable
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.sharding.placement import SHARD_MARK, shard_name, shard_of
 from delayqueue_django.worker.handling import Outcome, Verdict
 from delayqueue_django.worker.loop_pool import LoopPool
@@ -125,6 +126,9 @@ def commit(
     ``request`` name the call, so that a repeat of it is recognised (see ``Commit``)."""
     messages = [outcome.message for outcome in outcomes]
     name = queue.name
+    if verdict in (Verdict.NACK, Verdict.BURY):
+        # Each refusal's attempt record, written with its verdict.
+        attempts = _notes(queue, outcomes)
     if verdict is Verdict.RELEASE:
         queue.release(messages)
         return False
@@ -148,10 +152,14 @@ def commit(
                 request=request,
                 delays_ms=delays_ms,
                 postponed=postponed,
+                attempts=attempts,
             )
         }
     else:
-        results = {r.id: r for r in queue.bury(messages, fetcher=fetcher, request=request)}
+        results = {
+            r.id: r
+            for r in queue.bury(messages, fetcher=fetcher, request=request, attempts=attempts)
+        }
     for outcome in outcomes:
         message = outcome.message
         result = results.get(message.id)
@@ -178,6 +186,16 @@ def commit(
             dead_reason=result.dead_reason,
         )
     return any(result.exhausted for result in results.values())
+
+
+def _notes(queue: Queue, outcomes: list[Outcome]) -> dict[str, AttemptNote] | None:
+    """The attempt record of each refused outcome (none on a queue that keeps none)."""
+    if queue.config.history_attempts == 0:
+        return None
+    return {
+        o.message.id: queue.attempt_note(o.message, o.error, ran_seconds=o.seconds)
+        for o in outcomes
+    }
 
 
 def _log_lost_lease(message: Message, what: str) -> None:

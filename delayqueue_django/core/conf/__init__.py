@@ -23,6 +23,7 @@ from django.conf import settings
 
 from delayqueue_django.core.conf.expiry import check_expiry_options, expires_ms
 from delayqueue_django.core.conf.flow import check_flow_options, parse_rate
+from delayqueue_django.core.conf.history import check_history_options
 from delayqueue_django.core.conf.problem import SETTING, Problem
 from delayqueue_django.core.conf.queue_config import QueueConfig
 from delayqueue_django.core.conf.spelling import meant
@@ -74,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
     # and how often a handler may postpone one message (see core.conf.expiry).
     "EXPIRES": None,
     "MAX_POSTPONES": 100,
+    # Attempt records (see core.conf.history): how many a message keeps (0: none), and the
+    # dotted path of what cleans an error before it is stored (None: stored as raised).
+    "HISTORY_ATTEMPTS": 5,
+    "HISTORY_REDACT": None,
 }
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -115,6 +120,7 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
     _check_numbers(name, options, problems)
     check_flow_options(name, options, problems)
     check_expiry_options(name, options, problems)
+    check_history_options(name, options, problems)
     handler = options["HANDLER"]
     if handler is not None and not (
         isinstance(handler, str) and DOTTED_PATH_PATTERN.match(handler)
@@ -160,6 +166,8 @@ def _check_queue(name: Any, raw: Any, problems: list[Problem]) -> QueueConfig | 
         send_on_commit=options["SEND_ON_COMMIT"],
         expires_ms=expires_ms(options),
         max_postpones=options["MAX_POSTPONES"],
+        history_attempts=options["HISTORY_ATTEMPTS"],
+        history_redact=options["HISTORY_REDACT"],
         feature_options=feature_options,
         outbox=options["OUTBOX"],
         exactly_once=_exactly_once_alias(options["EXACTLY_ONCE"]),

@@ -46,6 +46,10 @@ class QueueConfig:
     # time (None: none), and how often one message may be postponed.
     expires_ms: int | None = None
     max_postpones: int = 100
+    # Attempt records (see core.conf.history): the most a message keeps, and the dotted
+    # path of the callable that cleans an error before it is stored (None: none).
+    history_attempts: int = 5
+    history_redact: str | None = None
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property

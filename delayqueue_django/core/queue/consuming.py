@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from delayqueue_django.core.attempts import note_for
 from delayqueue_django.core.encoding import decode_payload, delay_in_ms
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue.base import QueueBase, _reaching_redis
 from delayqueue_django.engine import BURY, Delivery, NackOutcome, loggable
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.quick_records import quick
-from delayqueue_django.engine.records import TRACE_MARK, split_trace
+from delayqueue_django.engine.records import NACK, POSTPONE, REJECT, TRACE_MARK, split_trace
 
 logger = logging.getLogger("delayqueue_django")
 
@@ -185,12 +187,18 @@ class QueueConsuming(QueueBase):
         request: str = "",
         delays_ms: Mapping[str, int] | None = None,
         postponed: Collection[str] = (),
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Messages refused: retry each after NACK_REDELIVERY_DELAY (or ``delay``, or its
         own in ``delays_ms``, by id) while retries are left, else bury it in garbage. The
         ids in ``postponed`` are postponed instead (see ``postpone``). A retry due at or
         after the message's expiry buries it (its outcome's ``dead_reason`` is "expired").
-        ``fetcher`` and ``request``: see ack."""
+        ``fetcher`` and ``request``: see ack.
+
+        Each refusal leaves a record of its attempt (``history``): its note in
+        ``attempts`` (by id; see ``attempt_note``), else one saying only the verdict
+        ("nack", or "postpone") and this worker."""
+        messages = list(messages)
         refusals = []
         for message in messages:
             if delays_ms is not None and message.id in delays_ms:
@@ -206,7 +214,42 @@ class QueueConsuming(QueueBase):
             request=request,
             postponed=postponed,
             max_postpones=self.config.max_postpones,
+            attempts=self._notes(messages, attempts, NACK, postponed),
         )
+
+    def attempt_note(
+        self,
+        message: Message,
+        error: BaseException | None,
+        *,
+        verdict: str | None = None,
+        ran_seconds: float | None = None,
+    ) -> AttemptNote:
+        """The attempt record a refusal of ``message`` writes: ``error`` as the queue's
+        HISTORY_REDACT leaves it (None: the handler returned False), cut to its bounds;
+        ``verdict`` by default the one the error stands for; ``ran_seconds`` how long the
+        handler ran (the record's start is its verdict's time less that)."""
+        return note_for(self.config, message, error, verdict=verdict, ran_seconds=ran_seconds)
+
+    def _notes(
+        self,
+        messages: list[Message],
+        attempts: Mapping[str, AttemptNote] | None,
+        verdict: str,
+        postponed: Collection[str] = (),
+    ) -> dict[str, AttemptNote] | None:
+        """Each refused message's note: its own in ``attempts``, else the verdict alone
+        (none at all on a queue that keeps no records)."""
+        if self.config.history_attempts == 0:
+            return None
+        given = attempts or {}
+        return {
+            message.id: given.get(message.id)
+            or note_for(
+                self.config, message, None, verdict=POSTPONE if message.id in postponed else verdict
+            )
+            for message in messages
+        }
 
     @_reaching_redis
     def postpone(
@@ -216,11 +259,13 @@ class QueueConsuming(QueueBase):
         delay: float | timedelta,
         fetcher: str = "",
         request: str = "",
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Messages not to handle yet: back after ``delay`` without using an attempt (what
         a handler's ``raise Postpone(delay)`` does). The postpone after MAX_POSTPONES of one
         message buries it (``dead_reason`` "postponed too often"); one due at or after its
-        expiry too ("expired"). ``fetcher`` and ``request``: see ack."""
+        expiry too ("expired"). ``fetcher`` and ``request``: see ack; ``attempts``: see
+        nack."""
         listed = list(messages)
         return self.nack(
             listed,
@@ -228,16 +273,25 @@ class QueueConsuming(QueueBase):
             fetcher=fetcher,
             request=request,
             postponed={message.id for message in listed},
+            attempts=attempts,
         )
 
     @_reaching_redis
     def bury(
-        self, messages: Iterable[Message], *, fetcher: str = "", request: str = ""
+        self,
+        messages: Iterable[Message],
+        *,
+        fetcher: str = "",
+        request: str = "",
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Messages that must never be retried: straight to garbage, retries left or not.
-        ``fetcher`` and ``request``: see ack."""
-        refusals = [(m.id, m.lease, BURY) for m in messages]
-        return self.store.nack(refusals, fetcher=fetcher, request=request)
+        ``fetcher`` and ``request``: see ack; ``attempts``: see nack (the verdict alone is
+        "reject")."""
+        listed = list(messages)
+        refusals = [(m.id, m.lease, BURY) for m in listed]
+        notes = self._notes(listed, attempts, REJECT)
+        return self.store.nack(refusals, fetcher=fetcher, request=request, attempts=notes)
 
     @_reaching_redis
     def release(self, messages: Sequence[Message]) -> list[str]:

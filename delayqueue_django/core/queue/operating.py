@@ -2,6 +2,7 @@
 and deleting, requeueing, delivering now and purging messages."""
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from delayqueue_django.core import features
 from delayqueue_django.core.queue.base import QueueBase, _check_id, _reaching_redis
@@ -77,7 +78,8 @@ class QueueOperating(QueueBase):
         """One page of messages in a state (pending, ready, unack, retry or garbage)."""
         if offset < 0 or not 0 <= limit <= 1000:
             raise ValueError(f"offset must be >= 0 and limit 0..1000 (got {offset}, {limit})")
-        return self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
+        listed = self.store.list(state, offset=offset, limit=limit, preview_bytes=preview_bytes)
+        return self._with_last_errors(listed) if state == "garbage" else listed
 
     @_reaching_redis
     def peek(self, message_id: str, *, preview_bytes: int | None = None) -> StoredMessage | None:
@@ -91,7 +93,10 @@ class QueueOperating(QueueBase):
         """
         if preview_bytes is not None and preview_bytes < 0:
             raise ValueError(f"preview_bytes must be >= 0 or None (got {preview_bytes})")
-        return self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
+        stored = self.store.peek(_check_id(message_id), preview_bytes=preview_bytes)
+        if stored is None or stored.state != "garbage":
+            return stored
+        return self._with_last_errors([stored])[0]
 
     @_reaching_redis
     def lookup(self, key: str) -> StoredMessage | None:
@@ -135,6 +140,12 @@ class QueueOperating(QueueBase):
     def held(self, message_ids: Sequence[str]) -> set[str]:
         """Those of these messages the queue still holds, in any state (dead letters too)."""
         return self.store.held([_check_id(i) for i in message_ids])
+
+    def _with_last_errors(self, dead: list[StoredMessage]) -> list[StoredMessage]:
+        """Dead letters with their newest attempt record (``last_error``): one more round
+        trip per shard."""
+        found = self.store.last_errors([stored.id for stored in dead]) if dead else {}
+        return [replace(stored, last_error=found.get(stored.id)) for stored in dead]
 
     @_reaching_redis
     def history(self, message_id: str) -> Attempts:

@@ -80,6 +80,10 @@
     <tag>:postpones   hash   id -> how often a handler postponed it (Postpone)
     <tag>:dead_reason hash   id -> why a dead letter died, when it is not the default
                              (retries used up, or a Reject): "expired", "postponed too often"
+  Attempt records (see "Attempt records" below), derived the same way:
+    <tag>:history     hash   id -> the message's attempt records, a JSON array of at most
+                             HISTORY_ATTEMPTS records, oldest first; only messages with a
+                             refused delivery have one, and it goes when they go
 
   meta fields: lease   the delivery token, bumped on every state change of a delivery,
                        so a late ack or nack from an older delivery never matches;
@@ -110,6 +114,8 @@ local flow_state, flow_log, flow_slots
 local options_absent
 -- Expiry and postpones (see "Expiry and postpones" above).
 local expiries, postpone_counts, dead_reasons
+-- Attempt records (see "Attempt records" above).
+local histories
 
 -- The ordered groups' keys and the queue's wake-up channel (see "Ordered groups"), named
 -- by begin() like the others; group_names() hands them out.
@@ -137,7 +143,8 @@ local function remember(kind, key, names)
 end
 
 -- {keys, holds' prefix, key rows, flow, flow log, flow slots, expiries, postpones, dead
--- reasons, group_of, group_busy, group prefix, wake-up channel} from "<tag>:payload".
+-- reasons, group_of, group_busy, group prefix, wake-up channel, attempt records} from
+-- "<tag>:payload".
 local function names_of(payload_key)
   local tag = string.sub(payload_key, 1, -8)
   return remember(NAMES, payload_key, {
@@ -145,6 +152,7 @@ local function names_of(payload_key)
     tag .. 'flow', tag .. 'flow:log', tag .. 'flow:slots',
     tag .. 'expires', tag .. 'postpones', tag .. 'dead_reason',
     tag .. 'group_of', tag .. 'group_busy', tag .. 'group:', tag .. 'wakeup',
+    tag .. 'history',
   })
 end
 
@@ -160,6 +168,7 @@ local function begin(keys)
   expiries, postpone_counts, dead_reasons = names[7], names[8], names[9]
   group_of_key, group_busy_key, group_prefix, group_channel =
     names[10], names[11], names[12], names[13]
+  histories = names[14]
   options_absent = nil
 end
 
@@ -576,13 +585,67 @@ local function bury_for(ids, now, reason, total)
 end
 
 -- Messages leaving the queue, or starting a new life (requeue): their expiry, postpone
--- count and dead reason go with them. One EXISTS on a queue that never had any.
+-- count, dead reason and attempt records go with them. One EXISTS on a queue that never
+-- had any.
 local function forget_flow(ids)
-  if #ids > 0 and redis.call('EXISTS', expiries, postpone_counts, dead_reasons) > 0 then
+  if #ids > 0 and
+      redis.call('EXISTS', expiries, postpone_counts, dead_reasons, histories) > 0 then
     call_chunked('ZREM', expiries, ids)
     call_chunked('HDEL', postpone_counts, ids)
     call_chunked('HDEL', dead_reasons, ids)
+    call_chunked('HDEL', histories, ids)
   end
+end
+
+-- Attempt records. Every refusal of a delivery (nack.lua: an error, a False, Retry,
+-- Reject, Postpone, the time limit, a burial as expired or postponed too often) and every
+-- lease that ran out (fetch.lua) writes a record of that attempt in the call that writes
+-- its verdict, so neither is ever stored without the other. A record is a JSON array
+--   [attempt, verdict, error class, error, traceback, worker, started ms, ended ms, cut]
+-- (started null when not known; cut "e" and/or "t" when the worker cut the error's text
+-- or its traceback to their bounds), and a message keeps at most `bound` of them
+-- (HISTORY_ATTEMPTS), the newest, in one field of <tag>:history as a JSON array. A value
+-- that is not such an array (a foreign write) is replaced. An ack leaves the records
+-- alone unless they may exist (ack.lua: an attempt past the first, or a tracked
+-- delivery), so a message that never failed pays nothing for them.
+-- `entries`: {id, record} pairs, the record a Lua array as above.
+local function record_attempts(entries, bound)
+  if bound <= 0 or #entries == 0 then
+    return
+  end
+  local ids = {}
+  for i, entry in ipairs(entries) do
+    ids[i] = entry[1]
+  end
+  local raw, kept, written = gather('HMGET', histories, ids), {}, {}
+  for i, entry in ipairs(entries) do
+    local id = entry[1]
+    local records = kept[id]
+    if not records then
+      local ok, decoded = false, nil
+      if raw[i] then
+        ok, decoded = pcall(cjson.decode, raw[i])
+      end
+      records = {}
+      if ok and type(decoded) == 'table' then
+        for j = 1, #decoded do
+          records[j] = decoded[j]
+        end
+      end
+      kept[id] = records
+      table.insert(written, id)
+    end
+    table.insert(records, entry[2])
+    while #records > bound do
+      table.remove(records, 1)
+    end
+  end
+  local values = {}
+  for _, id in ipairs(written) do
+    table.insert(values, id)
+    table.insert(values, cjson.encode(kept[id]))
+  end
+  call_chunked('HSET', histories, values)
 end
 
 -- (The payload first: a message never handed out keeps its first record there.)

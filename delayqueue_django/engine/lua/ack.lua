@@ -3,7 +3,8 @@
 
   KEYS: the queue's key layout (see _prelude.lua); writes unack, payload, meta, throughput,
         and the key index (an acked keyed message that still is its key's leaves it),
-        expiries and postpone counts (see "Expiry and postpones" in the prelude);
+        expiries and postpone counts (see "Expiry and postpones" in the prelude), and
+        attempt records (see "Attempt records" there);
   KEYS[11] the caller's record of its last request (only with a request id; see "Lost
            replies" in the prelude)
   ARGV[1]  request: this call's id ("": none, nothing recorded)
@@ -37,15 +38,20 @@ for i = 1, n do
   ids[i] = args[2 + i * 2]
 end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
-local acked, done = {}, {}
+local acked, done, retried = {}, {}, {}
 for i, id in ipairs(ids) do
   local token = tonumber(args[3 + i * 2])
-  local lease = parse_meta(raw[i])
+  local lease, attempt = parse_meta(raw[i])
   -- An id named twice counts once, like the first of its pairs that holds: once acked,
   -- its meta record and unack entry are gone, so no later pair could hold.
   if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(acked, id)
+    -- Only a message past its first attempt may have attempt records (a postponed one,
+    -- whose attempt was given back, is tracked: see below).
+    if attempt > 1 then
+      table.insert(retried, id)
+    end
   end
 end
 -- A repeat of the caller's last recorded request (see "Lost replies" in the prelude) is
@@ -71,9 +77,13 @@ call_chunked('ZREM', unack, acked)
 call_chunked('HDEL', payloads, acked)
 call_chunked('HDEL', metas, acked)
 if not flags.untracked then
+  -- (Its attempt records too: see "Attempt records" in the prelude.)
   forget_flow(acked)
   -- Ordered groups: an acked holder passes its group on.
   release_groups(acked, true)
+else
+  -- A message that never failed has no attempt records: its ack costs nothing more.
+  call_chunked('HDEL', histories, retried)
 end
 count_throughput(now, 'acked', #acked)
 return {acked, warnings}

@@ -43,6 +43,10 @@
            ("" for now)
   ARGV[10] for "reserved": "1" when the reservation granted less than the fetch wanted:
            the gates, not the work, bound `count`, so handing all of it out wakes no peer
+  ARGV[11] the most attempt records a message keeps (HISTORY_ATTEMPTS; missing: 0): a
+           delivery whose deadline passed in step 1 leaves a record of its attempt with
+           the verdict "lease expired", ended at its deadline, its start and worker not
+           known (see "Attempt records" in the prelude)
 
   Returns {now_ms, next_ms, expired, deliveries, owed, now_us, tracked, groups, unreserved,
   capped, warnings}:
@@ -190,13 +194,15 @@ local function take_due()
     call_chunked('ZREM', unack, ids)
     unack_moved = true
     local raw = gather('HMGET', metas, ids)
-    local expired_records, to_bury = {}, {}
+    local expired_records, to_bury, lapsed = {}, {}, {}
     for i, id in ipairs(ids) do
       local lease, attempt, budget = parse_meta(raw[i])
       if not lease then
         note_damage(aside, id, 'meta record missing or unreadable; moved to garbage')
       else
         expired = expired + 1
+        table.insert(lapsed, {id, {attempt, 'lease expired', '', '', '', '', cjson.null,
+          deadlines[i], ''}})
         -- Its redelivery is due from the moment the deadline passed.
         local record = format_meta(lease + 1, attempt, budget, deadlines[i])
         known[id] = record
@@ -210,6 +216,7 @@ local function take_due()
       end
     end
     call_chunked('HSET', metas, expired_records)
+    record_attempts(lapsed, tonumber(args[11] or '0') or 0)
     bury(to_bury, now)
     -- Ordered groups: a buried holder passes its group on; staged below if due.
     release_groups(to_bury, false)

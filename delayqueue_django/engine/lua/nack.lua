@@ -20,6 +20,15 @@
               + 1)th postpone of a message buries it with the reason "postponed too often"
   A retry or postpone due at or after the message's expiry buries it with the reason
   "expired" instead.
+  then, optionally (attempt records, see "Attempt records" in the prelude; the postpones'
+  two arguments then come first, "0", "0" when there are none):
+  ARGV[7+3n+m]  bound: the most records a message keeps (HISTORY_ATTEMPTS)
+  ARGV[8+3n+m]  k, then k notes of 8: id, verdict, error class, error, traceback, worker,
+                how long before this call the handler started (ms; "": not known), cut
+                ("e" and/or "t"). A refusal that counts writes its note as the record of
+                the attempt its delivery counted (a postpone's too), its verdict made
+                "expired" or "postponed too often" when it buries the message for that
+                reason; a superseded message is gone, and so are its records.
 
   A triple counts only if the message is still in unack under that lease (see ack).
   A repeat of the caller's last recorded request changes nothing and gets its reply.
@@ -50,9 +59,17 @@ end
 local raw, scores = gather('HMGET', metas, ids), gather('ZMSCORE', unack, ids)
 -- Postpones (see the header): the ids, and the bound.
 local max_postpones, postponing = tonumber(args[5 + 3 * n] or '0'), {}
-for i = 7 + 3 * n, #args do
+local m = tonumber(args[6 + 3 * n] or '0')
+for i = 7 + 3 * n, 6 + 3 * n + m do
   postponing[args[i]] = true
 end
+-- Attempt records (see the header): each refused id's note, by id.
+local notes, bound = {}, tonumber(args[7 + 3 * n + m] or '0')
+for i = 9 + 3 * n + m, #args, 8 do
+  notes[args[i]] = i
+end
+-- The attempt each counted refusal's delivery counted, by id.
+local attempts_of = {}
 local postponed = {}
 local earliest = nil
 local outcomes, refused, done, records, to_bury, scored = {}, {}, {}, {}, {}, {}
@@ -67,6 +84,7 @@ for i, id in ipairs(ids) do
   if not done[id] and holds(lease, token) and scores[i] then
     done[id] = true
     table.insert(refused, id)
+    attempts_of[id] = attempt
     if postponing[id] then
       -- Not an attempt: the one its delivery counted is given back.
       attempt = math.max(attempt - 1, 0)
@@ -153,6 +171,26 @@ for i, id in ipairs(retrying) do
   end
 end
 
+-- The records of the attempts, before a superseded message's go with it.
+if bound > 0 and next(notes) ~= nil then
+  local entries, verdicts = {}, {}
+  for reason, buried in pairs(dead) do
+    for _, id in ipairs(buried) do
+      verdicts[id] = reason
+    end
+  end
+  for _, id in ipairs(refused) do
+    local at = notes[id]
+    if at then
+      local ago = tonumber(args[at + 6])
+      table.insert(entries, {id, {
+        attempts_of[id], verdicts[id] or args[at + 1], args[at + 2], args[at + 3],
+        args[at + 4], args[at + 5], ago and (now - ago) or cjson.null, now, args[at + 7],
+      }})
+    end
+  end
+  record_attempts(entries, bound)
+end
 call_chunked('ZREM', unack, refused)
 call_chunked('HSET', metas, records)
 bury(to_bury, now)

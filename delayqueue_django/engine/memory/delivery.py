@@ -3,18 +3,21 @@ release.lua, extend.lua, claim_exhausted.lua, confirm_exhausted.lua and remove.l
 
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from delayqueue_django.engine.errors import DuplicateMessageId
 from delayqueue_django.engine.flow import GATES_OWN
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import split_keyed
 from delayqueue_django.engine.memory import expiry, flow, groups, key_index, prelude
 from delayqueue_django.engine.memory.base import MemoryStoreBase
+from delayqueue_django.engine.memory.history import record_attempt
 from delayqueue_django.engine.memory.server import Meta, QueueState, SentRecord
 from delayqueue_django.engine.records import (
     EXPIRED,
+    LEASE_EXPIRED,
     POSTPONED_TOO_OFTEN,
     Delivery,
     ExhaustedClaim,
@@ -185,11 +188,14 @@ class MemoryDelivery(MemoryStoreBase):
         def room() -> int:
             return stage_limit - len(state.ready) - len(state.retry)
 
-        # 1. Deliveries that outlived their deadline: retry, or garbage when used up.
+        # 1. Deliveries that outlived their deadline: retry, or garbage when used up; each
+        # leaves a record of its attempt (see fetch.lua).
         expired = 0
         for message_id, passed in state.unack.pop_upto(now, room()):
             meta = state.metas[message_id]
             expired += 1
+            lapsed = [meta.attempt, LEASE_EXPIRED, "", "", "", "", None, passed, ""]
+            record_attempt(state, message_id, lapsed, self._limits.history_attempts)
             # Its redelivery is due from the moment the deadline passed.
             meta.lease, meta.due = meta.lease + 1, passed
             if meta.attempt > meta.budget:
@@ -324,6 +330,7 @@ class MemoryDelivery(MemoryStoreBase):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         if not refusals:
             return []
@@ -342,6 +349,8 @@ class MemoryDelivery(MemoryStoreBase):
                 state.unack.remove(message_id)
                 meta = state.metas[message_id]
                 meta.lease += 1
+                note = (attempts or {}).get(message_id)
+                attempt = meta.attempt
                 postpone = message_id in postponed
                 if postpone:
                     # Not an attempt: the one its delivery counted is given back (nack.lua).
@@ -370,6 +379,11 @@ class MemoryDelivery(MemoryStoreBase):
                     prelude.count_total(state, "retried", 1)
                     earliest = meta.due if earliest is None else min(earliest, meta.due)
                     outcomes.append(NackOutcome(message_id, False, meta.due))
+                outcome = outcomes[-1]
+                if note is not None and not outcome.superseded:
+                    verdict = outcome.dead_reason or note.verdict
+                    record = note.record(attempt, verdict, now)
+                    record_attempt(state, message_id, record, self._limits.history_attempts)
             if earliest is not None and (previous_head is None or earliest < previous_head[1]):
                 self._wake(earliest)
             if state.group_of and any(o.exhausted or o.superseded for o in outcomes):

@@ -67,7 +67,9 @@ def bury_for(state: QueueState, message_id: str, now: int, reason: str, total: s
 
 
 def forget_flow(state: QueueState, message_id: str) -> None:
-    """A message leaving, or starting a new life: its expiry, postpones and dead reason."""
+    """A message leaving, or starting a new life: its expiry, postpones, dead reason and
+    attempt records."""
     state.expiries.pop(message_id, None)
     state.postpones.pop(message_id, None)
     state.dead_reasons.pop(message_id, None)
+    state.history.pop(message_id, None)

@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from delayqueue_django.engine.flow import FlowState
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.protocol import ShardStore, Store
 from delayqueue_django.engine.records import (
     BURY,
@@ -353,6 +354,7 @@ class ShardedStore(ShardFetching, ShardReads):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         outcomes: list[NackOutcome] = self._per_shard(
             refusals,
@@ -363,6 +365,7 @@ class ShardedStore(ShardFetching, ShardReads):
                 request=request,
                 postponed=postponed,
                 max_postpones=max_postpones,
+                attempts=attempts,
             ),
         )
         self._free_slots([outcome.id for outcome in outcomes if outcome is not None])

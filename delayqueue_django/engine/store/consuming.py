@@ -2,10 +2,11 @@
 exhausted messages' announcements, and the wake-up subscriptions."""
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from delayqueue_django.engine.expiry_calls import postpone_args
+from delayqueue_django.engine.expiry_calls import refusal_args
 from delayqueue_django.engine.flow import GATES_OWN, rate_wire
+from delayqueue_django.engine.history import AttemptNote
 from delayqueue_django.engine.keyed import KEY_MARK, split_keyed
 from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.quick_records import quick
@@ -51,7 +52,7 @@ class RedisConsuming(RedisStoreBase):
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
                 *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
-                *(() if leased_from is None and not gated else _reserved(leased_from, gated)),
+                *_reserved(leased_from, gated, limits.history_attempts),
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
@@ -157,10 +158,12 @@ class RedisConsuming(RedisStoreBase):
         request: str = "",
         postponed: Collection[str] = (),
         max_postpones: int = 0,
+        attempts: Mapping[str, AttemptNote] | None = None,
     ) -> list[NackOutcome]:
         """Refuse deliveries: ``(id, lease, delay_ms)``; delay ``BURY`` buries at once.
         The ids in ``postponed`` are postponed: no attempt counted, and buried once
-        postponed more than ``max_postpones`` times (see nack.lua).
+        postponed more than ``max_postpones`` times (see nack.lua). ``attempts``: each
+        refusal's attempt record (see engine.history).
 
         Returns the outcome of each refusal whose lease still held. A repeated ``request``
         answers what that request did, as for ack.
@@ -173,7 +176,9 @@ class RedisConsuming(RedisStoreBase):
             [
                 *(self._channel, request, self.limits.consume_ms, len(refusals)),
                 *_id_rows(refusals),
-                *postpone_args(refused, postponed, max_postpones),
+                *refusal_args(
+                    refused, postponed, max_postpones, attempts, self.limits.history_attempts
+                ),
             ],
             extra_keys=self._commit_record(fetcher, request),
         )
