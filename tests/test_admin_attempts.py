@@ -19,9 +19,18 @@ from django.urls import reverse
 
 from delayqueue_django import get_queue
 from delayqueue_django.admin import error_actions, error_classes
+from delayqueue_django.core.attempts import worker_name
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.engine.sharding.store import ShardedStore
-from tests.attempt_records import plant, record
+from tests.attempt_records import (
+    PAYMENT_DOWN,
+    PaymentDown,
+    bury_with,
+    forget,
+    plant,
+    raised,
+    record,
+)
 from tests.backends import SHARDED_BACKENDS
 from tests.conftest import MEMORY_URL, queue_settings
 from tests.helpers import fetch_when_due, redis_store, states_of
@@ -53,15 +62,14 @@ def superuser(**kwargs: Any) -> Client:
 
 
 def bury(queue: Queue, payload: Any = "dead") -> str:
-    message_id = queue.send(payload, retry_count=0)
-    [message] = [m for m in fetch_when_due(queue) if m.id == message_id]
-    queue.nack([message])
-    return message_id
+    """A dead letter whose handler returned False (its record says only "nack")."""
+    return bury_with(queue, None, payload)
 
 
-def bury_with(queue: Queue, error_class: str, error: str = "boom") -> str:
-    message_id = bury(queue, {"class": error_class})
-    plant(queue, message_id, [record(1, error_class, error)])
+def bury_bare(queue: Queue) -> str:
+    """A dead letter without a record, as one of a release before them."""
+    message_id = bury(queue)
+    forget(queue, message_id)
     return message_id
 
 
@@ -117,6 +125,28 @@ def test_the_message_page_shows_its_attempts_newest_first(queue: Queue) -> None:
         first,
     ), first
     assert "<details" in page
+
+
+def test_the_attempts_table_shows_the_records_its_refusals_wrote(queue: Queue) -> None:
+    message_id = queue.send({"n": 1}, retry_count=1)
+    for error in (PaymentDown("provider said 503"), ValueError("bad <b>amount</b>")):
+        [message] = [m for m in fetch_when_due(queue) if m.id == message_id]
+        note = queue.attempt_note(message, raised(error), ran_seconds=0.25)
+        queue.nack([message], delay=0, attempts={message_id: note})
+    stored = queue.peek(message_id)
+    assert stored is not None
+    assert stored.state == "garbage"
+
+    page = superuser().get(url("message", "default", message_id)).content.decode()
+    newest, first = attempts_table(page)
+    worker = re.escape(worker_name())
+    assert re.fullmatch(
+        r"2 error builtins\.ValueError: bad <b>amount</b> Traceback .*raise error.* "
+        rf"{SHOWN_TIME} 0\.2\d\d s {worker}",
+        newest,
+    ), newest
+    assert re.match(rf"1 error {re.escape(PAYMENT_DOWN)}: provider said 503 Traceback", first)
+    assert "bad &lt;b&gt;amount&lt;/b&gt;" in page
 
 
 def test_a_message_that_never_failed_says_so(queue: Queue) -> None:
@@ -257,24 +287,24 @@ def choices(page: str) -> dict[str, str]:
 
 
 def test_the_dead_letters_show_their_last_error_and_filter_by_its_class(queue: Queue) -> None:
-    down = [bury_with(queue, "shop.errors.PaymentDown", "provider 503") for _ in range(3)]
-    bad = bury_with(queue, "builtins.ValueError", "bad amount " + "z" * 300)
-    never = bury(queue)  # no record
+    down = [bury_with(queue, PaymentDown("provider 503")) for _ in range(3)]
+    bad = bury_with(queue, ValueError("bad amount " + "z" * 300))
+    never = bury_bare(queue)
     client = user_with("viewer", "view_queue")
 
     page = client.get(url("detail", "default") + "?state=garbage").content.decode()
     assert choices(page) == {
-        "shop.errors.PaymentDown": "shop.errors.PaymentDown (3)",
+        PAYMENT_DOWN: f"{PAYMENT_DOWN} (3)",
         "builtins.ValueError": "builtins.ValueError (1)",
         "-": "no error recorded (1)",
     }
     cells = [text_of(c) for c in re.findall(r'<td class="dq-last-error">(.*?)</td>', page, re.S)]
-    assert cells.count("shop.errors.PaymentDown: provider 503") == 3
+    assert cells.count(f"{PAYMENT_DOWN}: provider 503") == 3
     assert "no error recorded" in cells
     [cut] = [cell for cell in cells if cell.startswith("builtins.ValueError")]
     assert cut == "builtins.ValueError: bad amount " + "z" * (120 - len("bad amount ")) + "…"
 
-    chosen = client.get(url("detail", "default") + "?state=garbage&error=shop.errors.PaymentDown")
+    chosen = client.get(url("detail", "default") + f"?state=garbage&error={PAYMENT_DOWN}")
     shown = chosen.content.decode()
     # A viewer is shown no checkboxes: the rows' links then.
     assert all(message_id in shown for message_id in down)
@@ -288,8 +318,8 @@ def test_the_dead_letters_show_their_last_error_and_filter_by_its_class(queue: Q
 
 
 def test_the_filter_offers_the_bulk_actions_by_permission(queue: Queue) -> None:
-    bury_with(queue, "shop.errors.PaymentDown")
-    path = url("detail", "default") + "?state=garbage&error=shop.errors.PaymentDown"
+    bury_with(queue, PaymentDown("boom"))
+    path = url("detail", "default") + f"?state=garbage&error={PAYMENT_DOWN}"
     for permissions, requeue, delete in [
         (("view_queue",), False, False),
         (("change_queue",), True, False),
@@ -304,20 +334,19 @@ def test_a_filtered_list_pages_through_its_dead_letters(
     queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("delayqueue_django.admin.queue_pages.PAGE_SIZE", 2)
-    ids = [bury_with(queue, "shop.errors.PaymentDown") for _ in range(5)]
+    ids = [bury_with(queue, PaymentDown("boom")) for _ in range(5)]
     for _ in range(2):
-        bury_with(queue, "builtins.KeyError")
+        bury_with(queue, KeyError("k"))
     client = superuser()
     seen: list[str] = []
     for page_number in (1, 2, 3):
         page = client.get(
-            url("detail", "default")
-            + f"?state=garbage&error=shop.errors.PaymentDown&page={page_number}"
+            url("detail", "default") + f"?state=garbage&error={PAYMENT_DOWN}&page={page_number}"
         ).content.decode()
         seen += sorted(dead_letter_ids(page))
         assert f"page {page_number} of 3" in page
         if page_number < 3:
-            assert "error=shop.errors.PaymentDown&amp;page=" in page
+            assert f"error={PAYMENT_DOWN}&amp;page=" in page
     assert sorted(seen) == sorted(ids)
 
 
@@ -337,25 +366,25 @@ def confirm(client: Client, action: str, choice: str) -> tuple[str, dict[str, st
 def test_a_bulk_action_counts_asks_and_touches_only_the_chosen_class(
     queue: Queue, action: str
 ) -> None:
-    down = [bury_with(queue, "shop.errors.PaymentDown") for _ in range(3)]
-    others = [bury_with(queue, "builtins.ValueError"), bury(queue)]
+    down = [bury_with(queue, PaymentDown("boom")) for _ in range(3)]
+    others = [bury_with(queue, ValueError("bad")), bury(queue), bury_bare(queue)]
     client = superuser()
-    page, fields = confirm(client, action, "shop.errors.PaymentDown")
+    page, fields = confirm(client, action, PAYMENT_DOWN)
     label = "Requeue (fresh retry budget)" if action == "requeue" else "Delete"
     assert f"{label}: all 3 dead letter(s)" in text_of(page)
     assert fields["action"] == action
-    assert fields["error"] == "shop.errors.PaymentDown"
+    assert fields["error"] == PAYMENT_DOWN
     # The page changed nothing.
     assert all(states_of(queue, message_id) == ["garbage"] for message_id in down + others)
 
     time.sleep(0.005)  # (the form acts on those buried before its page was read)
-    late = bury_with(queue, "shop.errors.PaymentDown")  # buried after the page: left alone
+    late = bury_with(queue, PaymentDown("boom"))  # buried after the page: left alone
     response = client.post(url("by_error", "default"), fields, follow=True)
     said = text_of(response.content.decode())
     did = "requeued" if action == "requeue" else "deleted"
     assert (
         f"{label}: 3 dead letter(s) of queue 'default' whose last error is "
-        f"shop.errors.PaymentDown {did}." in said
+        f"{PAYMENT_DOWN} {did}." in said
     )
     expected = ["pending"] if action == "requeue" else []
     assert all(states_of(queue, message_id) == expected for message_id in down)
@@ -363,8 +392,8 @@ def test_a_bulk_action_counts_asks_and_touches_only_the_chosen_class(
 
 
 def test_the_dead_letters_without_a_record_are_a_choice_of_their_own(queue: Queue) -> None:
-    recorded = bury_with(queue, "shop.errors.PaymentDown")
-    bare = [bury(queue) for _ in range(2)]
+    recorded = bury_with(queue, PaymentDown("boom"))
+    bare = [bury_bare(queue) for _ in range(2)]
     client = superuser()
     page, fields = confirm(client, "requeue", "-")
     assert "all 2 dead letter(s)" in text_of(page)
@@ -376,7 +405,7 @@ def test_the_dead_letters_without_a_record_are_a_choice_of_their_own(queue: Queu
 
 
 def test_a_class_no_dead_letter_has_offers_nothing_to_confirm(queue: Queue) -> None:
-    bury_with(queue, "shop.errors.PaymentDown")
+    bury_with(queue, PaymentDown("boom"))
     page, fields = confirm(superuser(), "delete", "builtins.KeyError")
     assert "there is nothing to delete" in text_of(page)
     assert "buried_before" not in fields
@@ -396,16 +425,14 @@ def test_a_class_no_dead_letter_has_offers_nothing_to_confirm(queue: Queue) -> N
 def test_the_bulk_actions_need_their_permission(
     queue: Queue, permissions: tuple[str, ...], action: str, allowed: bool
 ) -> None:
-    message_id = bury_with(queue, "shop.errors.PaymentDown")
+    message_id = bury_with(queue, PaymentDown("boom"))
     client = user_with("someone", *permissions)
-    shown = client.get(
-        url("by_error", "default"), {"action": action, "error": "shop.errors.PaymentDown"}
-    )
+    shown = client.get(url("by_error", "default"), {"action": action, "error": PAYMENT_DOWN})
     assert shown.status_code == (200 if allowed else 403)
     time.sleep(0.005)
     data = {
         "action": action,
-        "error": "shop.errors.PaymentDown",
+        "error": PAYMENT_DOWN,
         "buried_before": str(queue.stats()["server_time_ms"]),
     }
     response = client.post(url("by_error", "default"), data)
@@ -415,9 +442,9 @@ def test_the_bulk_actions_need_their_permission(
 
 
 def test_the_bulk_action_is_protected_against_csrf(queue: Queue) -> None:
-    message_id = bury_with(queue, "shop.errors.PaymentDown")
+    message_id = bury_with(queue, PaymentDown("boom"))
     client = superuser(enforce_csrf_checks=True)
-    _, fields = confirm(client, "delete", "shop.errors.PaymentDown")
+    _, fields = confirm(client, "delete", PAYMENT_DOWN)
     without = {key: value for key, value in fields.items() if key != "csrfmiddlewaretoken"}
     time.sleep(0.005)
     assert client.post(url("by_error", "default"), without).status_code == 403
@@ -425,7 +452,7 @@ def test_the_bulk_action_is_protected_against_csrf(queue: Queue) -> None:
     token = re.search(
         r'name="csrfmiddlewaretoken" value="([^"]+)"',
         client.get(
-            url("by_error", "default"), {"action": "delete", "error": "shop.errors.PaymentDown"}
+            url("by_error", "default"), {"action": "delete", "error": PAYMENT_DOWN}
         ).content.decode(),
     )
     assert token is not None
@@ -435,13 +462,13 @@ def test_the_bulk_action_is_protected_against_csrf(queue: Queue) -> None:
 
 
 def test_a_bulk_action_without_a_time_or_a_choice_changes_nothing(queue: Queue) -> None:
-    message_id = bury_with(queue, "shop.errors.PaymentDown")
+    message_id = bury_with(queue, PaymentDown("boom"))
     client = superuser()
     for data in (
-        {"action": "requeue", "error": "shop.errors.PaymentDown"},
-        {"action": "requeue", "error": "shop.errors.PaymentDown", "buried_before": "soon"},
+        {"action": "requeue", "error": PAYMENT_DOWN},
+        {"action": "requeue", "error": PAYMENT_DOWN, "buried_before": "soon"},
         {"action": "requeue", "buried_before": "1"},
-        {"action": "shred", "error": "shop.errors.PaymentDown", "buried_before": "1"},
+        {"action": "shred", "error": PAYMENT_DOWN, "buried_before": "1"},
     ):
         response = client.post(url("by_error", "default"), data, follow=True)
         assert response.status_code == 200
@@ -457,11 +484,11 @@ def test_a_bulk_action_goes_in_batches_and_stops_at_its_limit(
     monkeypatch.setattr(error_actions, "ACTION_LIMIT", 7)
     down, others = [], []
     for n in range(5):
-        down.append(bury_with(queue, "shop.errors.PaymentDown"))
+        down.append(bury_with(queue, PaymentDown("boom")))
         if n % 2:
-            others.append(bury_with(queue, "builtins.ValueError"))
+            others.append(bury_with(queue, ValueError("bad")))
     client = superuser()
-    page, fields = confirm(client, "requeue", "shop.errors.PaymentDown")
+    page, fields = confirm(client, "requeue", PAYMENT_DOWN)
     assert "at least 5 dead letter(s)" in text_of(page)
     time.sleep(0.005)
     said = text_of(client.post(url("by_error", "default"), fields, follow=True).content.decode())
@@ -480,21 +507,21 @@ def test_the_filter_and_the_bulk_action_cover_every_shard(
 ) -> None:
     monkeypatch.setattr(error_classes, "BATCH", 2)
     queue = configure()
-    down = [bury_with(queue, "shop.errors.PaymentDown") for _ in range(12)]
-    others = [bury_with(queue, "builtins.ValueError") for _ in range(5)]
+    down = [bury_with(queue, PaymentDown("boom")) for _ in range(12)]
+    others = [bury_with(queue, ValueError("bad")) for _ in range(5)]
     store = queue.store
     assert isinstance(store, ShardedStore)
     assert len({store.shard_for(message_id) for message_id in down}) > 1
 
     client = superuser()
     page = client.get(url("detail", "default") + "?state=garbage").content.decode()
-    assert choices(page)["shop.errors.PaymentDown"] == "shop.errors.PaymentDown (12)"
+    assert choices(page)[PAYMENT_DOWN] == f"{PAYMENT_DOWN} (12)"
     chosen = client.get(
-        url("detail", "default") + "?state=garbage&error=shop.errors.PaymentDown"
+        url("detail", "default") + f"?state=garbage&error={PAYMENT_DOWN}"
     ).content.decode()
     assert dead_letter_ids(chosen) == set(down)
 
-    page, fields = confirm(client, "requeue", "shop.errors.PaymentDown")
+    page, fields = confirm(client, "requeue", PAYMENT_DOWN)
     assert "all 12 dead letter(s)" in text_of(page)
     time.sleep(0.005)
     said = text_of(client.post(url("by_error", "default"), fields, follow=True).content.decode())

@@ -2,6 +2,7 @@
 workers, schedules, a page of messages in one state), and their JSON for monitoring."""
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -29,7 +30,6 @@ from delayqueue_django.core import registry
 from delayqueue_django.core.queue import Queue
 from delayqueue_django.core.queue_schedules import ScheduleInfo
 from delayqueue_django.engine import STATES, StoredMessage, printable
-from delayqueue_django.engine.records import Attempt
 from delayqueue_django.monitoring.reports import (
     describe_running,
     outbox_report,
@@ -112,7 +112,6 @@ class QueuePages(ViewsBase):
             partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
             entries, throughput = [], []
             errors: ErrorFilter | None = None
-            last_errors: dict[str, Attempt] = {}
             if not partial and state == "garbage":
                 errors = error_filter(queue, chosen, limit=FILTER_LIMIT)
             if errors is not None and chosen:
@@ -120,29 +119,22 @@ class QueuePages(ViewsBase):
                 # its limit), their previews read again as the list reads them.
                 pages = max(math.ceil(len(errors.matches) / PAGE_SIZE), 1)
                 page = _page_number(request.GET.get("page"), pages)
+                # (The store's peek: the filter read their last errors already.)
                 shown = errors.matches[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-                last_errors = {
-                    letter.stored.id: letter.last_error
-                    for letter in shown
-                    if letter.last_error is not None
-                }
                 entries = [
-                    stored
-                    for stored in (
-                        queue.peek(letter.stored.id, preview_bytes=PREVIEW_BYTES)
-                        for letter in shown
-                    )
-                    if stored is not None
+                    replace(stored, last_error=letter.last_error)
+                    for letter in shown
+                    if (stored := queue.store.peek(letter.stored.id, preview_bytes=PREVIEW_BYTES))
+                    is not None
                 ]
             elif not partial:
+                # (A page of dead letters comes with their last errors.)
                 entries = queue.list_messages(
                     state,
                     offset=(page - 1) * PAGE_SIZE,
                     limit=PAGE_SIZE,
                     preview_bytes=PREVIEW_BYTES,
                 )
-                if state == "garbage" and entries:
-                    last_errors = queue.last_errors([entry.id for entry in entries if entry.id])
             if not partial:
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
             workers: list[dict[str, Any]] | None = None
@@ -177,7 +169,7 @@ class QueuePages(ViewsBase):
             search=search,
             page=page,
             pages=pages,
-            entries=[self._row(queue, entry, last_errors.get(entry.id)) for entry in entries],
+            entries=[self._row(queue, entry) for entry in entries],
             errors=errors,
             error_choice=chosen,
             error_label=choice_label(chosen),
@@ -255,9 +247,7 @@ class QueuePages(ViewsBase):
             + (f", the latest {schedule.missed_limit}" if schedule.missed == "all" else ""),
         }
 
-    def _row(
-        self, queue: Queue, entry: StoredMessage, last_error: Attempt | None
-    ) -> dict[str, Any]:
+    def _row(self, queue: Queue, entry: StoredMessage) -> dict[str, Any]:
         payload = entry.payload or ""
         preview = payload[:200]
         shown_id = printable(entry.id)
@@ -267,7 +257,7 @@ class QueuePages(ViewsBase):
             "when": as_datetime(entry.score_ms),
             "preview": preview,
             "cut": entry.payload_size > len(preview.encode()),
-            "last_error": error_cell(last_error),
+            "last_error": error_cell(entry.last_error),
             # An id whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
             # form: it is shown, without a link or a checkbox.
             "url": self._url("message", queue.name, entry.id) if shown_id == entry.id else None,
