@@ -15,10 +15,13 @@ from tests.helpers import fetch_when_due
 
 
 class PaymentDown(Exception):
-    """A handler's error, as the records name it: "tests.attempt_records.PaymentDown"."""
+    """A handler's error, named as the example shop's would be (the docs' screenshots show
+    it): the records say "shop.payments.PaymentDown"."""
+
+    __module__ = "shop.payments"
 
 
-PAYMENT_DOWN = f"{__name__}.PaymentDown"
+PAYMENT_DOWN = "shop.payments.PaymentDown"
 
 
 def raised(error: BaseException) -> BaseException:
