@@ -528,3 +528,42 @@ def test_the_filter_and_the_bulk_action_cover_every_shard(
     assert "12 dead letter(s) of queue 'default'" in said
     assert all(states_of(queue, message_id) == ["pending"] for message_id in down)
     assert all(states_of(queue, message_id) == ["garbage"] for message_id in others)
+
+
+# Redis down, a shard down, and the filter's bound
+
+
+def test_redis_down_gives_the_pages_of_failures_a_clear_page_not_a_500(settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {"URL": "redis://127.0.0.1:1/0", "OPTIONS": {"socket_connect_timeout": 0.5}}
+    }
+    client = superuser()
+    response = client.get(url("detail", "default") + f"?state=garbage&error={PAYMENT_DOWN}")
+    assert response.status_code == 503
+    response = client.get(url("message", "default", "some-id"))
+    assert response.status_code == 503
+    shown = client.get(url("by_error", "default"), {"action": "requeue", "error": PAYMENT_DOWN})
+    assert shown.status_code == 200
+    assert "Redis is unavailable for queue" in shown.content.decode()
+    assert "buried_before" not in shown.content.decode()  # nothing to confirm
+    response = client.post(
+        url("by_error", "default"),
+        {"action": "requeue", "error": PAYMENT_DOWN, "buried_before": "1"},
+        follow=True,
+    )
+    said = text_of(response.content.decode())
+    assert "0 dead letter(s) of queue 'default'" in said
+    assert "Then Redis could not be reached, and it stopped" in said
+
+
+def test_the_filter_reads_a_bounded_number_of_dead_letters_and_says_so(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("delayqueue_django.admin.queue_pages.FILTER_LIMIT", 4)
+    monkeypatch.setattr(error_classes, "BATCH", 3)
+    for _ in range(6):
+        bury_with(queue, PaymentDown("boom"))
+    page = superuser().get(url("detail", "default") + "?state=garbage").content.decode()
+    assert "counted over the first 4 dead letters read" in text_of(page)
+    assert choices(page) == {PAYMENT_DOWN: f"{PAYMENT_DOWN} (4)"}
+    assert 'data-dq-stat="garbage">6<' in page
