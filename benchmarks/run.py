@@ -33,6 +33,7 @@ from benchmarks import (
     expiry,
     flow,
     groups,
+    history,
     idle,
     io_burst,
     keys,
@@ -55,6 +56,7 @@ PHASES = (
     "keys",
     "groups",
     "expiry",
+    "history",
     "drain",
     "flow",
     "processes",
@@ -102,6 +104,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=50_000,
         help="messages per mode of the expiry benchmark (default: 50000)",
+    )
+    add(
+        "--history-messages",
+        type=int,
+        default=10_000,
+        help="messages per step of the attempt records benchmark (default: 10000)",
     )
     add("--drain-messages", type=int, default=20_000, help="messages due together per drain")
     add("--workers", default="1,2,4", help="worker process counts to drain with (default: 1,2,4)")
@@ -201,6 +209,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.send_messages, args.bulk_messages, args.drain_messages = 200, 1_000, 500
         args.keys_memory_messages, args.keys_reclaim, args.keys_window = 1_000, 2_000, 0.2
         args.expiry_messages = 1_000
+        args.history_messages = 200
         args.workers, args.lateness_messages, args.lateness_spread = "1", 20, 0.5
         args.burst_messages = 300
         args.flow_rate, args.flow_seconds = 200, 2.0
@@ -334,6 +343,20 @@ def bench_expiry(args: argparse.Namespace, probe: Any) -> list[Row]:
         )
         progress(f"  run {run + 1}/{args.runs}: {done}")
     return expiry.rows(args.expiry_messages, cycles)
+
+
+def bench_history(args: argparse.Namespace, probe: Any) -> list[Row]:
+    progress("history: commands per ack and nack, bytes per attempt record")
+    runs, typical, bounded = [], [], []
+    for run in range(args.runs):
+        runs.append(history.costs(args.history_messages, probe))
+        typical.append(history.bytes_per_record(args.history_messages, probe, at_bounds=False))
+        bounded.append(
+            history.bytes_per_record(args.history_messages // 10 or 1, probe, at_bounds=True)
+        )
+        sizes = f"{typical[-1]:.0f} and {bounded[-1]:.0f} bytes"
+        progress(f"  run {run + 1}/{args.runs}: {runs[-1]}, {sizes}")
+    return history.rows(args.history_messages, runs, typical, bounded)
 
 
 def bench_drain(args: argparse.Namespace, server: RedisServer, probe: Any) -> list[Row]:
@@ -903,6 +926,8 @@ def run_phases(args: argparse.Namespace, chosen: list[str], server: RedisServer,
             rows += bench_groups(args, probe)
         if "expiry" in chosen:
             rows += bench_expiry(args, probe)
+        if "history" in chosen:
+            rows += bench_history(args, probe)
         if "drain" in chosen:
             rows += bench_drain(args, server, probe)
         if "flow" in chosen:

@@ -10,6 +10,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
+from django.utils.module_loading import import_string
 
 from delayqueue_django.core import conf, handlers
 from delayqueue_django.core.conf.loop import (
@@ -67,6 +68,37 @@ def check_handlers(
             handlers.resolve(config)
         except handlers.HandlerNotFound as problem:
             errors.append(Error(problem.message, hint=problem.hint, id=problem.id))
+    return errors
+
+
+@register()
+def check_history_redact(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each queue's HISTORY_REDACT imports and is callable, as the worker will need it when
+    a handler first fails (what its module raises on import is reported)."""
+    configs, _ = conf.parse(conf.raw_setting())  # check_delayqueues reports the rest
+    errors: list[CheckMessage] = []
+    for config in configs.values():
+        path = config.history_redact
+        if path is None:
+            continue
+        try:
+            redact = import_string(path)
+        except Exception as error:
+            problem = f"could not be imported: {type(error).__name__}: {error}"
+        else:
+            if callable(redact):
+                continue
+            problem = f"is a {type(redact).__name__}, not a callable"
+        errors.append(
+            Error(
+                f"{SETTING}[{config.name!r}]['HISTORY_REDACT'] {path!r} {problem}.",
+                hint="It is called as redact(message, error) before an attempt record is "
+                "stored, and returns the exception to store.",
+                id="delayqueue_django.E087",
+            )
+        )
     return errors
 
 

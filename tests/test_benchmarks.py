@@ -42,8 +42,8 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
     # the peers', which runs huey and celery: they come with the optional peers extra, which
     # the test environment (and so CI) does not install, and this suite skips no test. The
     # async phase runs arq, saq and streaq from a virtualenv of their own, which neither has:
-    # its test below runs ours only. The keys', flow gates', groups', processes' and expiry's
-    # have tests of their own too.
+    # its test below runs ours only. The keys', flow gates', groups', processes', expiry's
+    # and attempt records' have tests of their own too.
     skipped = (
         "shards",
         "peers",
@@ -54,6 +54,7 @@ def test_the_benchmark_suite_runs_and_prints_its_table() -> None:
         "groups",
         "processes",
         "expiry",
+        "history",
     )
     stdout, table = run_quick(*(phase for phase in PHASES if phase not in skipped))
     assert table[0] == "| measure | median (min-max over runs) | target |"
@@ -273,3 +274,13 @@ def test_the_peers_benchmark_sets_the_burst_beside_the_trickle() -> None:
         assert figure(table, f"{what}: {measure} — delayqueue_django") > 0
     # The ratios need huey in the same run.
     assert not [line for line in table if "ours ÷ huey's" in line]
+
+
+def test_the_history_benchmark_counts_commands_and_bytes_of_attempt_records() -> None:
+    _, table = run_quick("history")
+    what = "attempt records, 200 messages in batches of 100"
+    assert figure(table, f"{what}: Redis commands per ack of a message that never failed") > 0
+    assert figure(table, f"{what}: Redis commands per nack, its attempt record written") > 0
+    assert 0 < figure(table, "Redis bytes per attempt record, a usual failure") < 2_000
+    bounded = figure(table, "Redis bytes per attempt record, text and traceback at their bounds")
+    assert 10_000 < bounded <= 13 * 1024

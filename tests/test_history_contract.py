@@ -260,3 +260,27 @@ def test_a_cancel_of_a_waiting_retry_drops_its_records(queue: Queue) -> None:
     assert len(queue.history(message.id)) == 1
     assert queue.cancel(message.id)
     assert queue.history(message.id) == []
+
+
+def test_a_keyed_replace_of_a_retry_drops_its_records(queue: Queue) -> None:
+    message_id = queue.send({"n": 1}, key="order-42")
+    [message] = queue.fetch(1).messages
+    queue.nack([message], delay=3600)
+    assert len(queue.history(message_id)) == 1
+    assert queue.send({"n": 2}, key="order-42", if_exists="replace") == message_id
+    assert queue.history(message_id) == []
+    queue.deliver_now([message_id])
+    [again] = queue.fetch(1).messages
+    assert again.attempt == 1
+    queue.ack([again])
+    assert queue.history(message_id) == []
+
+
+def test_a_superseded_retry_leaves_no_records(queue: Queue) -> None:
+    first = queue.send({"n": 1}, key="order-43")
+    [message] = queue.fetch(1).messages
+    second = queue.send({"n": 2}, key="order-43")
+    assert second != first
+    [outcome] = queue.nack([message], delay=0)
+    assert outcome.superseded
+    assert queue.history(first) == []

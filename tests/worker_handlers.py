@@ -62,7 +62,7 @@ def handle(message: Message) -> Any:
         UNBLOCK.wait(timeout=message.payload.get("seconds", 60.0))
     if action == "false":
         return False
-    if action == "raise":
+    if action == "raise" or (action == "sleep-first" and payload.get("then") == "raise"):
         raise RuntimeError("handler failed on purpose")
     if action == "reject":
         raise Reject("never going to work")

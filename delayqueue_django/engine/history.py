@@ -116,14 +116,16 @@ def parse_history(raw: bytes | str | None) -> list[Attempt]:
     """A message's records as the hash holds them, oldest first; [] when it has none."""
     if raw is None:
         return []
-    text, damaged = _text(raw)
+    # Bytes that are not UTF-8 (a foreign write) stay apart as surrogate escapes: only the
+    # records holding them read as damaged.
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")
     try:
         records = json.loads(text)
     except (ValueError, RecursionError):
         return [Attempt(0, "", damaged="unreadable: not the JSON of attempt records")]
     if not isinstance(records, list):
         return [Attempt(0, "", damaged="unreadable: not a list of attempt records")]
-    return [_attempt(record, damaged) for record in records]
+    return [_attempt(record) for record in records]
 
 
 def last_of(raw: bytes | str | None) -> Attempt | None:
@@ -137,20 +139,24 @@ def foreign(kind: str) -> Attempt:
     return Attempt(0, "", damaged=f"the history key holds a {kind}, not a hash")
 
 
-def _text(raw: bytes | str) -> tuple[str, str]:
-    if isinstance(raw, str):
-        return raw, ""
+def _utf8(value: Any) -> tuple[Any, bool]:
+    """A field as read: text with bytes that were not UTF-8 shown as U+FFFD, and whether
+    it had any."""
+    if not isinstance(value, str) or value.isascii():
+        return value, False
     try:
-        return raw.decode("utf-8"), ""
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "backslashreplace"), "not UTF-8: shown with escapes"
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
+    return value, False
 
 
-def _attempt(record: Any, damaged: str) -> Attempt:
+def _attempt(record: Any) -> Attempt:
     if not isinstance(record, list):
         return Attempt(0, "", damaged="unreadable: not an attempt record")
-    fields = [*record[:FIELDS], *[None] * (FIELDS - len(record))]
-    problems = [damaged] if damaged else []
+    read = [_utf8(value) for value in [*record[:FIELDS], *[None] * (FIELDS - len(record))]]
+    fields = [value for value, _ in read]
+    problems = ["not UTF-8: shown with replacement characters"] if any(b for _, b in read) else []
     if len(record) < FIELDS:
         problems.append(f"missing fields: {FIELDS - len(record)} of {FIELDS}")
     attempt = _number(fields[0])

@@ -192,7 +192,8 @@ class DelayQueueBackend(BaseTaskBackend):
             return None  # a message of this queue, but not a task this process may run
         if status is not None:
             record = {"status": status}
-        return build_result(task, result_id, call, record)
+        history = queue.history(result_id) if queue.config.history_attempts else []
+        return build_result(task, result_id, call, record, history)
 
     def _queues(self) -> Iterator[Queue]:
         for name in sorted(self.queues):

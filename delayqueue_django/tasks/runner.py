@@ -29,7 +29,7 @@ from delayqueue_django.core import features, time_limits
 from delayqueue_django.core.message import Message
 from delayqueue_django.core.queue import Exhausted
 from delayqueue_django.core.registry import get_queue
-from delayqueue_django.engine import loggable
+from delayqueue_django.engine import Attempt, loggable
 from delayqueue_django.exceptions import Postpone, Reject, TaskAbandoned, TaskExpired
 from delayqueue_django.signals import message_exhausted, message_expired
 from delayqueue_django.tasks.backend import DelayQueueBackend
@@ -46,7 +46,7 @@ from delayqueue_django.tasks.compat import (
     task_started,
 )
 from delayqueue_django.tasks.locate import NOT_A_TASK, UnknownTask, enqueued_task
-from delayqueue_django.tasks.results import build_result, call_fields, error_json
+from delayqueue_django.tasks.results import build_result, call_fields, error_fields, error_json
 
 logger = logging.getLogger("delayqueue_django.tasks")
 
@@ -87,7 +87,7 @@ def run_task(message: Message) -> None:
         run.records.write(message.id, {"status": TaskResultStatus.READY})
         raise
     except BaseException as error:  # the task's failure, whatever it is, is its outcome
-        _record_failure(*_failure_of(run, error))
+        _record_failure(*_failure_of(run, error), message=message)
         raise
     # Recorded before the COMMIT (a worker that dies after it finds the message processed
     # and runs it no more): if that COMMIT then fails, the attempt is recorded as failed.
@@ -100,9 +100,10 @@ def run_task(message: Message) -> None:
             message.attempt,
             error,
             last=message.is_last_attempt,
+            message=message,
         )
     )
-    succeeded = _succeeded(returned)
+    succeeded = {**_succeeded(returned), **error_fields(_history(message.queue, message))}
     record = run.records.write(message.id, succeeded)
     features.handler_transaction().on_commit(
         lambda: _finish_committed(run.backend, run.task, run.call, message, succeeded, record)
@@ -123,11 +124,12 @@ async def arun_task(message: Message) -> None:
         run.records.write(message.id, {"status": TaskResultStatus.READY})
         raise
     except BaseException as error:
-        finished = _write_failure(*_failure_of(run, _cancelled_at_limit(message, error)))
+        failure = _failure_of(run, _cancelled_at_limit(message, error))
+        finished = _write_failure(*failure, message=message)
         if finished is not None:
             await task_finished.asend(sender=type(run.backend), task_result=finished)
         raise
-    succeeded = _succeeded(returned)
+    succeeded = {**_succeeded(returned), **error_fields(_history(message.queue, message))}
     record = run.records.write(message.id, succeeded)
     result = _final_result(run.backend, run.task, run.call, message, succeeded, record)
     await task_finished.asend(sender=type(run.backend), task_result=result)
@@ -206,8 +208,16 @@ def _take_up(message: Message) -> _Run:
         },
         unless_set={"started_at": now},
     )
-    result = build_result(task, message.id, call, record)
+    result = build_result(task, message.id, call, record, _history(message.queue, message))
     return _Run(message, call, backend, task, records, result)
+
+
+def _history(queue_name: str, message: Message) -> list[Attempt]:
+    """The message's attempt records, read only when it may have some (a retry)."""
+    queue = get_queue(queue_name)
+    if message.attempt <= 1 or not queue.config.history_attempts:
+        return []
+    return queue.history(message.id)
 
 
 def _as_json(value: Any) -> str:
@@ -376,11 +386,12 @@ def _record_failure(
     last: bool,
     *,
     with_call: bool = False,
+    message: Message | None = None,
 ) -> None:
     """Record an attempt's error: READY again while retries are left, else FAILED, which
     finishes the task (task_finished)."""
     finished = _write_failure(
-        backend, task, call, result_id, attempt, error, last, with_call=with_call
+        backend, task, call, result_id, attempt, error, last, with_call=with_call, message=message
     )
     if finished is not None:
         task_finished.send(sender=type(backend), task_result=finished)
@@ -396,18 +407,28 @@ def _write_failure(
     last: bool,
     *,
     with_call: bool = False,
+    message: Message | None = None,
 ) -> Any:
-    """Write an attempt's error; the finished result to announce if it was the last, else
-    None."""
+    """Record a failed attempt; the finished result to announce if it was the last, else
+    None. The error of an attempt before the last is its attempt record's, written with
+    its verdict; the last one copies them with its own (see tasks.results)."""
+    queue = get_queue(call.queue_name)
+    keeps_records = queue.config.history_attempts > 0
     fields = {
         **(call_fields(call) if with_call else {}),
-        f"error:{attempt}": error_json(_task_error(error)),
         "status": TaskResultStatus.FAILED if last else TaskResultStatus.READY,
     }
-    if last:
-        fields["finished_at"] = timezone.now().isoformat()
-    record = backend.records(get_queue(call.queue_name)).write(result_id, fields)
-    return build_result(task, result_id, call, record) if last else None
+    if not last:
+        if not keeps_records:
+            fields[f"error:{attempt}"] = error_json(_task_error(queue, message, error))
+        backend.records(queue).write(result_id, fields)
+        return None
+    history = queue.history(result_id) if keeps_records else []
+    fields |= error_fields(history)
+    fields[f"error:{attempt}"] = error_json(_task_error(queue, message, error))
+    fields["finished_at"] = timezone.now().isoformat()
+    record = backend.records(queue).write(result_id, fields)
+    return build_result(task, result_id, call, record, history)
 
 
 def _backend_for(call: TaskCall, queue: str) -> DelayQueueBackend:
@@ -425,7 +446,12 @@ def _backend_for(call: TaskCall, queue: str) -> DelayQueueBackend:
     return backend
 
 
-def _task_error(error: BaseException) -> TaskError:
+def _task_error(queue: Any, message: Message | None, error: BaseException) -> TaskError:
+    """The error as the result keeps it: as the queue's HISTORY_REDACT leaves it, when the
+    message is at hand (as its attempt record keeps it)."""
+    if message is not None and queue.config.history_redact is not None:
+        note = queue.attempt_note(message, error)
+        return TaskError(exception_class_path=note.error_class, traceback=note.traceback)
     kind = type(error)
     return TaskError(
         exception_class_path=f"{kind.__module__}.{kind.__qualname__}",

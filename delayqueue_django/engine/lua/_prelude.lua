@@ -1090,11 +1090,16 @@ local function send_keys(items, now)
   -- Then the writes: each message in one ZADD and one HSET, the key index in one HSET.
   local earliest = nil
   local scored, bodies, records, index = {}, {}, {}, {'', '1'}
-  local leaving, joining = {}, {}
+  local leaving, joining, renewed = {}, {}, {}
   for _, id in ipairs(order) do
     local entry = fresh[id]
     if not entry.created then
       table.insert(leaving, id)
+      -- Replaced after a delivery: its attempts start again, and its records go (see
+      -- "Attempt records"; a message never handed out has none).
+      if entry.lease then
+        table.insert(renewed, id)
+      end
     end
     if entry.group then
       table.insert(joining, id)
@@ -1126,6 +1131,7 @@ local function send_keys(items, now)
   call_chunked('ZADD', pending, scored)
   call_chunked('HSET', payloads, bodies)
   call_chunked('HSET', metas, records)
+  call_chunked('HDEL', histories, renewed)
   if #index > 2 then
     call_chunked('HSET', key_index, index)
   end

@@ -157,15 +157,16 @@ class MemoryKeyed(MemoryStoreBase):
         state: QueueState, message_id: str, message: NewMessage, due: int, now: int
     ) -> bool:
         """The waiting message gets the new payload, due time and budget, and a new
-        generation; its attempts start again (its lease stays: a stale verdict of an older
-        delivery never matches it); taken out of a staging list back to pending. It leaves
-        its ordered group and joins the send's, as the latest send (regroup in
-        _prelude.lua); True when it held its old group, which passed on."""
+        generation; its attempts start again, its attempt records gone (its lease stays: a
+        stale verdict of an older delivery never matches it); taken out of a staging list
+        back to pending. It leaves its ordered group and joins the send's, as the latest
+        send (regroup in _prelude.lua); True when it held its old group, which passed on."""
         key, generation, _ = split_keyed(state.payloads[message_id])
         assert key is not None  # only a keyed message is a key's
         state.payloads[message_id] = keyed_body(key, max(now, generation + 1), message.payload)
         meta = state.metas[message_id]
         meta.attempt, meta.budget, meta.due = 0, message.budget, due
+        state.history.pop(message_id, None)  # its attempts start again: their records go
         prelude.take_out_of_waiting(state, message_id)
         state.pending.add(message_id, due)
         old_group = groups.group_of(state, message_id)
