@@ -204,13 +204,26 @@ def test_cut_texts_are_marked_as_cut(queue: Queue) -> None:
 def test_a_huge_or_foreign_record_is_cut_on_the_page(queue: Queue) -> None:
     # Over the store's own bounds (2 KiB, 8 KiB): only a foreign write makes one.
     message_id = bury(queue)
-    plant(queue, message_id, [record(1, error="e" * 1_000_000, traceback="t" * 1_000_000)])
-    response = superuser().get(url("message", "default", message_id))
+    huge = record(
+        1, "c" * 1_000_000, "e" * 1_000_000, verdict="v" * 1_000_000, traceback="t" * 1_000_000
+    )
+    plant(queue, message_id, [huge])
+    client = superuser()
+    response = client.get(url("message", "default", message_id))
     assert response.status_code == 200
     assert len(response.content) < 60_000
     [row] = attempts_table(response.content.decode())
     assert "(cut)" in row
     assert "the earlier ones were cut" in row
+    # The dead letters' list, its filter's links and a chosen class's page: bounded too.
+    listing = client.get(url("detail", "default") + "?state=garbage")
+    assert listing.status_code == 200
+    assert len(listing.content) < 60_000
+    [choice] = choices(listing.content.decode())
+    assert choice == "c" * 256
+    chosen = client.get(url("detail", "default"), {"state": "garbage", "error": choice})
+    assert message_id in chosen.content.decode()
+    assert len(chosen.content) < 60_000
 
 
 @pytest.mark.parametrize(

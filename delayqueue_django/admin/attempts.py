@@ -18,8 +18,12 @@ from delayqueue_django.engine.records import Attempt
 # written by anything else is cut here, in characters, a little above those.
 SHOWN_ERROR_CHARS = 4 * 1024
 SHOWN_TRACEBACK_CHARS = 16 * 1024
-# The start of the error's text in the dead letters' column.
+# The start of the error's text in the dead letters' column, and the most of its class
+# (a handler's class path is far shorter: a longer one is a foreign write's).
 COLUMN_ERROR_CHARS = 120
+COLUMN_CLASS_CHARS = 256
+# A verdict is a word or two (engine.records.VERDICTS); a foreign write's, cut.
+VERDICT_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def attempt_row(record: Attempt, *, with_traceback: bool) -> AttemptRow:
         seconds = max((record.ended_at - record.started_at).total_seconds(), 0.0)
     return AttemptRow(
         attempt=record.attempt,
-        verdict=printable(record.verdict),
+        verdict=shown(record.verdict, VERDICT_CHARS)[0],
         error_class=shown(record.error_class, SHOWN_ERROR_CHARS)[0],
         error=error,
         error_cut=error_cut or record.error_cut,
@@ -103,8 +107,8 @@ def error_cell(record: Attempt | None) -> ErrorCell | None:
         return None
     error, cut = shown(record.error, COLUMN_ERROR_CHARS)
     return ErrorCell(
-        verdict=printable(record.verdict),
-        error_class=shown(record.error_class, SHOWN_ERROR_CHARS)[0],
+        verdict=shown(record.verdict, VERDICT_CHARS)[0],
+        error_class=shown(record.error_class, COLUMN_CLASS_CHARS)[0],
         error=error,
         cut=cut or record.error_cut,
         damaged=printable(record.damaged),

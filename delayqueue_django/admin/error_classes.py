@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from delayqueue_django.admin.attempts import COLUMN_CLASS_CHARS, VERDICT_CHARS, shown
 from delayqueue_django.core.queue import Queue
-from delayqueue_django.engine import StoredMessage, printable
+from delayqueue_django.engine import StoredMessage
 from delayqueue_django.engine.protocol import ShardStore
 from delayqueue_django.engine.records import Attempt
 from delayqueue_django.engine.sharding.store import parts
@@ -29,12 +30,14 @@ def error_choice(record: Attempt | None) -> str:
     """The filter's value for a dead letter whose last attempt record is ``record``: its
     error's class, shown as the page shows it; for a refusal without an exception (a
     handler that returned False, a lease that ran out) its verdict in parentheses, which no
-    class path has; NO_ERROR for none."""
+    class path has; NO_ERROR for none. Printable, and cut as the column cuts it."""
     if record is None:
         return NO_ERROR
     if record.error_class:
-        return printable(record.error_class)
-    return f"({printable(record.verdict) or 'damaged'})"
+        # Cut as in its column: a class path so long is a foreign write's, and the choice
+        # goes into every link of the filter.
+        return shown(record.error_class, COLUMN_CLASS_CHARS)[0]
+    return f"({shown(record.verdict, VERDICT_CHARS)[0] or 'damaged'})"
 
 
 def choice_label(choice: str) -> str:
