@@ -564,9 +564,11 @@ def test_redis_down_gives_the_pages_of_failures_a_clear_page_not_a_500(settings:
         {"action": "requeue", "error": PAYMENT_DOWN, "buried_before": "1"},
         follow=True,
     )
-    said = text_of(response.content.decode())
+    page = response.content.decode()
+    said = text_of(page)
     assert "0 dead letter(s) of queue 'default'" in said
     assert "Then Redis could not be reached, and it stopped" in said
+    assert '<li class="error">' in page  # an error, not a success
 
 
 def test_the_filter_reads_a_bounded_number_of_dead_letters_and_says_so(

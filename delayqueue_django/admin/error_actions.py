@@ -115,7 +115,9 @@ class ErrorClassActions(Actions):
                     "again for the rest."
                 )
             logged: dict[str, str | int] = {"error": choice, "done": done}
-            return Done(said + stopped, {**logged, "stopped": "redis"} if stopped else logged)
+            if stopped:
+                return Done(said + stopped, {**logged, "stopped": "redis"}, stopped=True)
+            return Done(said, logged)
 
         return self._act(request, queue.name, f"{action}-by-error", back, perform)
 
