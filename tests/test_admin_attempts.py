@@ -149,6 +149,22 @@ def test_the_attempts_table_shows_the_records_its_refusals_wrote(queue: Queue) -
     assert "bad &lt;b&gt;amount&lt;/b&gt;" in page
 
 
+@pytest.mark.parametrize("backend_url", SHARDED_BACKENDS, indirect=True)
+def test_the_attempts_table_of_a_message_on_a_sharded_queue(
+    configure: Callable[..., Queue], backend_url: str
+) -> None:
+    queue = configure()
+    dead = [bury_with(queue, PaymentDown(f"provider said 503 ({n})")) for n in range(8)]
+    store = queue.store
+    assert isinstance(store, ShardedStore)
+    assert len({store.shard_for(message_id) for message_id in dead}) > 1
+    client = superuser()
+    for n, message_id in enumerate(dead):
+        page = client.get(url("message", "default", message_id)).content.decode()
+        [row] = attempts_table(page)
+        assert row.startswith(f"1 error {PAYMENT_DOWN}: provider said 503 ({n})"), row
+
+
 def test_a_message_that_never_failed_says_so(queue: Queue) -> None:
     message_id = queue.send({"n": 1}, delay=60)
     page = superuser().get(url("message", "default", message_id)).content.decode()
