@@ -139,3 +139,29 @@ def test_a_history_redact_that_does_not_import_is_a_check_error(settings: Any) -
     assert [error_id for error_id, _ in found] == ["delayqueue_django.E087"] * 2
     assert "'tests.no_such_module.redact' could not be imported: ModuleNotFoundError" in found[0][1]
     assert "'tests.test_history_api.not_callable' is a int, not a callable" in found[1][1]
+
+
+async def handle_async(message: Message) -> None:
+    await asyncio.sleep(0)
+    raise ConnectionError(f"partner down for order {message.payload['n']}")
+
+
+def test_an_async_handler_leaves_its_records(settings: Any) -> None:
+    settings.DELAYQUEUES = {
+        "default": {
+            "REDIS": "redis",
+            "HANDLER": "tests.test_history_api.handle_async",
+            "RETRY_COUNT": 0,
+        },
+    }
+    with memory_queues() as queues:
+        queue = get_queue()
+        message_id = queue.send({"n": 7})
+        queues.run_due()
+        [record] = queue.history(message_id)
+        assert (record.verdict, record.error_class, record.error) == (
+            "error",
+            "builtins.ConnectionError",
+            "partner down for order 7",
+        )
+        assert "in handle_async" in record.traceback

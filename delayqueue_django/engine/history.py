@@ -79,8 +79,10 @@ def pack(records: list[list[Any]]) -> str:
 def appended(raw: str | None, record: list[Any], bound: int) -> str:
     """A message's packed records with ``record`` added, the oldest dropped past
     ``bound``; a value that is not a list of records (a foreign write) is replaced."""
+    if raw is None:  # (the usual case: a message's first record)
+        return pack([record])
     try:
-        records = json.loads(raw) if raw is not None else []
+        records = json.loads(raw)
     except (ValueError, RecursionError):
         records = []
     if not isinstance(records, list):
