@@ -242,6 +242,7 @@ def test_records_go_with_the_message(configure: Callable[..., Queue], ending: st
         else:
             assert queue.requeue([message_id]) == [message_id]
     assert queue.history(message_id) == []
+    assert queue.check_invariants().ok
 
 
 def test_a_postponed_message_acked_leaves_no_records(queue: Queue) -> None:
@@ -284,3 +285,4 @@ def test_a_superseded_retry_leaves_no_records(queue: Queue) -> None:
     [outcome] = queue.nack([message], delay=0)
     assert outcome.superseded
     assert queue.history(first) == []
+    assert queue.check_invariants().ok

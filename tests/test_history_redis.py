@@ -173,3 +173,21 @@ def test_a_history_key_of_another_type_is_set_aside(
     queue.nack([message], delay=60)
     assert [r.verdict for r in queue.history(message_id)] == ["nack"]
     assert client.type(key) == b"hash"
+
+
+def test_the_invariants_report_records_left_behind(
+    settings: Any, redis_server: RedisServer
+) -> None:
+    queue = private_queue(settings, redis_server)
+    client = redis_store(queue).client
+    message_id = queue.send({"n": 1})
+    [message] = queue.fetch(1).messages
+    queue.nack([message], delay=0)
+    assert queue.check_invariants().ok
+    [again] = queue.fetch(1).messages
+    queue.ack([again])
+    assert queue.check_invariants().ok
+    client.hset(f"{queue.store.keys.tag}:history", "gone", "[]")
+    [problem] = queue.check_invariants().problems
+    assert (problem.kind, problem.subject) == ("orphan-history", "gone")
+    assert message_id != "gone"

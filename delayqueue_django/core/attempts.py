@@ -40,8 +40,8 @@ Redact = Callable[[Message, BaseException], Any]
 
 
 def worker_name() -> str:
-    """This process as attempt records and heartbeats name it: "host:pid" (the pid read
-    each time: a forked worker is a process of its own)."""
+    """This process as attempt records name it, as the Tasks runner names its workers:
+    "host:pid" (the pid read each time: a forked worker is a process of its own)."""
     return f"{socket.gethostname()}:{os.getpid()}"[-64:]
 
 

@@ -2,11 +2,12 @@
 
 The rules: every message id is in exactly one state (pending, ready, unack, retry, garbage),
 once; every live message has a payload and a readable meta record whose attempt count fits
-its state, and its id and payload are UTF-8 text; no payload or meta record outlives its
-message; an exhaustion still to announce belongs to a dead letter; and for keyed messages,
-every waiting one is its key's message in the key index (so no two wait with one key), and
-the index names no message that is gone (the scripts drop a key with its message: one left
-behind is a leak, though harmless to sends and lookups, which find nothing waiting).
+its state, and its id and payload are UTF-8 text; no payload, meta record or attempt
+records outlive their message; an exhaustion still to announce belongs to a dead letter;
+and for keyed messages, every waiting one is its key's message in the key index (so no
+two wait with one key), and the index names no message that is gone (the scripts drop a
+key with its message: one left behind is a leak, though harmless to sends and lookups,
+which find nothing waiting).
 Dead letters without a readable payload or meta record are the engine's own way of setting
 damage aside, so they are counted (``damaged``), not reported as problems; and so are the
 keys renamed aside for holding the wrong type (``quarantined``).
@@ -82,6 +83,8 @@ class Snapshot:
     # The key index (key -> id), and the key of every stored keyed message (id -> key).
     key_index: dict[str, str] = field(default_factory=dict)
     message_keys: dict[str, str] = field(default_factory=dict)
+    # The ids that have attempt records.
+    history_ids: list[str] = field(default_factory=list)
 
 
 def _text(value: bytes | str) -> str:
@@ -95,7 +98,9 @@ def parse_snapshot(reply: Sequence[Any], keys: QueueKeys) -> Snapshot:
     store without keys gives, reads as a queue that never used them.)"""
     state_ids = reply[: len(STATES)]
     payload_ids, flat_metas, exhausted, quarantined, foreign = reply[len(STATES) : len(STATES) + 5]
-    flat_index, flat_keys = reply[len(STATES) + 5 : -1] or ([], [])
+    rest = reply[len(STATES) + 5 : -1]
+    flat_index, flat_keys = rest[:2] or ([], [])
+    history_ids = rest[2] if len(rest) > 2 else []
     foreign_keys = {_text(key) for key in foreign}
     unreadable_ids: set[str] = set()
 
@@ -123,6 +128,7 @@ def parse_snapshot(reply: Sequence[Any], keys: QueueKeys) -> Snapshot:
         unreadable_ids=unreadable_ids,
         key_index=_pairs(flat_index),
         message_keys=_pairs(flat_keys),
+        history_ids=[message_id(raw) for raw in history_ids],
     )
 
 
@@ -222,6 +228,7 @@ def check(snapshot: Snapshot, keys: QueueKeys) -> InvariantReport:
     problems += _key_problems(snapshot, where)
     problems += _orphans("orphan-payload", "a payload", payloads, where)
     problems += _orphans("orphan-meta", "a meta record", metas, where)
+    problems += _orphans("orphan-history", "attempt records", snapshot.history_ids, where)
     for message_id in snapshot.exhausted or ():
         if "garbage" not in where.get(message_id, ()):
             problems.append(

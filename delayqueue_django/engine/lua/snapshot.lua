@@ -6,7 +6,7 @@
   ARGV: none.
 
   Returns {pending, ready, unack, retry, garbage, payload_ids, metas, exhausted,
-  quarantined, foreign, key_index, message_keys, warnings}:
+  quarantined, foreign, key_index, message_keys, history_ids, warnings}:
     pending … garbage  the ids in each state (lists in list order, zsets by score)
     payload_ids        the fields of the payload hash (the payloads themselves stay here)
     metas              the meta hash, flat: id, meta, id, meta, …; and the first record
@@ -19,6 +19,8 @@
                        "Keys" in the prelude); empty when the queue never used keys
     message_keys       flat: id, key, ... for every stored keyed message (read only when
                        the queue used keys)
+    history_ids        the ids that have attempt records (see "Attempt records" in the
+                       prelude); empty when the records' key is absent or of another type
 
   Unlike every other script this one is not bounded: it reads the whole queue, O(n) for n
   messages, so Redis is busy for the read (see invariants.py for the cost). It only reads:
@@ -94,6 +96,11 @@ if keys_used() and redis.call('TYPE', key_index)['ok'] == 'hash' and not foreign
   end
 end
 
+local history_ids = {}
+if redis.call('TYPE', histories)['ok'] == 'hash' then
+  history_ids = redis.call('HKEYS', histories)
+end
+
 return {
   waiting[1],
   waiting[2],
@@ -107,5 +114,6 @@ return {
   foreign_list,
   index,
   message_keys,
+  history_ids,
   warnings,
 }

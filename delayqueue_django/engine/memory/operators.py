@@ -148,6 +148,7 @@ class MemoryOperators(MemoryStoreBase):
                     if (key := key_index.key_of(state, message_id)) is not None
                     for part in (message_id, key)
                 ],
+                list(state.history),
                 [],
             ]
 

@@ -126,9 +126,12 @@ def _id_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
     return [value for row in rows for value in (wire(row[0]), *row[1:])]
 
 
-def _reserved(leased_from: int | None, gated: bool, history_attempts: int) -> tuple[int | str, ...]:
+def _fetch_tail(
+    leased_from: int | None, gated: bool, history_attempts: int
+) -> tuple[int | str, ...]:
     """fetch.lua's ARGV[9] and ARGV[10], for a shard's fetch within a reservation, and
-    ARGV[11], the bound on attempt records; none of them when all are their default."""
+    ARGV[11], the bound on attempt records: none of them for a fetch without a reservation
+    on a queue that keeps no records."""
     if history_attempts > 0:
         return ("" if leased_from is None else leased_from, 1 if gated else "", history_attempts)
     if leased_from is None and not gated:

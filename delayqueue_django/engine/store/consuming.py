@@ -12,7 +12,7 @@ from delayqueue_django.engine.pubsub import RedisWakeups
 from delayqueue_django.engine.quick_records import quick
 from delayqueue_django.engine.records import Delivery, ExhaustedClaim, FetchResult, NackOutcome
 from delayqueue_django.engine.store.base import RedisStoreBase
-from delayqueue_django.engine.store.calls import _id_rows, _reserved
+from delayqueue_django.engine.store.calls import _fetch_tail, _id_rows
 from delayqueue_django.engine.store.replies import (
     _id,
     _optional_shown,
@@ -52,7 +52,7 @@ class RedisConsuming(RedisStoreBase):
             [
                 *(self._channel, count, limits.consume_ms, limits.stage_limit, request),
                 *(rate_wire(limits.rate_limit), limits.max_in_flight, gates),
-                *_reserved(leased_from, gated, limits.history_attempts),
+                *_fetch_tail(leased_from, gated, limits.history_attempts),
             ],
             extra_keys=[self.keys.key(f"fetch:{fetcher}")],
         )
