@@ -199,8 +199,9 @@ def test_a_queue_key_evicted_on_its_own_is_reported(redis_queue: Queue, key: str
         # A message never handed out has no meta record: only its payload is left behind.
         "pending": {"orphan-payload"},
         "ready": {"orphan-payload"},
-        # and the exhaustion still owed now belongs to no dead letter
-        "garbage": {"orphan-payload", "orphan-meta", "unannounced-not-dead"},
+        # and the exhaustion still owed, and the record of its burial's attempt, now belong
+        # to no dead letter
+        "garbage": {"orphan-payload", "orphan-meta", "unannounced-not-dead", "orphan-history"},
     }.get(key, {"orphan-payload", "orphan-meta"})
     assert {problem.kind for problem in report.problems} == expected
 
