@@ -1,6 +1,7 @@
 """A dead letter's page says what is known of it (issue #33): an expired one its attempt and
 retries (not "?") and that it expired, and when; another, from its attempts and retry
-budget, whether its retries were used up or it was rejected before they were."""
+budget, whether its retries were used up or it was rejected before they were, and (#35)
+from its last attempt's record how that attempt ended."""
 
 import html
 import re
@@ -13,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from delayqueue_django import get_queue
+from tests.attempt_records import PAYMENT_DOWN, PaymentDown, bury_with, forget
 from tests.helpers import fetch_when_due
 
 pytestmark = pytest.mark.django_db
@@ -109,9 +111,10 @@ def test_a_dead_letter_says_whether_its_retries_were_used_up_or_it_was_rejected(
 
     client = superuser()
     shown = message_cells(client, used_up)
+    # Its last attempt's record says how that attempt ended (nack: the handler's False).
     assert shown["Why it died"] == (
-        "retries used up: attempt 2 was its last (the first and 1 retry); it failed, timed out "
-        "or was rejected"
+        "retries used up: attempt 2 was its last (the first and 1 retry); its handler "
+        "returned False (see Attempts)"
     )
     assert shown["Retries left"] == "0 of 1"
     shown = message_cells(client, rejected)
@@ -120,3 +123,25 @@ def test_a_dead_letter_says_whether_its_retries_were_used_up_or_it_was_rejected(
         "payload could not be decoded, or Queue.bury() buried it"
     )
     assert shown["Retries left"] == "1 of 3"
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_dead_letter_says_what_its_last_attempt_raised_or_as_before_without_a_record(
+    backend: str, settings: Any
+) -> None:
+    if backend == "memory":
+        settings.DELAYQUEUES = {"default": {"URL": "memory://"}}
+    queue = get_queue()
+    raised_id = bury_with(queue, PaymentDown("provider said 503"))
+    old = bury_with(queue, None)
+    forget(queue, old)  # as one buried before attempt records were kept
+
+    client = superuser()
+    assert message_cells(client, raised_id)["Why it died"] == (
+        "retries used up: attempt 1 was its last (the first, with no retry); its handler "
+        f"raised {PAYMENT_DOWN} (see Attempts)"
+    )
+    assert message_cells(client, old)["Why it died"] == (
+        "retries used up: attempt 1 was its last (the first, with no retry); it failed, timed "
+        "out or was rejected"
+    )

@@ -38,7 +38,7 @@ def test_an_expired_dead_letter_says_so_and_is_requeued_without_its_expiry() -> 
     page = client.get(url("message", "default", exhausted)).content.decode()
     assert (
         '<td class="dq-dead-reason">retries used up: attempt 1 was its last (the first, with no '
-        "retry); it failed, timed out or was rejected</td>"
+        "retry); its handler returned False (see Attempts)</td>"
     ) in page
 
     client.post(url("action", "default"), {"action": "requeue", "ids": [expired]})

@@ -79,6 +79,11 @@ class QueueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 "<str:queue_name>/purge/", wrap(views.purge), name="delayqueue_django_queue_purge"
             ),
             path(
+                "<str:queue_name>/dead-letters/by-error/",
+                wrap(views.by_error),
+                name="delayqueue_django_queue_by_error",
+            ),
+            path(
                 "<str:queue_name>/schedules/action/",
                 wrap(require_POST(views.schedule_action)),
                 name="delayqueue_django_queue_schedule_action",

@@ -36,6 +36,9 @@ class Done:
 
     said: str
     logged: dict[str, str | int]
+    # It stopped part-way (Redis could not be reached): said as an error, what it did
+    # before logged all the same.
+    stopped: bool = False
 
 
 class Refused(Exception):
@@ -254,7 +257,7 @@ class Actions(ViewsBase):
             fields = " ".join(f"{key}={loggable(str(value))}" for key, value in done.logged.items())
             user = loggable(request.user.get_username())
             logger.info("admin action=%s queue=%s user=%s %s", action, queue_name, user, fields)
-            messages.success(request, done.said)
+            (messages.error if done.stopped else messages.success)(request, done.said)
         return HttpResponseRedirect(back)
 
 

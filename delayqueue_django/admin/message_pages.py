@@ -1,11 +1,12 @@
-"""The admin's page of one message (its record and a preview of its payload) and the
-download of its whole payload."""
+"""The admin's page of one message (its record, its attempts and a preview of its payload)
+and the download of its whole payload."""
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.http import content_disposition_header
 from redis.exceptions import RedisError
 
+from delayqueue_django.admin.attempts import attempt_rows
 from delayqueue_django.admin.dead_letters import why_it_died
 from delayqueue_django.admin.display import (
     MESSAGE_PAYLOAD_BYTES,
@@ -25,10 +26,15 @@ class MessagePages(ViewsBase):
         queue = self._queue(queue_name)
         try:
             stored = queue.peek(message_id, preview_bytes=MESSAGE_PAYLOAD_BYTES)
+            history = [] if stored is None else queue.history(message_id)
         except RedisError as error:
             return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
         if stored is None:
             raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
+        # Tracebacks only for those who may change the queue (#35): they can show a
+        # handler's source lines and values that its error's text does not.
+        with_traceback = self._can(request, "change")
+        attempts = attempt_rows(history, with_traceback=with_traceback)
         # peek cut it iff it is longer (payload_size counts the whole payload): a cut one is
         # shown as it came, as no JSON can be made of a part of it.
         cut = stored.payload is not None and stored.payload_size > MESSAGE_PAYLOAD_BYTES
@@ -49,6 +55,8 @@ class MessagePages(ViewsBase):
             shown_kib=MESSAGE_PAYLOAD_BYTES // 1024,
             whole_size=binary_size(stored.payload_size),
             download_url=self._url("payload", queue_name, message_id),
+            attempts=attempts,
+            tracebacks_hidden=not with_traceback and any(row.has_traceback for row in attempts),
             actions=actions,
             action_url=self._url("action", queue_name),
             queue_url=self._url("detail", queue_name) + f"?state={stored.state}",

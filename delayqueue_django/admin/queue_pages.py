@@ -2,6 +2,7 @@
 workers, schedules, a page of messages in one state), and their JSON for monitoring."""
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -9,12 +10,19 @@ from django.template.response import TemplateResponse
 from redis.exceptions import RedisError
 
 from delayqueue_django.admin import charts
+from delayqueue_django.admin.attempts import error_cell
 from delayqueue_django.admin.display import (
     COUNT_NAMES,
     as_datetime,
     call_arguments,
     from_epoch,
     shard_table,
+)
+from delayqueue_django.admin.error_classes import (
+    NO_ERROR,
+    ErrorFilter,
+    choice_label,
+    error_filter,
 )
 from delayqueue_django.admin.message_search import SearchResult, search_messages
 from delayqueue_django.admin.queue_status import queue_status
@@ -37,6 +45,9 @@ from delayqueue_django.worker import heartbeat
 
 PREVIEW_BYTES = 300
 THROUGHPUT_MINUTES = 15
+# The dead letters' page reads at most this many of them for its filter by error class (in
+# batches of error_classes.BATCH): the counts and a chosen class's list are of those.
+FILTER_LIMIT = 10_000
 
 
 class QueuePages(ViewsBase):
@@ -80,6 +91,8 @@ class QueuePages(ViewsBase):
         state = request.GET.get("state", "pending")
         if state not in STATES:
             state = "pending"
+        # The dead letters' filter: the class of their last error (see admin.error_classes).
+        chosen = request.GET.get("error", "") if state == "garbage" else ""
         shards = shard_reports(queue)
         shard_context = shard_table(shards)
         # The search box (a GET: it only reads); an empty box searches nothing.
@@ -99,17 +112,37 @@ class QueuePages(ViewsBase):
             # and the workers and schedules are on shard 0.
             partial = unreachable(queue, shards or {}) if stats["shards_down"] else ""
             entries, throughput, history = [], [], None
-            chosen = charts.range_of(request.GET.get("history"))
-            if not partial:
+            history_range = charts.range_of(request.GET.get("history"))
+            errors: ErrorFilter | None = None
+            if not partial and state == "garbage":
+                errors = error_filter(queue, chosen, limit=FILTER_LIMIT)
+            if errors is not None and chosen:
+                # The page of those of the chosen class (the filter read them all, up to
+                # its limit), their previews read again as the list reads them.
+                pages = max(math.ceil(len(errors.matches) / PAGE_SIZE), 1)
+                page = _page_number(request.GET.get("page"), pages)
+                # (The store's peek: the filter read their last errors already.)
+                shown = errors.matches[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+                entries = [
+                    replace(stored, last_error=letter.last_error)
+                    for letter in shown
+                    if (stored := queue.store.peek(letter.stored.id, preview_bytes=PREVIEW_BYTES))
+                    is not None
+                ]
+            elif not partial:
+                # (A page of dead letters comes with their last errors.)
                 entries = queue.list_messages(
                     state,
                     offset=(page - 1) * PAGE_SIZE,
                     limit=PAGE_SIZE,
                     preview_bytes=PREVIEW_BYTES,
                 )
+            if not partial:
                 throughput = queue.throughput(THROUGHPUT_MINUTES)
-                back, step, _ = charts.RANGES[chosen]
-                history = charts.history_context(queue.metrics(since=back, step=step), chosen)
+                back, step, _ = charts.RANGES[history_range]
+                history = charts.history_context(
+                    queue.metrics(since=back, step=step), history_range
+                )
             workers: list[dict[str, Any]] | None = None
             schedules: list[ScheduleInfo] | None = None
             flow = status = None
@@ -143,6 +176,12 @@ class QueuePages(ViewsBase):
             page=page,
             pages=pages,
             entries=[self._row(queue, entry) for entry in entries],
+            errors=errors,
+            error_choice=chosen,
+            error_label=choice_label(chosen),
+            no_error=NO_ERROR,
+            filter_limit=FILTER_LIMIT,
+            by_error_url=self._url("by_error", queue_name),
             actions=actions,
             next_due=as_datetime(stats["next_due_ms"]),
             lag_seconds=stats["lag_ms"] / 1000,
@@ -159,7 +198,7 @@ class QueuePages(ViewsBase):
                 for start, acked, failed in throughput
             ],
             history=history,
-            history_range=chosen,
+            history_range=history_range,
             throughput_totals=(
                 sum(row[1] for row in throughput),
                 sum(row[2] for row in throughput),
@@ -226,6 +265,7 @@ class QueuePages(ViewsBase):
             "when": as_datetime(entry.score_ms),
             "preview": preview,
             "cut": entry.payload_size > len(preview.encode()),
+            "last_error": error_cell(entry.last_error),
             # An id whose bytes are not UTF-8 (a foreign write) cannot travel in a URL or a
             # form: it is shown, without a link or a checkbox.
             "url": self._url("message", queue.name, entry.id) if shown_id == entry.id else None,
