@@ -39,7 +39,8 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    assert CHROMIUM and CHROMEDRIVER, "CI needs Chromium and its driver (see .ci/run)"
+    assert CHROMIUM, "CI needs Chromium (see .ci/run)"
+    assert CHROMEDRIVER, "CI needs Chromium's driver (see .ci/run)"
     options.binary_location = str(CHROMIUM)
     for flag in (
         "--headless=new",

@@ -1,6 +1,8 @@
 """The admin's page of one message (its record, its attempts and a preview of its payload)
 and the download of its whole payload."""
 
+from datetime import timedelta
+
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.http import content_disposition_header
@@ -16,6 +18,9 @@ from delayqueue_django.admin.display import (
     pretty_payload,
 )
 from delayqueue_django.admin.view_base import ACTIONS, ViewsBase
+from delayqueue_django.core.queue import Queue
+from delayqueue_django.engine import STATES, StoredMessage, printable
+from delayqueue_django.engine.outcomes import ACKED, CANCELLED, EXPIRED_END, PURGED, REPLACED
 
 
 class MessagePages(ViewsBase):
@@ -25,12 +30,17 @@ class MessagePages(ViewsBase):
         self._require(request, "view")
         queue = self._queue(queue_name)
         try:
-            stored = queue.peek(message_id, preview_bytes=MESSAGE_PAYLOAD_BYTES)
-            history = [] if stored is None else queue.history(message_id)
+            # (On a queue with HISTORY_RETENTION, a message that ended reads as its outcome
+            # record while that lasts: it has no attempt records left.)
+            stored = queue.message(message_id, preview_bytes=MESSAGE_PAYLOAD_BYTES)
+            stored_now = stored is not None and stored.state in STATES
+            history = queue.history(message_id) if stored_now else []
         except RedisError as error:
             return self._unavailable(request, "message.html", f"Message {message_id}", queue, error)
         if stored is None:
             raise Http404(f"Queue {queue_name!r} has no message {message_id!r}.")
+        if stored.state not in STATES:
+            return self._ended(request, queue, stored)
         # Tracebacks only for those who may change the queue (#35): they can show a
         # handler's source lines and values that its error's text does not.
         with_traceback = self._can(request, "change")
@@ -80,3 +90,29 @@ class MessagePages(ViewsBase):
             True, download_name(queue_name, message_id)
         )
         return response
+
+    def _ended(self, request: HttpRequest, queue: Queue, stored: StoredMessage) -> TemplateResponse:
+        """The page of a message that ended, from its outcome record: how and when it
+        ended, its attempts, the worker that acked it and its key (nothing to act on)."""
+        context = self._context(
+            request,
+            f"Message {stored.id}",
+            queue=queue,
+            stored=stored,
+            how=HOW_IT_ENDED.get(stored.state, ""),
+            # (A key read from the record as stored: bytes not UTF-8 shown as escapes.)
+            key=None if stored.key is None else printable(stored.key),
+            retention=timedelta(milliseconds=queue.config.history_retention_ms or 0),
+            queue_url=self._url("detail", queue.name),
+        )
+        return TemplateResponse(request, "admin/delayqueue_django/ended.html", context)
+
+
+# What each end means, for the page of a message that ended (see engine.outcomes).
+HOW_IT_ENDED = {
+    ACKED: "handled: its handler returned, and the worker acked it",
+    CANCELLED: "cancelled while waiting (by id or key), or deleted while waiting or in flight",
+    REPLACED: "replaced: a newer message of its key was waiting when it came back to wait",
+    EXPIRED_END: "expired: dead-lettered as its expiry passed (then), and that dead letter deleted",
+    PURGED: "purged: a dead letter, deleted (a purge, the garbage retention, a delete)",
+}

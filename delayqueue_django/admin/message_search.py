@@ -1,5 +1,6 @@
 """The queue page's search box: the text typed is looked up both as a key (Queue.lookup) and
-as a message id (peek), since an operator pasting "order-42" from a log cannot always say
+as a message id (Queue.message; both find a message that ended by its outcome record, on a
+queue with HISTORY_RETENTION), since an operator pasting "order-42" from a log cannot always say
 which of the two it is. Reading only: the form is a GET and nothing is changed."""
 
 from collections.abc import Callable
@@ -32,7 +33,8 @@ class Match:
 
     @property
     def when(self) -> datetime | None:
-        return as_datetime(self.stored.score_ms)
+        """Its due time, deadline or burial; when it ended, for an outcome record."""
+        return self.stored.ended_at or as_datetime(self.stored.score_ms)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def search_messages(queue: Queue, text: str, message_url: Callable[[str], str]) 
         if by_key is not None:
             matches.append(_match("key", by_key, message_url))
         if by_key is None or by_key.id != text:
-            by_id = queue.peek(text, preview_bytes=NO_PAYLOAD)
+            by_id = queue.message(text, preview_bytes=NO_PAYLOAD)
             if by_id is not None:
                 matches.append(_match("id", by_id, message_url))
     except RedisError as error:
