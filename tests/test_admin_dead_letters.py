@@ -3,44 +3,19 @@ retries (not "?") and that it expired, and when; another, from its attempts and 
 budget, whether its retries were used up or it was rejected before they were, and (#35)
 from its last attempt's record how that attempt ended."""
 
-import html
 import re
 import time
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
-from django.urls import reverse
 
 from delayqueue_django import get_queue
+from tests.admin_pages import SHOWN_TIME, cells, superuser, url
 from tests.attempt_records import PAYMENT_DOWN, PaymentDown, bury_with, forget
 from tests.helpers import fetch_when_due
 
 pytestmark = pytest.mark.django_db
-
-SHOWN_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
-
-
-def url(name: str, *args: str) -> str:
-    return reverse(f"admin:delayqueue_django_queue_{name}", args=args)
-
-
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw"))
-    return client
-
-
-def cells(page: str) -> dict[str, str]:
-    """The message page's rows, heading -> the text of its cell (tags dropped, unescaped)."""
-    rows = re.findall(r"<tr><th>(.*?)</th><td[^>]*>(.*?)</td></tr>", page, re.S)
-    return {
-        html.unescape(re.sub(r"<[^>]+>", "", head)): " ".join(
-            html.unescape(re.sub(r"<[^>]+>", " ", cell)).split()
-        )
-        for head, cell in rows
-    }
 
 
 def message_cells(client: Client, message_id: str) -> dict[str, str]:

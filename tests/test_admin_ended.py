@@ -3,43 +3,21 @@ message acked, cancelled or purged is found by its id or key, and its page says 
 it ended, its attempts and the worker that acked it, instead of "not found"; a damaged
 record is shown as such; without the option, or once the record is gone, a 404 as before."""
 
-import html
 import re
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
-from django.test import Client
-from django.urls import reverse
 
 from delayqueue_django import get_queue
 from delayqueue_django.core.queue import Queue
+from tests.admin_pages import SHOWN_TIME, cells, superuser, url
 from tests.conftest import MEMORY_URL, queue_settings
 from tests.helpers import redis_store
 
 pytestmark = pytest.mark.django_db
 
 WORKER = "web-3:4242:9f1c2a"
-SHOWN_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
-
-
-def url(name: str, *args: str) -> str:
-    return reverse(f"admin:delayqueue_django_queue_{name}", args=args)
-
-
-def viewer() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw"))
-    return client
-
-
-def cells(page: str) -> dict[str, str]:
-    rows = re.findall(r"<tr><th>(.*?)</th><td[^>]*>(.*?)</td></tr>", page, re.S)
-    return {
-        html.unescape(head): " ".join(html.unescape(re.sub(r"<[^>]+>", " ", cell)).split())
-        for head, cell in rows
-    }
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -56,7 +34,7 @@ def test_an_acked_message_has_a_page_saying_how_when_and_by_which_worker(kept: Q
     [again] = kept.fetch(1, fetcher=WORKER).messages
     kept.ack([again], fetcher=WORKER)
 
-    response = viewer().get(url("message", "default", message_id))
+    response = superuser().get(url("message", "default", message_id))
     assert response.status_code == 200
     page = response.content.decode()
     shown = cells(page)
@@ -87,7 +65,7 @@ def test_a_cancelled_or_purged_message_has_its_page(kept: Queue, end: str, state
         kept.nack([message])
         kept.purge_garbage()
         attempts = "1"
-    shown = cells(viewer().get(url("message", "default", message_id)).content.decode())
+    shown = cells(superuser().get(url("message", "default", message_id)).content.decode())
     assert shown["State"].startswith(f"{state}: ")
     assert shown["Attempts"] == attempts
     assert shown["Worker"] == "—"
@@ -97,7 +75,7 @@ def test_the_search_finds_a_message_that_ended_by_key_and_by_id(kept: Queue) -> 
     message_id = kept.send({"order": 7}, key="order:7")
     [message] = kept.fetch(1, fetcher=WORKER).messages
     kept.ack([message], fetcher=WORKER)
-    client = viewer()
+    client = superuser()
     for text in ("order:7", message_id):
         page = client.get(url("detail", "default"), {"find": text}).content.decode()
         found = re.search(r'<table class="dq-found">(.*?)</table>', page, re.S)
@@ -112,7 +90,7 @@ def test_without_the_option_or_a_record_an_ended_message_is_not_found(settings: 
     message_id = queue.send({"n": 1})
     [message] = queue.fetch(1).messages
     queue.ack([message])
-    client = viewer()
+    client = superuser()
     assert client.get(url("message", "default", message_id)).status_code == 404
     settings.DELAYQUEUES = queue_settings(
         settings.DELAYQUEUES["default"]["URL"], HISTORY_RETENTION=3600
@@ -128,7 +106,7 @@ def test_a_damaged_outcome_record_is_shown_as_such(settings: Any, raw: bytes) ->
     queue = get_queue()
     store = redis_store(queue)
     store.client.set(store.keys.key("ended:some-id"), raw)
-    response = viewer().get(url("message", "default", "some-id"))
+    response = superuser().get(url("message", "default", "some-id"))
     assert response.status_code == 200
     shown = cells(response.content.decode())
     assert shown["State"] == "damaged record: its outcome record cannot be read"

@@ -21,6 +21,23 @@ logger = logging.getLogger("delayqueue_django.admin")
 
 MAX_TIME_MS = 10**15  # (a time in ms past this, year 33658, is no time a page was read)
 
+
+def buried_before_shown(request: HttpRequest) -> int | None:
+    """The time (Redis's clock, ms) a confirmation page read its dead letters at, as its
+    form posts it back: the action touches only those buried before. None, with a message
+    to the user, when the form does not say it."""
+    try:
+        shown_at = int(request.POST.get("buried_before", ""))
+    except ValueError:
+        shown_at = -1
+    if not 0 <= shown_at < MAX_TIME_MS:
+        messages.error(
+            request, "The form does not say which dead letters you saw. Reload the page."
+        )
+        return None
+    return shown_at
+
+
 # The schedule actions (Schedules' methods) and the permission each needs; remove applies
 # only to a schedule whose definition cannot be read.
 SCHEDULE_ACTIONS = {"pause": "change", "resume": "change", "remove": "delete"}
@@ -216,14 +233,8 @@ class Actions(ViewsBase):
     def _purge_shown(self, request: HttpRequest, queue: Queue) -> HttpResponse:
         """The purge confirmed: only the dead letters its page counted, those buried before
         it read the count (Redis's clock, ms); any buried since are left for another look."""
-        try:
-            shown_at = int(request.POST.get("buried_before", ""))
-        except ValueError:
-            shown_at = -1
-        if not 0 <= shown_at < MAX_TIME_MS:
-            messages.error(
-                request, "The form does not say which dead letters you saw. Reload the page."
-            )
+        shown_at = buried_before_shown(request)
+        if shown_at is None:
             return HttpResponseRedirect(self._url("purge", queue.name))
 
         def perform() -> Done:

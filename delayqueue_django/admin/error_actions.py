@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from redis.exceptions import RedisError
 
-from delayqueue_django.admin.actions import MAX_TIME_MS, Actions, Done
+from delayqueue_django.admin.actions import Actions, Done, buried_before_shown
 from delayqueue_django.admin.error_classes import DeadLetter, choice_label, scan
 from delayqueue_django.core.queue import Queue
 
@@ -72,14 +72,8 @@ class ErrorClassActions(Actions):
     def _by_error_confirmed(
         self, request: HttpRequest, queue: Queue, action: str, choice: str, back: str
     ) -> HttpResponse:
-        try:
-            shown_at = int(request.POST.get("buried_before", ""))
-        except ValueError:
-            shown_at = -1
-        if not 0 <= shown_at < MAX_TIME_MS:
-            messages.error(
-                request, "The form does not say which dead letters you saw. Reload the page."
-            )
+        shown_at = buried_before_shown(request)
+        if shown_at is None:
             return HttpResponseRedirect(back)
         label, did = BULK_ACTIONS[action][1:]
 
