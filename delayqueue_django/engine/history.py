@@ -11,10 +11,10 @@ was cut). Reading never raises: whatever is damaged reads as an ``Attempt`` whos
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from delayqueue_django.engine.records import LARGEST_META_NUMBER, Attempt
+from delayqueue_django.engine.records import LARGEST_META_NUMBER, Attempt, moment_of_ms
 
 # Bounds of what one record keeps (bytes of UTF-8): the text's start, the traceback's tail.
 ERROR_BYTES = 2 * 1024
@@ -204,9 +204,4 @@ def _string(value: Any) -> str | None:
 
 def _time(value: Any) -> datetime | None:
     ms = _number(value)
-    if ms is None:
-        return None
-    try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
+    return None if ms is None else moment_of_ms(ms)

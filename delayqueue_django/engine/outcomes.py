@@ -8,9 +8,12 @@ A record is the string ``"<state>:<ended ms>:<attempts>:<worker bytes>:<worker><
 both set with the retention as their TTL, so that Redis reclaims them itself.
 """
 
-from datetime import UTC, datetime, timedelta
-
-from delayqueue_django.engine.records import StoredMessage, StoreLimits, meta_numbers
+from delayqueue_django.engine.records import (
+    StoredMessage,
+    StoreLimits,
+    meta_numbers,
+    moment_of_ms,
+)
 
 ACKED, CANCELLED, REPLACED, EXPIRED_END, PURGED = (
     "acked",
@@ -33,15 +36,6 @@ def outcome_arg(limits: StoreLimits, worker: str = "") -> list[str]:
     return [f"ended:{limits.outcome_ms}:{worker}"]
 
 
-def _moment(ms: int) -> datetime | None:
-    """``ms`` since the epoch as an aware datetime, exact to the ms; None past datetime's
-    range (only a damaged record holds such a time)."""
-    try:
-        return datetime.fromtimestamp(ms // 1000, tz=UTC) + timedelta(milliseconds=ms % 1000)
-    except (OverflowError, ValueError, OSError):
-        return None
-
-
 def ended_message(message_id: str, raw: bytes | str) -> StoredMessage:
     """A stored record as the message it tells of; one that does not read as the scripts
     write it is DAMAGED_OUTCOME, with nothing else known."""
@@ -50,7 +44,7 @@ def ended_message(message_id: str, raw: bytes | str) -> StoredMessage:
     if len(parts) == 5:
         state = parts[0].decode("ascii", "replace")
         numbers = meta_numbers([part.decode("ascii", "replace") for part in parts[1:4]])
-        ended_at = None if numbers is None else _moment(numbers[0])
+        ended_at = None if numbers is None else moment_of_ms(numbers[0])
         if state in ENDED_STATES and ended_at and numbers and numbers[2] <= len(parts[4]):
             _, attempts, worker_size = numbers
             rest = parts[4]

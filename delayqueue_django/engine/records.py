@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import AnyStr
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
@@ -283,6 +283,15 @@ VERDICTS = (
     EXPIRED,
     POSTPONED_TOO_OFTEN,
 )
+
+
+def moment_of_ms(ms: int) -> datetime | None:
+    """``ms`` since the epoch (Redis's clock, as a record keeps it) as an aware datetime,
+    exact to the ms; None past datetime's range (only a damaged record holds such a time)."""
+    try:
+        return datetime.fromtimestamp(ms // 1000, tz=UTC) + timedelta(milliseconds=ms % 1000)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
